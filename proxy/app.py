@@ -1,0 +1,57 @@
+"""``create_app(settings)``: routes and resource lifecycles, opening nothing until the app starts.
+
+Each resource has its own single-yield cleanup context, in dependency order:
+the upstream HTTP client, then the store (and the HistoryManager over it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from proxy.context.history import HistoryManager
+from proxy.http import chat, health, passthrough
+from proxy.http.middleware import error_middleware
+from proxy.keys import client_key, history_key, metrics_key, settings_key, store_key
+from proxy.metrics import Metrics
+from proxy.settings import Settings
+from proxy.store import open_store
+
+
+async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, enable_cleanup_closed=True)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=True, timeout=aiohttp.ClientTimeout(total=None),
+        skip_auto_headers=("User-Agent",), cookie_jar=aiohttp.DummyCookieJar(),
+    ) as client:
+        app[client_key] = client
+        yield
+
+
+async def _store(app: web.Application) -> AsyncIterator[None]:
+    store = await open_store(app[settings_key].store)
+    app[store_key] = store
+    app[history_key] = HistoryManager(store, clock=time.time)
+    try:
+        yield
+    finally:
+        await store.aclose()
+
+
+def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
+    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app[settings_key] = settings
+    app[metrics_key] = metrics or Metrics()
+    app.cleanup_ctx.append(_upstream_client)
+    app.cleanup_ctx.append(_store)
+
+    app.router.add_get("/healthz", health.healthz)
+    app.router.add_get("/readyz", health.readyz)
+    app.router.add_get("/metrics", health.metrics)
+    for prefix in ("", "/s/{session}"):
+        app.router.add_post(prefix + "/v1/chat/completions", chat.chat_completions)
+        app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
+    return app

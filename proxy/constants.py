@@ -1,0 +1,46 @@
+"""Names that outlive a process: Redis keys, stored-format tags, header names.
+
+Every key of one session shares the hash tag ``{tenant:session}`` so the whole
+session lives in one Redis Cluster slot and a Lua script may touch all of it.
+"""
+
+from __future__ import annotations
+
+KEY_PREFIX = "ctxproxy"
+LOG_SUFFIX = "log"
+META_SUFFIX = "meta"
+LOCK_SUFFIX = "lock"
+
+#: Version tag written into every stored fact; bump it with a migration, never reuse.
+FACT_FORMAT = 1
+
+
+def session_tag(tenant: str, session: str) -> str:
+    return "{" + tenant + ":" + session + "}"
+
+
+def log_key(tenant: str, session: str) -> str:
+    return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{LOG_SUFFIX}"
+
+
+def meta_key(tenant: str, session: str) -> str:
+    return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{META_SUFFIX}"
+
+
+def lock_key(tenant: str, session: str, name: str) -> str:
+    return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{LOCK_SUFFIX}:{name}"
+
+
+HEADER_SESSION = "X-Session-Id"
+HEADER_COMPACTED = "X-Ctxproxy-Compacted"
+HEADER_VIEW_TOKENS = "X-Ctxproxy-View-Tokens"
+HEADER_OVERHEAD = "X-Ctxproxy-Overhead-Ms"
+
+#: Session headers that real clients already send, after X-Session-Id, in priority order.
+FOREIGN_SESSION_HEADERS = (
+    "session-id",
+    "x-session-affinity",
+    "x-litellm-session-id",
+    "helicone-session-id",
+    "x-claude-code-session-id",
+)

@@ -1,0 +1,107 @@
+"""Every error the proxy raises on purpose, and the OpenAI-shaped body it becomes.
+
+    ProxyError
+    ├── BadRequest            malformed input from the client (4xx)
+    │   ├── PayloadTooLarge
+    │   └── Unauthorized
+    ├── UpstreamError
+    │   ├── UpstreamTimeout
+    │   └── UpstreamUnreachable
+    ├── StoreError
+    │   ├── StoreUnavailable
+    │   └── ConflictError
+    └── BudgetExceeded
+
+Handlers raise; one middleware (`proxy.http.middleware`) renders. Upstream HTTP
+errors are not exceptions: they are relayed byte for byte.
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Base of everything the proxy raises deliberately."""
+
+    status = 500
+    type = "proxy_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+
+    def body(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class BadRequest(ProxyError):
+    """The client sent something the proxy cannot accept."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body is over the configured limit."""
+
+    status = 413
+    code = "request_too_large"
+
+
+class Unauthorized(BadRequest):
+    """Missing or unknown client key, or a wrong admin token."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_api_key"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be reached or did not answer in time."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer within the configured timeout."""
+
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamUnreachable(UpstreamError):
+    """Connection refused, reset or DNS failure."""
+
+
+class StoreError(ProxyError):
+    """The fact log failed; callers keep serving and count it."""
+
+    status = 503
+    type = "store_error"
+
+
+class StoreUnavailable(StoreError):
+    """The backend did not answer (connection refused, timeout, disk error)."""
+
+
+class ConflictError(StoreError):
+    """Optimistic concurrency: the log moved past the sequence number the writer expected."""
+
+    status = 409
+
+    def __init__(self, message: str, *, actual_seq: int) -> None:
+        super().__init__(message)
+        self.actual_seq = actual_seq
+
+
+class BudgetExceeded(ProxyError):
+    """No projection fits the window, even after compaction."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "context_length_exceeded"

@@ -1,0 +1,130 @@
+"""Relaying the upstream's answer to a chat request, and capturing the assistant reply on the side.
+
+Streams are relayed event by event the moment each event is complete: nothing
+waits for the end of the stream. Two events are held back or hidden: the
+usage-only chunk the proxy asked for on the client's behalf (the client did not
+ask for it, so it must not see it), and ``[DONE]``, which is written only after
+the reply has been logged, so a client that sends its next request the instant
+the stream ends always finds its previous reply in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.sse import SSESplitter, StreamAssembler, is_usage_only, message_from_completion, parse_event
+from proxy.upstream import response_headers
+from proxy.types import Message
+
+#: Called once with the assembled reply (or None), its usage, and whether it is complete.
+ReplySink = Callable[[Message | None, dict[str, Any] | None, bool], Awaitable[None]]
+
+
+@dataclass
+class RelayTiming:
+    """Seconds spent waiting on the upstream, so the proxy's own share can be told apart."""
+
+    upstream: float = 0.0
+    first_byte: float | None = None
+    _mark: float = field(default_factory=time.perf_counter)
+
+    def wait_started(self) -> None:
+        self._mark = time.perf_counter()
+
+    def wait_ended(self) -> None:
+        self.upstream += time.perf_counter() - self._mark
+
+
+def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
+    return resp.status == 200 and resp.content_type == "text/event-stream"
+
+
+async def relay_whole(resp: aiohttp.ClientResponse, extra_headers: dict[str, str], sink: ReplySink,
+                      timing: RelayTiming) -> web.Response:
+    """A non-streaming answer (or any error): read it whole, log the reply, relay it byte for byte."""
+    timing.wait_started()
+    body = await resp.read()
+    timing.wait_ended()
+    if resp.status == 200 and resp.content_type == "application/json":
+        try:
+            parsed = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        if isinstance(parsed, dict):
+            message, usage = message_from_completion(parsed)
+            if message is not None:
+                await sink(message, usage, True)
+    headers = response_headers(resp.headers, decoded=True)
+    headers.update(extra_headers)
+    return web.Response(status=resp.status, headers=headers, body=body)
+
+
+async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],
+                       sink: ReplySink, timing: RelayTiming, *, hide_usage: bool) -> web.StreamResponse:
+    """Relay an SSE stream as it arrives; log the assembled reply before ``[DONE]`` reaches the client."""
+    headers = response_headers(resp.headers, decoded=True)
+    headers.update(extra_headers)
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    splitter = SSESplitter()
+    assembler = StreamAssembler()
+    logged = False
+    received = False  # whether any completion chunk arrived: an empty stream logs no reply
+
+    async def log_reply(complete: bool) -> None:
+        nonlocal logged
+        if not logged:
+            logged = True
+            await sink(assembler.message() if received else None, assembler.usage, complete and assembler.finished)
+
+    try:
+        await out.prepare(request)
+        timing.wait_started()
+        async for chunk in resp.content.iter_any():
+            timing.wait_ended()
+            if timing.first_byte is None:
+                timing.first_byte = time.perf_counter()
+            for raw in splitter.feed(chunk):
+                event = parse_event(raw)
+                if event is not None and event.data == "[DONE]":
+                    await log_reply(True)
+                elif event is not None and event.data:
+                    obj = _json_or_none(event.data)
+                    if isinstance(obj, dict):
+                        received = received or bool(obj.get("choices"))
+                        assembler.feed(obj)
+                        if hide_usage and is_usage_only(obj):
+                            continue
+                await out.write(raw)
+            timing.wait_started()
+        timing.wait_ended()
+        tail = splitter.flush()
+        if tail:
+            await out.write(tail)
+        await log_reply(True)
+        await out.write_eof()
+    except (asyncio.CancelledError, ConnectionResetError):
+        # The client went away: the upstream request is closed by our caller; keep what arrived, as partial.
+        await asyncio.shield(log_reply(False))
+        raise
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        # The upstream broke mid-stream. Headers are sent, so no error status is possible: keep the partial
+        # reply and cut the client's connection, so it sees a truncated stream rather than a clean end.
+        await asyncio.shield(log_reply(False))
+        if request.transport is not None:
+            request.transport.close()
+    return out
+
+
+def _json_or_none(data: str) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None

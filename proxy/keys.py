@@ -1,0 +1,19 @@
+"""Every AppKey of the aiohttp application, in one place."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import ClientSession, web
+
+if TYPE_CHECKING:
+    from proxy.context.history import HistoryManager
+    from proxy.metrics import Metrics
+    from proxy.settings import Settings
+    from proxy.store.base import FactLog
+
+settings_key: web.AppKey[Settings] = web.AppKey("settings")
+metrics_key: web.AppKey[Metrics] = web.AppKey("metrics")
+client_key: web.AppKey[ClientSession] = web.AppKey("client", ClientSession)
+store_key: web.AppKey[FactLog] = web.AppKey("store")
+history_key: web.AppKey[HistoryManager] = web.AppKey("history")

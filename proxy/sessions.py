@@ -1,0 +1,89 @@
+"""Which tenant and which session a request belongs to.
+
+Tenant: a hash of the caller's credential, so the raw key is never stored and
+two keys can never share a session. Session, in order: the ``/s/{session}/v1``
+URL prefix, ``X-Session-Id``, the session headers real clients already send
+(Codex, LiteLLM, Helicone, Claude Code…), and last a fingerprint of the full
+leading system message(s) and first user message. The fingerprint hashes those
+messages whole: agents of one project share long prompt prefixes, so a
+truncated prefix would merge unrelated runs.
+
+Foreign headers carry ids of other tools' making; one that is not a valid
+session id is skipped rather than refused, since the caller never chose it for us.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Mapping, Sequence
+
+import orjson
+
+from proxy.constants import FOREIGN_SESSION_HEADERS, HEADER_SESSION
+from proxy.context.messages import normalise
+from proxy.errors import BadRequest, Unauthorized
+from proxy.settings import Secret
+from proxy.types import Message
+
+SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+ANONYMOUS_TENANT = "anonymous"
+_TENANT_SALT = b"ctxproxy-tenant-v1\x00"
+
+
+def credential(headers: Mapping[str, str]) -> str | None:
+    """The caller's key from ``Authorization: Bearer``, ``api-key`` or ``x-api-key``."""
+    auth = headers.get("Authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else auth.strip()
+    return headers.get("api-key") or headers.get("x-api-key") or None
+
+
+def tenant_of(key: str | None) -> str:
+    """16 hex digits of a salted SHA-256 of the key: stable, and useless for recovering it."""
+    if not key:
+        return ANONYMOUS_TENANT
+    return hashlib.sha256(_TENANT_SALT + key.encode()).hexdigest()[:16]
+
+
+def check_client_key(key: str | None, allowed: Sequence[Secret]) -> None:
+    """Raise ``Unauthorized`` unless ``allowed`` is empty or holds ``key`` (constant-time compare)."""
+    if not allowed:
+        return
+    if key is None or not any(hmac.compare_digest(key.encode(), k.encode()) for k in allowed):
+        raise Unauthorized("Invalid or missing API key for this proxy.")
+
+
+def valid_session(value: str) -> bool:
+    return SESSION_ID.fullmatch(value) is not None
+
+
+def explicit_session(path_session: str | None, headers: Mapping[str, str]) -> str | None:
+    """The session named by the URL or a header, or None when the caller named none."""
+    if path_session is not None:
+        if not valid_session(path_session):
+            raise BadRequest("Invalid session id in URL: use 1-128 characters of A-Za-z0-9._:-", param="session")
+        return path_session
+    header = headers.get(HEADER_SESSION)
+    if header is not None:
+        if not valid_session(header):
+            raise BadRequest(f"Invalid {HEADER_SESSION}: use 1-128 characters of A-Za-z0-9._:-", param=HEADER_SESSION)
+        return header
+    for name in FOREIGN_SESSION_HEADERS:
+        value = headers.get(name)
+        if value and valid_session(value):
+            return value
+    return None
+
+
+def fingerprint_session(messages: Sequence[Message]) -> str:
+    """``auto-`` + a hash of the leading system messages and the first user message, whole."""
+    digest = hashlib.blake2b(b"ctxproxy-session-v1\x00", digest_size=12)
+    for message in messages:
+        role = message.get("role")
+        digest.update(orjson.dumps(normalise(message), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
+        if role not in ("system", "developer"):
+            break
+    return "auto-" + digest.hexdigest()

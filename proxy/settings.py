@@ -1,0 +1,105 @@
+"""Settings: one frozen dataclass, built once from flags and environment, passed down.
+
+Every setting is a flag and a ``CTXPROXY_*`` environment variable; flags win.
+The table in CONTRACT.md is the public part; the rest are ours to tune.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+
+class Secret(str):
+    """A credential: behaves as the string it wraps but never prints itself."""
+
+    def __repr__(self) -> str:
+        return "Secret('**********')"
+
+
+def default_store_url() -> str:
+    return "sqlite:///" + str(Path(platformdirs.user_state_dir("ctxproxy")) / "facts.db")
+
+
+def _split_keys(value: str) -> tuple[Secret, ...]:
+    return tuple(Secret(k.strip()) for k in value.split(",") if k.strip())
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8787
+    upstream: str = "https://api.openai.com/v1"
+    store: str = field(default_factory=default_store_url)
+    #: None: the model's input window from the bundled model map, else 128000.
+    context_window: int | None = None
+    compression_threshold: float = 0.8
+    min_retain_rounds: int = 10
+    summary_model: str | None = None
+    summary_timeout: float = 120.0
+    admin_token: Secret | None = None
+    upstream_key: Secret | None = None
+    client_keys: tuple[Secret, ...] = ()
+    #: Requests whose body is larger get a 413 before being read whole.
+    max_body_bytes: int = 32 * 1024 * 1024
+    #: Seconds without a byte from the upstream before the request fails with 504.
+    upstream_timeout: float = 600.0
+    #: Seconds to wait for the upstream's TCP/TLS connection.
+    connect_timeout: float = 10.0
+    log_format: str = "text"
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.compression_threshold <= 1:
+            raise ValueError("compression_threshold must be in (0, 1]")
+        if self.context_window is not None and self.context_window < 1024:
+            raise ValueError("context_window must be at least 1024 tokens")
+        if self.min_retain_rounds < 1:
+            raise ValueError("min_retain_rounds must be at least 1")
+        if self.summary_timeout <= 0 or self.upstream_timeout <= 0:
+            raise ValueError("timeouts must be positive")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+        if self.log_format not in ("text", "json"):
+            raise ValueError("log_format must be 'text' or 'json'")
+
+    @property
+    def upstream_base(self) -> str:
+        return self.upstream.rstrip("/")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``CTXPROXY_<NAME>`` variables, then ``overrides`` (flags) that are not None."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get("CTXPROXY_" + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _coerce(f.name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        for name in ("admin_token", "upstream_key"):
+            if isinstance(values.get(name), str):
+                values[name] = Secret(values[name])
+        if isinstance(values.get("client_keys"), str):
+            values["client_keys"] = _split_keys(values["client_keys"])
+        return cls(**values)
+
+
+_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes"}
+_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout"}
+
+
+def _coerce(name: str, raw: str) -> Any:
+    try:
+        if name in _INTS:
+            return int(raw)
+        if name in _FLOATS:
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"CTXPROXY_{name.upper()} must be a number, got {raw!r}") from None
+    return raw

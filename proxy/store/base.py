@@ -1,0 +1,106 @@
+"""The fact log interface: one append-only log per (tenant, session), plus the compaction lock.
+
+A fact is immutable once appended. ``seq`` counts from 0 per session with no
+gaps; appends are atomic and conditional on the writer's view of the log
+(``expected_seq``), which is how two requests of one session on two replicas
+agree on one lineage: the loser gets ``ConflictError``, catches up with
+``read`` and plans again. Nothing here deletes or rewrites an entry.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+Kind = Literal["message", "rewind", "summary", "checkpoint"]
+Source = Literal["client", "upstream", "proxy"]
+
+
+class SessionKey(NamedTuple):
+    tenant: str
+    session: str
+
+
+@dataclass(frozen=True, slots=True)
+class NewFact:
+    """A fact about to be appended; the store assigns ``id``, ``seq`` and ``ts``."""
+
+    kind: Kind
+    index: int | None
+    source: Source
+    message: Mapping[str, Any] | None = None
+    hash: str | None = None
+    #: Kind-specific fields (``partial``, ``usage``, ``checkpoint``…), stored beside the core ones.
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFact:
+    id: str
+    seq: int
+    kind: Kind
+    index: int | None
+    source: Source
+    message: Mapping[str, Any] | None
+    ts: float
+    hash: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as the contract prints it (log endpoint, ``ctxproxy sessions log --json``)."""
+        out: dict[str, Any] = dict(self.extra)
+        out.update(
+            id=self.id, seq=self.seq, kind=self.kind, index=self.index, source=self.source,
+            message=self.message, ts=self.ts, hash=self.hash,
+        )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    tenant: str
+    session: str
+    messages: int
+    checkpoints: int
+    updated_at: float
+
+
+class FactLog(abc.ABC):
+    """Per-session append-only log. Implementations: ``SqliteFactLog``, ``RedisFactLog``."""
+
+    @abc.abstractmethod
+    async def append(
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+    ) -> list[StoredFact]:
+        """Append ``facts`` as seq ``expected_seq``, ``expected_seq + 1``… all or nothing.
+
+        Raises ``ConflictError`` (with the log's real next seq) when the log does
+        not end at ``expected_seq - 1``; ``StoreUnavailable`` when the backend fails,
+        in which case the append may or may not have happened (a later conflict tells).
+        """
+
+    @abc.abstractmethod
+    async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
+        """Facts with ``seq > after``, oldest first, at most ``limit``. An unknown session reads as empty."""
+
+    @abc.abstractmethod
+    def sessions(self) -> AsyncIterator[SessionInfo]:
+        """Every session in the store, in no particular order."""
+
+    @abc.abstractmethod
+    async def try_lock(self, key: SessionKey, name: str, token: str, ttl: float) -> bool:
+        """Take the named lock of a session for ``ttl`` seconds unless someone else holds it."""
+
+    @abc.abstractmethod
+    async def unlock(self, key: SessionKey, name: str, token: str) -> None:
+        """Release the lock if ``token`` still holds it; a lock that expired and was retaken is left alone."""
+
+    @abc.abstractmethod
+    async def ping(self) -> None:
+        """Return when the backend answers; raise ``StoreUnavailable`` otherwise."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Release connections and threads."""

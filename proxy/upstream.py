@@ -1,0 +1,79 @@
+"""Talking to the upstream: which headers cross, which credential goes, and how failures are named.
+
+Hop-by-hop headers (RFC 9110 §7.6.1) never cross a proxy; ``Host`` and
+``Content-Length`` are recomputed. The client's credential goes upstream as it
+came unless ``--upstream-key`` is set, in which case the proxy's key replaces it
+in the same header the client used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+
+import aiohttp
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from proxy.errors import UpstreamTimeout, UpstreamUnreachable
+from proxy.settings import Settings
+
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
+        "TE", "Trailer", "Trailers", "Transfer-Encoding", "Upgrade",
+    )
+)
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length"}
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "date", "server"}
+
+
+def _connection_listed(headers: Mapping[str, str]) -> set[str]:
+    """Headers named in ``Connection`` are hop-by-hop too."""
+    return {t.strip().lower() for t in headers.get("Connection", "").split(",") if t.strip()}
+
+
+def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity: bool) -> CIMultiDict[str]:
+    """Headers to send upstream. ``identity`` asks for an uncompressed body the proxy can parse."""
+    drop = _REQUEST_DROP | _connection_listed(incoming)
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in _items(incoming) if k.lower() not in drop)
+    if settings.upstream_key is not None:
+        if "api-key" in out:
+            out["api-key"] = str(settings.upstream_key)
+        else:
+            out.popall("api-key", None)
+            out.popall("x-api-key", None)
+            out["Authorization"] = "Bearer " + settings.upstream_key
+    if identity:
+        out["Accept-Encoding"] = "identity"
+    return out
+
+
+def response_headers(upstream: CIMultiDictProxy[str], *, decoded: bool) -> CIMultiDict[str]:
+    """Headers to relay to the client; ``decoded`` drops Content-Encoding for bodies aiohttp decompressed."""
+    drop = _RESPONSE_DROP | _connection_listed(upstream)
+    if decoded:
+        drop = drop | {"content-encoding"}
+    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+
+
+def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
+    items = getattr(headers, "items", None)
+    return items() if items is not None else ()
+
+
+def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
+    """No total limit (a long generation is fine) but a bound on silence between bytes."""
+    return aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout, sock_read=settings.upstream_timeout)
+
+
+@asynccontextmanager
+async def map_upstream_errors() -> AsyncIterator[None]:
+    """Name transport failures: unreachable (502) or silent past the timeout (504)."""
+    try:
+        yield
+    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        raise UpstreamTimeout("The upstream did not answer in time.") from exc
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.InvalidURL, OSError) as exc:
+        raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc

@@ -1,0 +1,169 @@
+"""A fake OpenAI-compatible upstream: a real aiohttp server speaking the Chat Completions wire format.
+
+Replies are scripted per test (``FakeUpstream.script``) or derived from the
+conversation: a request whose last message is from the user, with tools
+offered, gets a tool call; anything else gets text. Streams are cut into many
+small SSE events, tool-call arguments included, the way OpenAI sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    #: (status, raw body bytes, content type) returned instead of a completion.
+    error: tuple[int, bytes, str] | None = None
+    #: Break the stream after this many events (connection reset mid-stream).
+    cut_after: int | None = None
+    #: Wait for this event before answering (a hung upstream).
+    hang: asyncio.Event | None = None
+    #: Stream this many events, then wait for ``hang`` (a model that stalls mid-answer).
+    pause_after: int | None = None
+
+
+class FakeUpstream:
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.script: deque[Reply] = deque()
+        self._ids = itertools.count(1)
+        #: Set whenever a streaming request's connection closes before it finished.
+        self.stream_aborted = asyncio.Event()
+        #: Set when a stream reaches its ``pause_after`` point.
+        self.paused = asyncio.Event()
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_route("*", "/v1/echo/{tail:.*}", self.echo)
+        app.router.add_get("/v1/gzipped", self.gzipped)
+        app.router.add_get("/v1/stream", self.stream_bytes)
+        return app
+
+    # -- chat ---------------------------------------------------------------------------------
+
+    def next_reply(self, body: dict[str, Any]) -> Reply:
+        if self.script:
+            return self.script.popleft()
+        n = next(self._ids)
+        last = body["messages"][-1]
+        if last.get("role") == "user" and body.get("tools"):
+            name = body["tools"][0]["function"]["name"]
+            return Reply(tool_calls=[{"id": f"call_{n}", "type": "function",
+                                      "function": {"name": name, "arguments": orjson.dumps({"step": n}).decode()}}])
+        return Reply(content=f"Reply number {n}: done with {last.get('role')}.")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json(loads=orjson.loads)
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        reply = self.next_reply(body)
+        if reply.hang is not None and reply.pause_after is None:
+            await reply.hang.wait()
+        if reply.error is not None:
+            status, raw, ctype = reply.error
+            return web.Response(status=status, body=raw, content_type=ctype)
+        prompt = sum(len(orjson.dumps(m)) for m in body["messages"]) // 4
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content, **reply.extra}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}
+        if body.get("stream"):
+            return await self._stream(request, body, message, usage, reply)
+        return web.json_response({
+            "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model"), "system_fingerprint": "fp_fake",
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
+            "usage": usage,
+        })
+
+    async def _stream(self, request: web.Request, body: dict[str, Any], message: dict[str, Any],
+                      usage: dict[str, Any], reply: Reply) -> web.StreamResponse:
+        include_usage = (body.get("stream_options") or {}).get("include_usage") is True
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": body.get("model"), "system_fingerprint": "fp_fake"}
+        if include_usage:
+            base["usage"] = None
+        events = [_delta(base, {"role": "assistant", "content": ""})]
+        for key, value in message.items():
+            if key in ("role", "content", "tool_calls"):
+                continue
+            events.append(_delta(base, {key: value}))
+        for piece in _pieces(message.get("content") or ""):
+            events.append(_delta(base, {"content": piece}))
+        for i, call in enumerate(message.get("tool_calls") or []):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            events.append(_delta(base, {"tool_calls": [head]}))
+            for piece in _pieces(call["function"]["arguments"]):
+                events.append(_delta(base, {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        events.append({**base, "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}]})
+        if include_usage:
+            events.append({**base, "choices": [], "usage": usage})
+        try:
+            for n, event in enumerate(events):
+                if reply.cut_after is not None and n >= reply.cut_after:
+                    assert request.transport is not None
+                    request.transport.close()
+                    return resp
+                if reply.pause_after is not None and n == reply.pause_after and reply.hang is not None:
+                    self.paused.set()
+                    await reply.hang.wait()
+                await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stream_aborted.set()
+            raise
+        return resp
+
+    # -- pass-through targets -----------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def echo(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response({
+            "method": request.method, "path": request.path, "query": dict(request.query),
+            "headers": dict(request.headers), "body": body.decode("utf-8", "replace"),
+        }, headers={"X-Upstream-Custom": "kept"})
+
+    async def gzipped(self, request: web.Request) -> web.Response:
+        return web.Response(body=gzip.compress(b'{"compressed": true}'),
+                            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})
+
+    async def stream_bytes(self, request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        for i in range(5):
+            await resp.write(f"part{i};".encode())
+        await resp.write_eof()
+        return resp
+
+
+def _delta(base: dict[str, Any], delta: dict[str, Any]) -> dict[str, Any]:
+    return {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}]}
+
+
+def _pieces(text: str, size: int = 5) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]

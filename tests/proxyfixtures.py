@@ -1,0 +1,93 @@
+"""Fixtures that run the proxy against the fake upstream: loaded from conftest via ``pytest_plugins``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.asyncio
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import create_app
+from proxy.context.messages import message_hash
+from proxy.settings import Settings
+from proxy.store.base import FactLog, SessionKey, StoredFact
+from tests.fakeupstream import FakeUpstream
+
+
+@pytest.fixture
+def fake() -> FakeUpstream:
+    return FakeUpstream()
+
+
+@pytest.fixture
+async def upstream(aiohttp_server: Any, fake: FakeUpstream) -> TestServer:
+    server: TestServer = await aiohttp_server(fake.app())
+    return server
+
+
+@pytest.fixture
+async def redis_flush(redis_url: str) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await client.flushdb()
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/facts.db"
+    url: str = request.getfixturevalue("redis_url")
+    request.getfixturevalue("redis_flush")
+    return url
+
+
+ProxyFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def make_proxy(aiohttp_client: Any, upstream: TestServer, store_url: str) -> ProxyFactory:
+    async def make(**overrides: Any) -> TestClient[Any, Any]:
+        settings = Settings(upstream=str(upstream.make_url("/v1")), store=store_url, **overrides)
+        client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
+        return client
+
+    return make
+
+
+@pytest.fixture
+async def proxy(make_proxy: ProxyFactory) -> TestClient[Any, Any]:
+    client: TestClient[Any, Any] = await make_proxy()
+    return client
+
+
+async def read_log(store: FactLog, key: SessionKey) -> list[StoredFact]:
+    facts: list[StoredFact] = []
+    while True:
+        page = await store.read(key, after=facts[-1].seq if facts else -1, limit=500)
+        facts.extend(page)
+        if len(page) < 500:
+            return facts
+
+
+def replay(facts: list[StoredFact]) -> list[dict[str, Any]]:
+    """The conversation a log describes: messages by index, cut back at each rewind."""
+    conversation: list[dict[str, Any]] = []
+    for fact in facts:
+        if fact.kind == "rewind":
+            assert fact.index is not None
+            del conversation[fact.index:]
+        elif fact.kind == "message":
+            assert fact.index == len(conversation), (fact.index, len(conversation))
+            assert fact.message is not None
+            conversation.append(dict(fact.message))
+    return conversation
+
+
+def same_conversation(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    return [message_hash(m) for m in a] == [message_hash(m) for m in b]
+
+
