@@ -1,0 +1,84 @@
+"""The one on-disk form of a fact, shared by every backend.
+
+A fact is stored as canonical JSON: ``orjson`` with sorted keys, so the same
+fact always yields the same bytes (stable hashes, diffable dumps, and a log that
+any language can read). The object carries its format version under ``"v"`` so
+a future layout can be read beside this one; a reader meeting a version it does
+not know refuses rather than guessing. Kind-specific fields (``NewFact.extra``)
+live under ``"x"`` so they can never shadow a core field. Never pickle: the log
+outlives the code that wrote it.
+
+The backend's own identifier (SQLite row seq, Redis stream id) is not part of
+the body; it is supplied again on decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+import orjson
+
+from proxy.constants import FACT_FORMAT
+from proxy.errors import StoreError
+from proxy.store.base import Kind, NewFact, Source, StoredFact
+
+_KINDS = frozenset({"message", "rewind", "summary", "checkpoint"})
+_SOURCES = frozenset({"client", "upstream", "proxy"})
+
+
+def _default(obj: object) -> object:
+    # orjson serializes only real dicts; facts may carry read-only mappings.
+    if isinstance(obj, Mapping):
+        return dict(obj)
+    raise TypeError(f"cannot store {type(obj).__name__} in a fact")
+
+
+def encode(fact: NewFact, seq: int, ts: float) -> bytes:
+    """Canonical JSON bytes of ``fact`` appended as ``seq`` at ``ts``."""
+    body = {
+        "v": FACT_FORMAT,
+        "seq": seq,
+        "kind": fact.kind,
+        "index": fact.index,
+        "source": fact.source,
+        "message": fact.message,
+        "ts": ts,
+        "hash": fact.hash,
+        "x": fact.extra,
+    }
+    return orjson.dumps(body, default=_default, option=orjson.OPT_SORT_KEYS)
+
+
+def decode(fact_id: str, raw: bytes | str) -> StoredFact:
+    """Rebuild a ``StoredFact`` from stored bytes; ``StoreError`` if they are not a fact this code can read."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise StoreError(f"fact {fact_id} is not valid JSON") from exc
+    if not isinstance(body, dict) or body.get("v") != FACT_FORMAT:
+        version = body.get("v") if isinstance(body, dict) else None
+        raise StoreError(f"fact {fact_id} has unknown format {version!r} (this build reads {FACT_FORMAT})")
+    try:
+        if body["kind"] not in _KINDS or body["source"] not in _SOURCES:
+            raise ValueError(f"kind {body['kind']!r} / source {body['source']!r}")
+        return StoredFact(
+            id=fact_id,
+            seq=int(body["seq"]),
+            kind=cast(Kind, body["kind"]),
+            index=body["index"],
+            source=cast(Source, body["source"]),
+            message=body["message"],
+            ts=float(body["ts"]),
+            hash=body.get("hash"),
+            extra=body.get("x") or {},
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"fact {fact_id} is malformed: {exc}") from exc
+
+
+def counts(facts: Sequence[NewFact]) -> tuple[int, int]:
+    """How many of ``facts`` are messages and checkpoints: the per-session tallies both backends keep."""
+    messages = sum(1 for f in facts if f.kind == "message")
+    checkpoints = sum(1 for f in facts if f.kind == "checkpoint")
+    return messages, checkpoints

@@ -1,0 +1,228 @@
+"""The shared fact log: Redis Streams, one stream and one hash per session.
+
+Keys (see ``proxy.constants``), all under the hash tag ``{tenant:session}`` so a
+session lives in one Redis Cluster slot and one Lua script may touch it all:
+
+- ``ctxproxy:{t:s}:log``  the stream; each entry has one field ``f``, the
+  fact's canonical JSON (``proxy.store.codec``);
+- ``ctxproxy:{t:s}:meta`` a hash: ``next_seq``, ``messages``, ``checkpoints``,
+  ``updated_at``, ``tenant``, ``session``;
+- ``ctxproxy:{t:s}:lock:<name>`` a string holding the lock owner's token.
+
+Stream ids encode the seq: the fact with seq ``n`` is entry ``<n+1>-0``.
+Decision, over auto ids (``*``): ``read(after)`` becomes one XRANGE starting at
+``<after+2>-0``, exact and O(log n), with nothing extra stored; with auto ids
+we would have to page from the start or keep a seq→id index that grows with
+the log. The price is the time part of the id no longer being wall-clock
+time; the fact's ``ts`` field carries that. (``0-0`` is not a valid stream id,
+hence the ``+1``.)
+
+Append is one Lua script (EVALSHA, reloaded transparently after a restart
+flushed the script cache). It compares ``next_seq`` with the writer's
+expectation, then XADDs every fact and updates ``meta``. Redis runs a script
+without interleaving any other command, so the check and the writes are one
+atomic step; the script validates before its first write, so an append either
+lands whole or not at all. A retried append whose first attempt did land (the
+reply was lost) finds ``next_seq`` moved and reports a conflict, which is the
+behaviour ``FactLog.append`` documents, never a duplicate. The script also
+checks that the stream really ends at ``<next_seq>-0``; if ``meta`` and the
+stream ever disagree (keys edited by hand), it refuses with an error, which
+surfaces as ``StoreUnavailable``, instead of half-applying a batch.
+
+Failure handling: short socket timeouts make a dead Redis fail fast; a
+connection error is retried a few times with a backoff totalling well under a
+second, which is what reconnects transparently after a Redis restart. Timeouts
+are not retried (each would cost another socket timeout). Every redis-py and
+socket error becomes ``StoreUnavailable`` in ``map_redis_errors``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from proxy.constants import KEY_PREFIX, META_SUFFIX, lock_key, log_key, meta_key
+from proxy.errors import ConflictError, StoreError, StoreUnavailable
+from proxy.store import codec
+from proxy.store.base import FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+
+RedisClient = Redis | RedisCluster
+
+SOCKET_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+HEALTH_CHECK_INTERVAL = 10
+#: Entries per XRANGE round trip when reading a long log; keeps each command short for the server.
+READ_PAGE = 1000
+
+# KEYS: log, meta. ARGV: expected_seq, ts, tenant, session, messages, checkpoints, body...
+# Returns {"ok", id...} or {"conflict", actual_next_seq}.
+APPEND_LUA = """
+local expected = tonumber(ARGV[1])
+local actual = tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0')
+if actual ~= expected then
+  return {'conflict', actual}
+end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local tail = last[1] and last[1][1] or '0-0'
+if tail ~= string.format('%d-0', expected) then
+  return redis.error_reply('ctxproxy: ' .. KEYS[1] .. ' ends at ' .. tail .. ' but meta says next_seq ' .. expected)
+end
+local n = #ARGV - 6
+if n == 0 then
+  return {'ok'}
+end
+local ids = {'ok'}
+for i = 1, n do
+  ids[i + 1] = redis.call('XADD', KEYS[1], string.format('%d-0', expected + i), 'f', ARGV[6 + i])
+end
+redis.call('HSET', KEYS[2], 'next_seq', string.format('%d', expected + n), 'updated_at', ARGV[2],
+  'tenant', ARGV[3], 'session', ARGV[4])
+redis.call('HINCRBY', KEYS[2], 'messages', ARGV[5])
+redis.call('HINCRBY', KEYS[2], 'checkpoints', ARGV[6])
+return ids
+"""
+
+# Take the lock if free, or renew it if the caller already holds it.
+LOCK_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Delete only our own lock: one that expired and was retaken belongs to someone else.
+UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@asynccontextmanager
+async def map_redis_errors(operation: str) -> AsyncIterator[None]:
+    """The one place redis-py and socket errors become ``StoreUnavailable``."""
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise StoreUnavailable(f"redis {operation} failed: {exc}") from exc
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _decode_entry(entry_id: bytes | str | None, fields: Mapping[bytes | str, bytes | str] | None) -> StoredFact:
+    # redis-py types XRANGE entries as optional for the sake of deleted entries, which this log never has.
+    if entry_id is None or not fields or b"f" not in fields:
+        raise StoreError(f"stream entry {entry_id!r} holds no fact")
+    return codec.decode(_text(entry_id), fields[b"f"])
+
+
+def _split_cluster_flag(url: str) -> tuple[str, bool]:
+    """Remove our own ``cluster`` query parameter, which redis-py would reject as a connection option."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [value for name, value in query if name == "cluster"]
+    rest = [(name, value) for name, value in query if name != "cluster"]
+    cluster = bool(flags) and flags[-1].lower() in {"1", "true", "yes", "on"}
+    return urlunsplit(parts._replace(query=urlencode(rest))), cluster
+
+
+class RedisFactLog(FactLog):
+    """``FactLog`` on Redis or Redis Cluster. Build it with ``RedisFactLog.from_url``; connecting is lazy."""
+
+    def __init__(self, client: RedisClient) -> None:
+        self.client = client
+        self._append = client.register_script(APPEND_LUA)
+        self._lock = client.register_script(LOCK_LUA)
+        self._unlock = client.register_script(UNLOCK_LUA)
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisFactLog:
+        """``redis://`` or ``rediss://``; ``?cluster=1`` selects Redis Cluster with the URL's node as seed."""
+        url, cluster = _split_cluster_flag(url)
+        options: dict[str, Any] = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            "health_check_interval": HEALTH_CHECK_INTERVAL,
+            # Backoff 0.1 + 0.2 + 0.25 s: enough to ride over a restart, short enough not to stall requests.
+            "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(RedisConnectionError,)),
+        }
+        client: RedisClient = RedisCluster.from_url(url, **options) if cluster else Redis.from_url(url, **options)
+        return cls(client)
+
+    async def append(
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+    ) -> list[StoredFact]:
+        bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(facts)]
+        messages, checkpoints = codec.counts(facts)
+        args: list[bytes | str | int] = [expected_seq, repr(ts), *key, messages, checkpoints, *bodies]
+        async with map_redis_errors("append"):
+            reply = await self._append(keys=[log_key(*key), meta_key(*key)], args=args)
+        status, *rest = reply
+        if _text(status) == "conflict":
+            actual = int(rest[0])
+            raise ConflictError(f"log of {key.session} is at seq {actual}, not {expected_seq}", actual_seq=actual)
+        return [codec.decode(_text(entry_id), body) for entry_id, body in zip(rest, bodies, strict=True)]
+
+    async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
+        out: list[StoredFact] = []
+        start = max(after + 1, 0)  # seq of the next wanted fact
+        async with map_redis_errors("read"):
+            while limit is None or len(out) < limit:
+                count = READ_PAGE if limit is None else min(READ_PAGE, limit - len(out))
+                entries = await self.client.xrange(log_key(*key), min=f"{start + 1}-0", max="+", count=count) or []
+                out.extend(_decode_entry(entry_id, fields) for entry_id, fields in entries)
+                if len(entries) < count:
+                    break
+                start = out[-1].seq + 1
+        return out
+
+    async def sessions(self) -> AsyncIterator[SessionInfo]:
+        suffix = f"}}:{META_SUFFIX}".encode()
+        async with map_redis_errors("sessions"):
+            async for name in self.client.scan_iter(match=f"{KEY_PREFIX}:*:{META_SUFFIX}", count=500):
+                # A lock named "meta" would match the pattern too; only the real meta key ends in "}:meta".
+                if not name.endswith(suffix):
+                    continue
+                meta = {_text(k): _text(v) for k, v in (await self.client.hgetall(name)).items()}
+                if "tenant" not in meta or "session" not in meta:
+                    continue
+                yield SessionInfo(
+                    tenant=meta["tenant"],
+                    session=meta["session"],
+                    messages=int(meta.get("messages", 0)),
+                    checkpoints=int(meta.get("checkpoints", 0)),
+                    updated_at=float(meta.get("updated_at", 0.0)),
+                )
+
+    async def try_lock(self, key: SessionKey, name: str, token: str, ttl: float) -> bool:
+        async with map_redis_errors("try_lock"):
+            taken = await self._lock(keys=[lock_key(*key, name)], args=[token, max(1, round(ttl * 1000))])
+        return bool(taken)
+
+    async def unlock(self, key: SessionKey, name: str, token: str) -> None:
+        async with map_redis_errors("unlock"):
+            await self._unlock(keys=[lock_key(*key, name)], args=[token])
+
+    async def ping(self) -> None:
+        async with map_redis_errors("ping"):
+            await self.client.ping()
+
+    async def aclose(self) -> None:
+        async with map_redis_errors("close"):
+            await self.client.aclose()

@@ -1,0 +1,275 @@
+"""The embedded fact log: one SQLite file, shareable by several proxy processes.
+
+Threading: sqlite3 blocks, so every call runs on one dedicated worker thread
+that owns the connection. One thread means statements of this process never
+interleave, and the event loop never waits on disk.
+
+Concurrency between processes: WAL lets readers proceed during a write, and
+each append is a ``BEGIN IMMEDIATE`` transaction, which takes the write lock
+*before* reading ``next_seq``; the expected-seq check and the inserts are
+therefore atomic across processes. A writer that cannot get the lock within
+``busy_timeout`` gets ``StoreUnavailable``, never a half-written batch.
+
+Schema: append-only named migrations, applied on open and recorded in
+``_migrations`` (the pattern of simonw/llm). Never edit a shipped migration;
+add a new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proxy.errors import ConflictError, StoreUnavailable
+from proxy.store import codec
+from proxy.store.base import FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+
+T = TypeVar("T")
+
+Migration = Callable[[sqlite3.Connection], None]
+MIGRATIONS: list[tuple[str, Migration]] = []
+
+#: Sessions fetched per round trip by ``sessions()``; bounds memory on large stores.
+SESSIONS_PAGE = 500
+
+
+def migration(fn: Migration) -> Migration:
+    """Register ``fn`` under its name; the order of definition is the order of application."""
+    MIGRATIONS.append((fn.__name__, fn))
+    return fn
+
+
+@migration
+def m001_facts(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE facts (
+            tenant TEXT NOT NULL,
+            session TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            idx INTEGER,
+            body BLOB NOT NULL,
+            PRIMARY KEY (tenant, session, seq)
+        )"""
+    )
+
+
+@migration
+def m002_sessions(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE sessions (
+            tenant TEXT NOT NULL,
+            session TEXT NOT NULL,
+            next_seq INTEGER NOT NULL,
+            messages INTEGER NOT NULL,
+            checkpoints INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (tenant, session)
+        )"""
+    )
+
+
+@migration
+def m003_locks(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE locks (
+            tenant TEXT NOT NULL,
+            session TEXT NOT NULL,
+            name TEXT NOT NULL,
+            token TEXT NOT NULL,
+            expires_at REAL NOT NULL,
+            PRIMARY KEY (tenant, session, name)
+        )"""
+    )
+
+
+@contextmanager
+def map_sqlite_errors(path: Path) -> Iterator[None]:
+    """The one place driver and filesystem errors become ``StoreUnavailable``."""
+    try:
+        yield
+    except (sqlite3.Error, OSError) as exc:
+        raise StoreUnavailable(f"sqlite store {path}: {exc}") from exc
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """A write transaction that holds the database write lock from its first statement."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        # SQLite rolls back by itself on some errors (disk full, I/O); a second ROLLBACK would mask the cause.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: we issue BEGIN/COMMIT ourselves (BEGIN IMMEDIATE is not expressible otherwise).
+    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+    try:
+        conn.execute("PRAGMA busy_timeout = 5000")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        _migrate(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    # Inside one IMMEDIATE transaction so two processes opening a new file do not both migrate.
+    with immediate(conn):
+        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        done = {row[0] for row in conn.execute("SELECT name FROM _migrations")}
+        for name, fn in MIGRATIONS:
+            if name not in done:
+                fn(conn)
+                conn.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time()))
+
+
+def _append(
+    conn: sqlite3.Connection, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+) -> list[StoredFact]:
+    with immediate(conn):
+        row = conn.execute(
+            "SELECT next_seq FROM sessions WHERE tenant = ? AND session = ?", (key.tenant, key.session)
+        ).fetchone()
+        actual = row[0] if row else 0
+        if actual != expected_seq:
+            raise ConflictError(f"log of {key.session} is at seq {actual}, not {expected_seq}", actual_seq=actual)
+        if not facts:
+            return []
+        bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(facts)]
+        conn.executemany(
+            "INSERT INTO facts (tenant, session, seq, kind, idx, body) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (key.tenant, key.session, expected_seq + i, fact.kind, fact.index, body)
+                for i, (fact, body) in enumerate(zip(facts, bodies, strict=True))
+            ],
+        )
+        messages, checkpoints = codec.counts(facts)
+        conn.execute(
+            """INSERT INTO sessions (tenant, session, next_seq, messages, checkpoints, updated_at)
+               VALUES (?, ?, ?, ?, ?, ?)
+               ON CONFLICT (tenant, session) DO UPDATE SET
+                 next_seq = excluded.next_seq,
+                 messages = sessions.messages + excluded.messages,
+                 checkpoints = sessions.checkpoints + excluded.checkpoints,
+                 updated_at = excluded.updated_at""",
+            (key.tenant, key.session, expected_seq + len(facts), messages, checkpoints, ts),
+        )
+    return [codec.decode(str(expected_seq + i), body) for i, body in enumerate(bodies)]
+
+
+def _read(conn: sqlite3.Connection, key: SessionKey, after: int, limit: int | None) -> list[StoredFact]:
+    rows = conn.execute(
+        "SELECT seq, body FROM facts WHERE tenant = ? AND session = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (key.tenant, key.session, after, -1 if limit is None else limit),
+    ).fetchall()
+    return [codec.decode(str(seq), body) for seq, body in rows]
+
+
+def _sessions_page(conn: sqlite3.Connection, after: tuple[str, str]) -> list[SessionInfo]:
+    rows = conn.execute(
+        """SELECT tenant, session, messages, checkpoints, updated_at FROM sessions
+           WHERE (tenant, session) > (?, ?) ORDER BY tenant, session LIMIT ?""",
+        (*after, SESSIONS_PAGE),
+    ).fetchall()
+    return [SessionInfo(*row) for row in rows]
+
+
+def _try_lock(conn: sqlite3.Connection, key: SessionKey, name: str, token: str, ttl: float) -> bool:
+    now = time.time()
+    with immediate(conn):
+        # Take if free, expired, or already ours (then the ttl is renewed); otherwise the WHERE leaves it.
+        cur = conn.execute(
+            """INSERT INTO locks (tenant, session, name, token, expires_at) VALUES (?, ?, ?, ?, ?)
+               ON CONFLICT (tenant, session, name) DO UPDATE SET
+                 token = excluded.token, expires_at = excluded.expires_at
+               WHERE locks.expires_at <= ? OR locks.token = excluded.token""",
+            (key.tenant, key.session, name, token, now + ttl, now),
+        )
+        return cur.rowcount == 1
+
+
+def _unlock(conn: sqlite3.Connection, key: SessionKey, name: str, token: str) -> None:
+    with immediate(conn):
+        conn.execute(
+            "DELETE FROM locks WHERE tenant = ? AND session = ? AND name = ? AND token = ?",
+            (key.tenant, key.session, name, token),
+        )
+
+
+class SqliteFactLog(FactLog):
+    """``FactLog`` on a local SQLite file. Build it with ``await SqliteFactLog.open(path)``."""
+
+    def __init__(self, path: Path, executor: ThreadPoolExecutor, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._executor = executor
+        self._conn = conn
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path) -> SqliteFactLog:
+        """Create the file (and its directory) if missing and bring its schema up to date."""
+        path = Path(path)
+        executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ctxproxy-sqlite")
+        try:
+            with map_sqlite_errors(path):
+                conn = await asyncio.get_running_loop().run_in_executor(executor, _connect, path)
+        except BaseException:
+            executor.shutdown(wait=False)
+            raise
+        return cls(path, executor, conn)
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        with map_sqlite_errors(self.path):
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn, *args)
+
+    async def append(
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+    ) -> list[StoredFact]:
+        return await self._run(_append, key, expected_seq, list(facts), ts)
+
+    async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
+        return await self._run(_read, key, after, limit)
+
+    async def sessions(self) -> AsyncIterator[SessionInfo]:
+        cursor = ("", "")
+        while True:
+            page = await self._run(_sessions_page, cursor)
+            for info in page:
+                yield info
+            if len(page) < SESSIONS_PAGE:
+                return
+            cursor = (page[-1].tenant, page[-1].session)
+
+    async def try_lock(self, key: SessionKey, name: str, token: str, ttl: float) -> bool:
+        return await self._run(_try_lock, key, name, token, ttl)
+
+    async def unlock(self, key: SessionKey, name: str, token: str) -> None:
+        await self._run(_unlock, key, name, token)
+
+    async def ping(self) -> None:
+        await self._run(lambda conn: conn.execute("SELECT 1").fetchone())
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._run(lambda conn: conn.close())
+        finally:
+            # The worker is idle once close() returned, so this join is immediate.
+            self._executor.shutdown(wait=True)
