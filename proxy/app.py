@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.http import chat, health, passthrough
 from proxy.http.middleware import error_middleware
-from proxy.keys import client_key, history_key, metrics_key, settings_key, store_key
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.store import open_store
@@ -32,13 +33,25 @@ async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _store(app: web.Application) -> AsyncIterator[None]:
-    store = await open_store(app[settings_key].store)
+    settings, metrics = app[settings_key], app[metrics_key]
+    store = await open_store(settings.store)
     app[store_key] = store
-    app[history_key] = HistoryManager(store, clock=time.time)
+    history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended)
+    app[history_key] = history
+    app[engine_key] = ContextEngine(history, engine_settings(settings), observer=metrics.compaction_done)
     try:
         yield
     finally:
         await store.aclose()
+
+
+def engine_settings(settings: Settings) -> EngineSettings:
+    return EngineSettings(
+        context_window=settings.context_window, compression_threshold=settings.compression_threshold,
+        min_retain_rounds=settings.min_retain_rounds, summary_timeout=settings.summary_timeout,
+        estimator=settings.estimator, summary_placement="system" if settings.summary_placement == "system" else "user",
+        failure_cooldown=settings.compaction_cooldown,
+    )
 
 
 def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:

@@ -30,7 +30,8 @@ def _store_option(f: Any) -> Any:
 
 
 @main.command()
-@click.option("--host", envvar="CTXPROXY_HOST", default=None, show_envvar=True, help="Bind address [default: 127.0.0.1]")
+@click.option("--host", envvar="CTXPROXY_HOST", default=None, show_envvar=True,
+              help="Bind address [default: 127.0.0.1]")
 @click.option("--port", envvar="CTXPROXY_PORT", type=int, default=None, show_envvar=True,
               help="Bind port [default: 8787]")
 @click.option("--upstream", envvar="CTXPROXY_UPSTREAM", default=None, show_envvar=True,
@@ -40,7 +41,7 @@ def _store_option(f: Any) -> Any:
 @click.option("--context-window", envvar="CTXPROXY_CONTEXT_WINDOW", type=int, default=None, show_envvar=True,
               help="Tokens [default: the model's input window from the bundled model map, else 128000]")
 @click.option("--compression-threshold", envvar="CTXPROXY_COMPRESSION_THRESHOLD", type=float, default=None,
-              show_envvar=True, help="Compact when the estimate exceeds window × threshold [default: 0.8]")
+              show_envvar=True, help="Compact when the estimate exceeds window x threshold [default: 0.8]")
 @click.option("--min-retain-rounds", envvar="CTXPROXY_MIN_RETAIN_ROUNDS", type=int, default=None, show_envvar=True,
               help="Recent rounds kept verbatim [default: 10]")
 @click.option("--summary-model", envvar="CTXPROXY_SUMMARY_MODEL", default=None, show_envvar=True,
@@ -57,6 +58,16 @@ def _store_option(f: Any) -> Any:
               help="Largest request body accepted; larger gets 413 [default: 33554432]")
 @click.option("--upstream-timeout", envvar="CTXPROXY_UPSTREAM_TIMEOUT", type=float, default=None, show_envvar=True,
               help="Seconds of upstream silence before a 504 [default: 600]")
+@click.option("--reactive-retries", envvar="CTXPROXY_REACTIVE_RETRIES", type=int, default=None, show_envvar=True,
+              help="Compact-harder-and-retry attempts after a prompt-too-long answer [default: 2]")
+@click.option("--estimator", envvar="CTXPROXY_ESTIMATOR", type=click.Choice(["tokenizer", "chars", "max"]),
+              default=None, show_envvar=True,
+              help="Token estimate: tiktoken count, the seed's characters / 3, or the larger [default: tokenizer]")
+@click.option("--summary-placement", envvar="CTXPROXY_SUMMARY_PLACEMENT", type=click.Choice(["user", "system"]),
+              default=None, show_envvar=True,
+              help="Put the summary in a user message or append it to the system message [default: user]")
+@click.option("--compaction-cooldown", envvar="CTXPROXY_COMPACTION_COOLDOWN", type=float, default=None,
+              show_envvar=True, help="Seconds proactive compaction pauses after 3 failures in a row [default: 300]")
 @click.option("--log-format", envvar="CTXPROXY_LOG_FORMAT", type=click.Choice(["text", "json"]), default=None,
               show_envvar=True, help="Log line format [default: text]")
 @click.option("--log-level", envvar="CTXPROXY_LOG_LEVEL", default=None, show_envvar=True,

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from aiohttp import ClientSession, web
 
 if TYPE_CHECKING:
+    from proxy.context.engine import ContextEngine
     from proxy.context.history import HistoryManager
     from proxy.metrics import Metrics
     from proxy.settings import Settings
@@ -17,3 +18,4 @@ metrics_key: web.AppKey[Metrics] = web.AppKey("metrics")
 client_key: web.AppKey[ClientSession] = web.AppKey("client", ClientSession)
 store_key: web.AppKey[FactLog] = web.AppKey("store")
 history_key: web.AppKey[HistoryManager] = web.AppKey("history")
+engine_key: web.AppKey[ContextEngine] = web.AppKey("engine")

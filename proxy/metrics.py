@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.process_collector import ProcessCollector
 
-from proxy.store.base import SessionKey
+from proxy.context.compactor import CompactionResult
+from proxy.store.base import SessionKey, StoredFact
 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 UPSTREAM_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -46,6 +48,17 @@ class Metrics:
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.", registry=r)
         self.sessions_active.set_function(self._active_count)
         self._seen: OrderedDict[SessionKey, float] = OrderedDict()
+
+    def facts_appended(self, facts: Sequence[StoredFact]) -> None:
+        for fact in facts:
+            self.log_entries.labels(kind=fact.kind).inc()
+
+    def compaction_done(self, trigger: str, result: CompactionResult, seconds: float) -> None:
+        self.compactions.labels(trigger=trigger, outcome=result.outcome).inc()
+        if result.outcome == "ok":
+            self.compaction_seconds.observe(seconds)
+            self.tokens_before.inc(result.tokens_before)
+            self.tokens_after.inc(result.tokens_after)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
         self._seen[key] = time.monotonic() if now is None else now

@@ -51,6 +51,14 @@ class Settings:
     upstream_timeout: float = 600.0
     #: Seconds to wait for the upstream's TCP/TLS connection.
     connect_timeout: float = 10.0
+    #: Compact-harder-and-retry attempts after the upstream refuses a prompt as too long.
+    reactive_retries: int = 2
+    #: Token estimate: "tokenizer" (default, measured in docs/BENCHMARKS.md), "chars" (the seed's) or "max".
+    estimator: str = "tokenizer"
+    #: Where the summary goes in the view: a "user" message (default) or appended to the "system" message.
+    summary_placement: str = "user"
+    #: Seconds proactive compaction pauses for a session after 3 failures in a row.
+    compaction_cooldown: float = 300.0
     log_format: str = "text"
     log_level: str = "INFO"
 
@@ -65,6 +73,12 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.reactive_retries < 0:
+            raise ValueError("reactive_retries must be 0 or more")
+        if self.estimator not in ("tokenizer", "chars", "max"):
+            raise ValueError("estimator must be 'tokenizer', 'chars' or 'max'")
+        if self.summary_placement not in ("user", "system"):
+            raise ValueError("summary_placement must be 'user' or 'system'")
         if self.log_format not in ("text", "json"):
             raise ValueError("log_format must be 'text' or 'json'")
 
@@ -90,8 +104,8 @@ class Settings:
         return cls(**values)
 
 
-_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes"}
-_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout"}
+_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes", "reactive_retries"}
+_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "compaction_cooldown"}
 
 
 def _coerce(name: str, raw: str) -> Any:

@@ -8,7 +8,6 @@ in the same header the client used.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
@@ -73,7 +72,7 @@ async def map_upstream_errors() -> AsyncIterator[None]:
     """Name transport failures: unreachable (502) or silent past the timeout (504)."""
     try:
         yield
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as exc:
+    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout("The upstream did not answer in time.") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.InvalidURL, OSError) as exc:
         raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc

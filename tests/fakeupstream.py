@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import itertools
+import re
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+
+from proxy.context.tokens import TokenCounter
 
 
 @dataclass
@@ -35,8 +38,38 @@ class Reply:
     pause_after: int | None = None
 
 
+OVERFLOW_BODIES = {
+    "openai": (400, {"error": {
+        "message": "This model's maximum context length is {window} tokens. However, your messages resulted in "
+                   "{tokens} tokens. Please reduce the length of the messages.",
+        "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+    "anthropic": (400, {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "prompt is too long: {tokens} tokens > {window} maximum"}}),
+    "vllm": (400, {"object": "error", "message": "This model's maximum context length is {window} tokens. However, "
+                   "you requested {tokens} tokens ({tokens} in the messages, 0 in the completion). Please reduce the "
+                   "length of the messages or completion.", "type": "BadRequestError", "param": None, "code": 400}),
+}
+SUMMARY_MARKER = "You maintain the working memory"
+FACT = re.compile(r"FACT-[A-Za-z0-9]+")
+
+
+def overflow_body(style: str, tokens: int, window: int) -> tuple[int, bytes]:
+    status, template = OVERFLOW_BODIES[style]
+    text = orjson.dumps(template).decode().replace("{tokens}", str(tokens)).replace("{window}", str(window))
+    return status, text.encode()
+
+
 class FakeUpstream:
+    """``window``: refuse prompts over it, in ``overflow_style``. ``summary_mode``: how summary requests go."""
+
     def __init__(self) -> None:
+        self.window: int | None = None
+        self.overflow_style = "openai"
+        self.summary_mode = "facts"
+        self.summary_requests: list[dict[str, Any]] = []
+        self.prompt_tokens: list[int] = []
+        self.refused = 0
+        self._counter = TokenCounter()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self.script: deque[Reply] = deque()
@@ -68,10 +101,38 @@ class FakeUpstream:
                                       "function": {"name": name, "arguments": orjson.dumps({"step": n}).decode()}}])
         return Reply(content=f"Reply number {n}: done with {last.get('role')}.")
 
+    def count(self, body: dict[str, Any]) -> int:
+        return sum(self._counter.message_tokens(m) for m in body["messages"]) + self._counter.tools_tokens(
+            body.get("tools"))
+
+    async def summary(self, body: dict[str, Any]) -> web.Response:
+        """A summariser that keeps every FACT-… token it is shown (or fails as told)."""
+        self.summary_requests.append(body)
+        if self.summary_mode == "fail":
+            return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
+        if self.summary_mode == "hang":
+            await asyncio.Event().wait()
+        text = "" if self.summary_mode == "empty" else "## 1. Goals\nKeep going.\n## 8. Identifiers\n" + " ".join(
+            sorted(set(FACT.findall(body["messages"][-1]["content"]))))
+        return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": text}}],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
+        first = body["messages"][0]
+        if first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_MARKER):
+            return await self.summary(body)
         self.requests.append(body)
         self.headers.append(dict(request.headers))
+        if self.window is not None:
+            tokens = self.count(body)
+            self.prompt_tokens.append(tokens)
+            if tokens > self.window:
+                self.refused += 1
+                status, raw = overflow_body(self.overflow_style, tokens, self.window)
+                return web.Response(status=status, body=raw, content_type="application/json")
         reply = self.next_reply(body)
         if reply.hang is not None and reply.pause_after is None:
             await reply.hang.wait()

@@ -15,8 +15,9 @@ from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log, replay, same_conversation
 
+SHELL_PARAMS = {"type": "object", "properties": {"cmd": {"type": "string"}}}
 TOOLS = [{"type": "function", "function": {"name": "run_shell", "description": "Run a command",
-                                             "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+                                             "parameters": SHELL_PARAMS}}]
 AUTH = {"Authorization": "Bearer sk-test-key"}
 TENANT = tenant_of("sk-test-key")
 
@@ -116,7 +117,7 @@ async def test_stream_assembles_parallel_tool_calls_and_unknown_fields(proxy, fa
              for i in range(3)]
     fake.script.append(Reply(content=None, tool_calls=calls, extra={"reasoning_content": "thinking hard"}))
     body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
-    resp, message = await post_chat(proxy, body, {"X-Session-Id": "par"})
+    _resp, message = await post_chat(proxy, body, {"X-Session-Id": "par"})
     assert message["tool_calls"] == calls
     facts = await log_of(proxy, "par")
     assert facts[-1].message == {"role": "assistant", "content": "", "tool_calls": calls,

@@ -46,8 +46,9 @@ class ConversationState:
     seqs: list[int] = field(default_factory=list)
     #: Checkpoints still valid for the lineage, oldest first (raw ``checkpoint`` payloads).
     checkpoints: list[Mapping[str, Any]] = field(default_factory=list)
-    #: The last upstream ``usage`` seen, with the lineage length its prompt covered.
+    #: The last upstream ``usage`` seen, the view it measured (key, length, last hash) and its lineage index.
     last_usage: Mapping[str, Any] | None = None
+    last_view: Mapping[str, Any] | None = None
     last_usage_len: int = 0
 
     def apply(self, fact: StoredFact) -> None:
@@ -57,7 +58,8 @@ class ConversationState:
             self._push(fact.hash, fact.seq)
             usage = fact.extra.get("usage")
             if fact.source == "upstream" and isinstance(usage, Mapping):
-                self.last_usage = usage
+                view = fact.extra.get("view")
+                self.last_usage, self.last_view = usage, view if isinstance(view, Mapping) else None
                 self.last_usage_len = len(self.hashes) - 1
         elif fact.kind == "rewind" and fact.index is not None:
             self.truncate(fact.index)
@@ -76,7 +78,7 @@ class ConversationState:
         del self.hashes[length:], self.prefixes[length:], self.seqs[length:]
         self.checkpoints = [c for c in self.checkpoints if int(c.get("retain_start_idx", 0)) <= length]
         if self.last_usage_len >= length:
-            self.last_usage, self.last_usage_len = None, 0
+            self.last_usage, self.last_view, self.last_usage_len = None, None, 0
 
     @property
     def checkpoint(self) -> Mapping[str, Any] | None:
@@ -84,7 +86,7 @@ class ConversationState:
         for payload in reversed(self.checkpoints):
             idx = int(payload.get("retain_start_idx", 0))
             if idx == 0 or (idx <= len(self.prefixes) and self.prefixes[idx - 1] == payload.get("prefix_hash")):
-                return payload
+                return dict(payload)
         return None
 
 
@@ -144,9 +146,11 @@ class HistoryManager:
         clock: Callable[[], float],
         max_sessions: int = 10_000,
         max_pending: int = 1_000,
+        on_append: Callable[[Sequence[StoredFact]], None] | None = None,
     ) -> None:
         self.log = log
         self._clock = clock
+        self._on_append = on_append
         self._states: OrderedDict[SessionKey, ConversationState] = OrderedDict()
         self._pending: OrderedDict[SessionKey, dict[str, Message]] = OrderedDict()
         self._max_sessions = max_sessions
@@ -208,8 +212,7 @@ class HistoryManager:
                 except ConflictError:
                     await self._catch_up(key, state)
                     continue
-                for fact in stored:
-                    state.apply(fact)
+                self._applied(state, stored)
                 self._settle_pending(key, digests)
                 return state
             raise ConflictError("too many concurrent writers for one session", actual_seq=state.next_seq)
@@ -226,10 +229,15 @@ class HistoryManager:
             except ConflictError:
                 await self._catch_up(key, state)
                 continue
-            for fact in stored:
-                state.apply(fact)
+            self._applied(state, stored)
             return state
         raise ConflictError("too many concurrent writers for one session", actual_seq=state.next_seq)
+
+    def _applied(self, state: ConversationState, stored: Sequence[StoredFact]) -> None:
+        for fact in stored:
+            state.apply(fact)
+        if self._on_append is not None:
+            self._on_append(stored)
 
     def _keep_pending(self, key: SessionKey, replies: Sequence[Message], digests: Sequence[str]) -> None:
         if not replies:

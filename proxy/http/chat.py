@@ -1,66 +1,193 @@
-"""``POST /v1/chat/completions``: sync the log, build the view, forward, relay, log the reply."""
+"""``POST /v1/chat/completions``: sync the log, build the view, forward, relay, log the reply.
+
+When the upstream refuses the prompt as too long (recognised by
+``proxy.overflow`` in the error body, or in the first event of a stream, before
+anything reached the client), the turn compacts harder and retries, at most
+``reactive_retries`` times; then the client gets the upstream's first refusal,
+status and body unchanged.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
-from proxy.context.history import HistoryManager
-from proxy.context.messages import message_hash, text_length
+from proxy.context.budget import requested_output_tokens
+from proxy.context.engine import ContextEngine, PreparedView
+from proxy.context.history import ConversationState
+from proxy.context.messages import message_hash
 from proxy.errors import ProxyError, StoreError
 from proxy.http.body import ChatRequest, parse_chat, read_body
-from proxy.http.relay import RelayTiming, is_event_stream, relay_stream, relay_whole
-from proxy.keys import client_key, history_key, metrics_key, settings_key
+from proxy.http.relay import RelayTiming, read_first_event, read_whole, relay_stream, relay_whole
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
+from proxy.overflow import classify_overflow, classify_sse_event
 from proxy.sessions import check_client_key, credential, explicit_session, fingerprint_session, tenant_of
+from proxy.settings import Settings
 from proxy.store.base import SessionKey
+from proxy.summarycall import summary_completer
 from proxy.types import Message
-from proxy.upstream import client_timeout, map_upstream_errors, request_headers
+from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("proxy.access")
 
 
-def _upstream_body(chat: ChatRequest, view: list[Message] | None, inject_usage: bool) -> bytes:
-    """The client's bytes when nothing changes; otherwise the payload with only what must change."""
-    if view is None and not inject_usage:
-        return chat.raw
-    payload: dict[str, Any] = dict(chat.payload)
-    if view is not None:
-        payload["messages"] = view
-    if inject_usage:
-        options = payload.get("stream_options")
-        payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return orjson.dumps(payload)
+@dataclass
+class Refusal:
+    """The upstream's first too-long answer, relayed unchanged if no retry rescues the request."""
+
+    status: int
+    headers: Any
+    body: bytes
 
 
-def _wants_usage(chat: ChatRequest) -> bool:
-    options = chat.payload.get("stream_options")
-    return isinstance(options, dict) and options.get("include_usage") is True
+@dataclass
+class ChatTurn:
+    """One request's journey; holds what the reply sink and the retries need."""
+
+    request: web.Request
+    chat: ChatRequest
+    key: SessionKey
+    hashes: list[str]
+    state: ConversationState | None
+    settings: Settings
+    metrics: Metrics
+    engine: ContextEngine
+    timing: RelayTiming = field(default_factory=RelayTiming)
+    status: int = 502
+    refusal: Refusal | None = None
+    attempts: int = 0
+
+    @property
+    def inject_usage(self) -> bool:
+        options = self.chat.payload.get("stream_options")
+        return self.chat.stream and not (isinstance(options, dict) and options.get("include_usage") is True)
+
+    def upstream_body(self, view: PreparedView) -> bytes:
+        """The client's bytes when nothing changes; otherwise the payload with only what must change."""
+        if not view.changed and not self.inject_usage:
+            return self.chat.raw
+        payload: dict[str, Any] = dict(self.chat.payload)
+        payload["messages"] = view.messages
+        if self.inject_usage:
+            options = payload.get("stream_options")
+            payload["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+        return orjson.dumps(payload)
+
+    def sink_for(self, view: PreparedView) -> Any:
+        history = self.request.app[history_key]
+        messages, hashes = self.chat.messages, self.hashes
+        last = view.messages[-1]
+        view_info = {"key": view.checkpoint.view_key if view.checkpoint else "", "length": len(view.messages),
+                     "last": hashes[-1] if last is messages[-1] else message_hash(last)}
+
+        async def sink(reply: Message | None, usage: dict[str, Any] | None, complete: bool) -> None:
+            if reply is None:
+                return
+            extra: dict[str, Any] = {"view": view_info}
+            if usage is not None:
+                extra["usage"] = usage
+            if not complete:
+                extra["partial"] = True
+            try:
+                await history.sync(self.key, [*messages, reply], [*hashes, message_hash(reply)],
+                                   upstream_from=len(messages), extra_upstream=extra)
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
+
+        return sink
+
+    def headers(self, view: PreparedView, started: float) -> dict[str, str]:
+        overhead = (time.perf_counter() - started - self.timing.upstream) * 1000
+        return {HEADER_SESSION: self.key.session, HEADER_COMPACTED: view.compacted,
+                HEADER_VIEW_TOKENS: str(view.estimate.tokens), HEADER_OVERHEAD: f"{overhead:.2f}"}
+
+    async def rescue(self) -> PreparedView | None:
+        """Compact harder after a too-long refusal; the new view, or None when nothing can be done.
+
+        Each attempt is one level harder: the compactor halves the retained tail
+        and its rounds per level, down to the split-inside-a-round minimum.
+        """
+        self.attempts += 1
+        attempt = self.attempts
+        if self.state is None or attempt > self.settings.reactive_retries:
+            return None
+        model = self.chat.model or ""
+        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
+                                     self.settings.summary_model or model)
+        window = self.engine.window_for(model)
+        result, state = await self.engine.compact(self.key, self.chat.messages, self.hashes, trigger="reactive",
+                                                  model=model, complete=complete, window=window, level=attempt)
+        if result.outcome != "ok":
+            self.metrics.reactive_retries.labels(outcome="failed").inc()
+            return None
+        self.state = state
+        return self.engine.view(self.chat.messages, self.hashes, state, window=window, tools=self.tools,
+                                max_output=requested_output_tokens(self.chat.payload), compacted="reactive")
+
+    @property
+    def tools(self) -> list[Any] | None:
+        tools = self.chat.payload.get("tools")
+        return tools if isinstance(tools, list) else None
 
 
-async def _sync(history: HistoryManager, metrics: Metrics, key: SessionKey, messages: list[Message],
-                hashes: list[str]) -> None:
-    try:
-        await history.sync(key, messages, hashes)
-    except StoreError as exc:
-        metrics.store_errors.inc()
-        logger.warning("store error while logging the request of session %s: %s", key.session, exc)
+async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.StreamResponse | PreparedView:
+    """One upstream attempt: the response to give the client, or the next view to try."""
+    settings = turn.settings
+    client = turn.request.app[client_key]
+    headers = request_headers(turn.request.headers, settings, identity=True)
+    url = settings.upstream_base + "/chat/completions"
+    async with map_upstream_errors():
+        turn.timing.wait_started()
+        async with client.post(url, data=turn.upstream_body(view), headers=headers,
+                               timeout=client_timeout(settings)) as resp:
+            turn.timing.wait_ended()
+            turn.status = resp.status
+            streaming = turn.chat.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            if streaming:
+                prefix, first = await read_first_event(resp, turn.timing)
+                overflow = classify_sse_event(first.data) if first is not None else None
+                if overflow is None:
+                    return await relay_stream(turn.request, resp, turn.headers(view, started), turn.sink_for(view),
+                                              turn.timing, hide_usage=turn.inject_usage, prefix=prefix)
+                body = b"".join(prefix) + await read_whole(resp, turn.timing)
+            else:
+                body = await read_whole(resp, turn.timing)
+                overflow = classify_overflow(resp.status, body, resp.headers) if resp.status != 200 else None
+            if overflow is not None:
+                if turn.refusal is None:
+                    turn.refusal = Refusal(resp.status, resp.headers.copy(), body)
+                retry = await turn.rescue()
+                if retry is not None:
+                    return retry
+                return _refuse(turn, view, started)
+            return await relay_whole(resp, body, turn.headers(view, started), turn.sink_for(view))
+
+
+def _refuse(turn: ChatTurn, view: PreparedView, started: float) -> web.Response:
+    """The upstream's first too-long answer, as it sent it: no retry could rescue the request."""
+    if turn.refusal is None:
+        raise RuntimeError("no refusal to relay")
+    headers = response_headers(turn.refusal.headers, decoded=True)
+    headers.update(turn.headers(view, started))
+    turn.status = turn.refusal.status
+    return web.Response(status=turn.refusal.status, headers=headers, body=turn.refusal.body)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
-    settings = request.app[settings_key]
-    metrics = request.app[metrics_key]
-    history = request.app[history_key]
+    app = request.app
+    settings, metrics, history, engine = app[settings_key], app[metrics_key], app[history_key], app[engine_key]
 
-    raw = await read_body(request, settings.max_body_bytes)
-    chat = parse_chat(raw)
+    chat = parse_chat(await read_body(request, settings.max_body_bytes))
     key_text = credential(request.headers)
     check_client_key(key_text, settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers) or fingerprint_session(
@@ -68,57 +195,39 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     key = SessionKey(tenant_of(key_text), session)
     metrics.session_seen(key)
-
     hashes = [message_hash(m) for m in chat.messages]
-    await _sync(history, metrics, key, chat.messages, hashes)
-
-    view: list[Message] | None = None
-    compacted = "none"
-    estimate = sum(text_length(m) for m in chat.messages) // 3
-
-    inject_usage = chat.stream and not _wants_usage(chat)
-    body = _upstream_body(chat, view, inject_usage)
-    timing = RelayTiming()
-
-    async def sink(reply: Message | None, usage: dict[str, Any] | None, complete: bool) -> None:
-        if reply is None:
-            return
-        extra: dict[str, Any] = {}
-        if usage is not None:
-            extra["usage"] = usage
-        if not complete:
-            extra["partial"] = True
-        try:
-            await history.sync(key, [*chat.messages, reply], [*hashes, message_hash(reply)],
-                               upstream_from=len(chat.messages), extra_upstream=extra)
-        except StoreError as exc:
-            metrics.store_errors.inc()
-            logger.warning("store error while logging the reply of session %s: %s", key.session, exc)
-
-    extra_headers = {HEADER_SESSION: session, HEADER_COMPACTED: compacted, HEADER_VIEW_TOKENS: str(estimate)}
-    url = settings.upstream_base + "/chat/completions"
-    headers = request_headers(request.headers, settings, identity=True)
-    client = request.app[client_key]
-    status = 502
     try:
-        async with map_upstream_errors():
-            timing.wait_started()
-            async with client.post(url, data=body, headers=headers, timeout=client_timeout(settings)) as resp:
-                timing.wait_ended()
-                status = resp.status
-                extra_headers[HEADER_OVERHEAD] = f"{(time.perf_counter() - started - timing.upstream) * 1000:.2f}"
-                if is_event_stream(resp) and chat.stream:
-                    return await relay_stream(request, resp, extra_headers, sink, timing, hide_usage=inject_usage)
-                return await relay_whole(resp, extra_headers, sink, timing)
+        state: ConversationState | None = await history.sync(key, chat.messages, hashes)
+    except StoreError as exc:
+        metrics.store_errors.inc()
+        logger.warning("store error while logging the request of session %s: %s", session, exc)
+        state = None
+    turn = ChatTurn(request, chat, key, hashes, state, settings, metrics, engine)
+    model = chat.model or ""
+    try:
+        view = await engine.prepare(
+            key, chat.messages, hashes, state, model=model, tools=turn.tools,
+            max_output=requested_output_tokens(chat.payload),
+            complete=summary_completer(app[client_key], settings, request.headers, settings.summary_model or model),
+        )
+        while True:
+            outcome = await _send(turn, view, started)
+            if isinstance(outcome, web.StreamResponse):
+                if view.compacted == "reactive":
+                    metrics.reactive_retries.labels(outcome="ok").inc()
+                return outcome
+            view = outcome
     except ProxyError as exc:
-        status = exc.status
+        turn.status = exc.status
         raise
     finally:
         total = time.perf_counter() - started
-        metrics.requests.labels(route="chat", status=str(status)).inc()
-        metrics.upstream_seconds.observe(timing.upstream)
-        metrics.overhead_seconds.observe(max(total - timing.upstream, 0.0))
+        upstream = turn.timing.upstream
+        metrics.requests.labels(route="chat", status=str(turn.status)).inc()
+        metrics.upstream_seconds.observe(upstream)
+        metrics.overhead_seconds.observe(max(total - upstream, 0.0))
         access_logger.info(
             "chat session=%s status=%s upstream_ms=%.1f proxy_ms=%.2f",
-            session, status, timing.upstream * 1000, (total - timing.upstream) * 1000,
+            session, turn.status, upstream * 1000, (total - upstream) * 1000,
         )
+

@@ -6,7 +6,6 @@ relayed with their Content-Encoding, byte for byte, chunk by chunk.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
@@ -51,7 +50,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
                         upstream_seconds += time.perf_counter() - mark
                         await out.write(chunk)
                         mark = time.perf_counter()
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     # Headers are sent: cut the connection so the client sees a truncated body, not a clean end.
                     if request.transport is not None:
                         request.transport.close()

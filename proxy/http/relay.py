@@ -20,9 +20,9 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.sse import SSESplitter, StreamAssembler, is_usage_only, message_from_completion, parse_event
-from proxy.upstream import response_headers
+from proxy.sse import SSEEvent, SSESplitter, StreamAssembler, is_usage_only, message_from_completion, parse_event
 from proxy.types import Message
+from proxy.upstream import response_headers
 
 #: Called once with the assembled reply (or None), its usage, and whether it is complete.
 ReplySink = Callable[[Message | None, dict[str, Any] | None, bool], Awaitable[None]]
@@ -47,12 +47,35 @@ def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
     return resp.status == 200 and resp.content_type == "text/event-stream"
 
 
-async def relay_whole(resp: aiohttp.ClientResponse, extra_headers: dict[str, str], sink: ReplySink,
-                      timing: RelayTiming) -> web.Response:
-    """A non-streaming answer (or any error): read it whole, log the reply, relay it byte for byte."""
+async def read_whole(resp: aiohttp.ClientResponse, timing: RelayTiming) -> bytes:
     timing.wait_started()
     body = await resp.read()
     timing.wait_ended()
+    return body
+
+
+async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming) -> tuple[list[bytes], SSEEvent | None]:
+    """Read until the first event that carries data, so an error in it can still be retried unseen."""
+    splitter = SSESplitter()
+    chunks: list[bytes] = []
+    timing.wait_started()
+    try:
+        async for chunk in resp.content.iter_any():
+            chunks.append(chunk)
+            for raw in splitter.feed(chunk):
+                event = parse_event(raw)
+                if event is not None and event.data:
+                    return chunks, event
+        return chunks, None
+    finally:
+        timing.wait_ended()
+        if chunks and timing.first_byte is None:
+            timing.first_byte = time.perf_counter()
+
+
+async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: dict[str, str], sink: ReplySink,
+                      ) -> web.Response:
+    """A non-streaming answer (or any error), already read: log the reply, relay it byte for byte."""
     if resp.status == 200 and resp.content_type == "application/json":
         try:
             parsed = orjson.loads(body)
@@ -67,57 +90,83 @@ async def relay_whole(resp: aiohttp.ClientResponse, extra_headers: dict[str, str
     return web.Response(status=resp.status, headers=headers, body=body)
 
 
+class _ReplyCapture:
+    """The side channel of a relayed stream: assembles the reply, logs it once."""
+
+    def __init__(self, sink: ReplySink, hide_usage: bool) -> None:
+        self.sink = sink
+        self.hide_usage = hide_usage
+        self.assembler = StreamAssembler()
+        self.received = False  # whether any completion chunk arrived: an empty stream logs no reply
+        self.logged = False
+
+    def inspect(self, raw: bytes) -> tuple[bool, bool]:
+        """Whether to relay this raw event, and whether it is ``[DONE]``."""
+        event = parse_event(raw)
+        if event is None or not event.data:
+            return True, False
+        if event.is_done:
+            return True, True
+        obj = _json_or_none(event.data)
+        if isinstance(obj, dict):
+            self.received = self.received or bool(obj.get("choices"))
+            self.assembler.feed(obj)
+            if self.hide_usage and is_usage_only(obj):
+                return False, False
+        return True, False
+
+    async def log(self, complete: bool) -> None:
+        if self.logged:
+            return
+        self.logged = True
+        message = self.assembler.message() if self.received else None
+        await self.sink(message, self.assembler.usage, complete and self.assembler.finished)
+
+
 async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],
-                       sink: ReplySink, timing: RelayTiming, *, hide_usage: bool) -> web.StreamResponse:
-    """Relay an SSE stream as it arrives; log the assembled reply before ``[DONE]`` reaches the client."""
+                       sink: ReplySink, timing: RelayTiming, *, hide_usage: bool,
+                       prefix: list[bytes]) -> web.StreamResponse:
+    """Relay an SSE stream as it arrives; log the assembled reply before ``[DONE]`` reaches the client.
+
+    ``prefix`` holds the chunks already read to look at the first event; they go out first.
+    """
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     out = web.StreamResponse(status=resp.status, headers=headers)
     splitter = SSESplitter()
-    assembler = StreamAssembler()
-    logged = False
-    received = False  # whether any completion chunk arrived: an empty stream logs no reply
+    capture = _ReplyCapture(sink, hide_usage)
 
-    async def log_reply(complete: bool) -> None:
-        nonlocal logged
-        if not logged:
-            logged = True
-            await sink(assembler.message() if received else None, assembler.usage, complete and assembler.finished)
+    async def forward(chunk: bytes) -> None:
+        for raw in splitter.feed(chunk):
+            relay, done = capture.inspect(raw)
+            if done:
+                await capture.log(True)
+            if relay:
+                await out.write(raw)
 
     try:
         await out.prepare(request)
+        for chunk in prefix:
+            await forward(chunk)
         timing.wait_started()
         async for chunk in resp.content.iter_any():
             timing.wait_ended()
-            if timing.first_byte is None:
-                timing.first_byte = time.perf_counter()
-            for raw in splitter.feed(chunk):
-                event = parse_event(raw)
-                if event is not None and event.data == "[DONE]":
-                    await log_reply(True)
-                elif event is not None and event.data:
-                    obj = _json_or_none(event.data)
-                    if isinstance(obj, dict):
-                        received = received or bool(obj.get("choices"))
-                        assembler.feed(obj)
-                        if hide_usage and is_usage_only(obj):
-                            continue
-                await out.write(raw)
+            await forward(chunk)
             timing.wait_started()
         timing.wait_ended()
         tail = splitter.flush()
         if tail:
             await out.write(tail)
-        await log_reply(True)
+        await capture.log(True)
         await out.write_eof()
     except (asyncio.CancelledError, ConnectionResetError):
         # The client went away: the upstream request is closed by our caller; keep what arrived, as partial.
-        await asyncio.shield(log_reply(False))
+        await asyncio.shield(capture.log(False))
         raise
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    except (TimeoutError, aiohttp.ClientError):
         # The upstream broke mid-stream. Headers are sent, so no error status is possible: keep the partial
         # reply and cut the client's connection, so it sees a truncated stream rather than a clean end.
-        await asyncio.shield(log_reply(False))
+        await asyncio.shield(capture.log(False))
         if request.transport is not None:
             request.transport.close()
     return out

@@ -1,0 +1,230 @@
+"""ContextEngine: the proactive path of the seed, per request: view, estimate, compact if over, view again.
+
+It composes the parts (HistoryManager, ContextBudgetPolicy, ContextCompactor,
+SummaryGenerator, ProjectionBuilder) and owns what spans requests: the per-model
+policies, the shared token cache, the failure backoff, and the store lock that
+keeps compaction of a session to one at a time across processes and replicas.
+It stays free of HTTP: the summary call is injected as ``complete``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
+from proxy.context.compactor import (
+    Checkpoint,
+    CompactionBackoff,
+    CompactionResult,
+    ContextCompactor,
+    clip_chars_for,
+    retain_budget_for,
+)
+from proxy.context.history import ConversationState, HistoryManager
+from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
+from proxy.context.summarizer import Complete, SummaryGenerator
+from proxy.context.tokens import TokenCounter
+from proxy.context.window import context_window_for
+from proxy.errors import StoreError
+from proxy.store.base import NewFact, SessionKey
+from proxy.types import Message
+
+logger = logging.getLogger(__name__)
+
+Trigger = Literal["proactive", "reactive", "manual"]
+Compacted = Literal["none", "proactive", "reactive"]
+CompactionObserver = Callable[[Trigger, CompactionResult, float], None]
+LOCK_NAME = "compact"
+DEFAULT_WINDOW = 128_000
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    context_window: int | None = None
+    compression_threshold: float = 0.8
+    min_retain_rounds: int = 10
+    summary_timeout: float = 120.0
+    retain_fraction: float = 0.35
+    estimator: str = "tokenizer"
+    summary_placement: SummaryPlacement = "user"
+    #: Consecutive failed compactions before proactive attempts pause, and for how long.
+    max_failures: int = 3
+    failure_cooldown: float = 300.0
+
+
+@dataclass(frozen=True)
+class PreparedView:
+    """What to send upstream. ``changed`` is False when it is the client's conversation as sent."""
+
+    messages: list[Message]
+    changed: bool
+    estimate: Estimate
+    checkpoint: Checkpoint | None
+    compacted: Compacted
+    threshold: int
+
+
+def _usage_sample(state: ConversationState | None) -> UsageSample | None:
+    if state is None or state.last_usage is None:
+        return None
+    view = state.last_view
+    prompt = state.last_usage.get("prompt_tokens")
+    if not isinstance(view, Mapping) or not isinstance(prompt, int):
+        return None
+    return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
+
+
+def active_checkpoint(state: ConversationState | None) -> Checkpoint | None:
+    payload = state.checkpoint if state is not None else None
+    if payload is None:
+        return None
+    try:
+        return Checkpoint.from_json(payload)
+    except ValueError:
+        logger.warning("ignoring a malformed checkpoint in the log")
+        return None
+
+
+class ContextEngine:
+    def __init__(
+        self,
+        history: HistoryManager,
+        settings: EngineSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+        observer: CompactionObserver | None = None,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.history = history
+        self.settings = settings
+        self.clock = clock
+        self.observer = observer
+        self.counter = counter if counter is not None else TokenCounter()
+        self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
+                                         cooldown=settings.failure_cooldown)
+        self._policies: dict[int, ContextBudgetPolicy] = {}
+
+    def window_for(self, model: str | None) -> int:
+        if self.settings.context_window is not None:
+            return self.settings.context_window
+        return (context_window_for(model) if model else None) or DEFAULT_WINDOW
+
+    def policy(self, window: int) -> ContextBudgetPolicy:
+        policy = self._policies.get(window)
+        if policy is None:
+            policy = ContextBudgetPolicy(window, self.settings.compression_threshold,
+                                         estimator=self.settings.estimator, counter=self.counter)
+            self._policies[window] = policy
+        return policy
+
+    def projection(self, window: int) -> ProjectionBuilder:
+        clip = clip_chars_for(retain_budget_for(window, self.settings.retain_fraction))
+        return ProjectionBuilder(summary_placement=self.settings.summary_placement, clip_chars=clip)
+
+    def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
+             window: int, tools: Sequence[Any] | None, max_output: int | None,
+             compacted: Compacted = "none") -> PreparedView:
+        """Build and estimate the view under the session's active checkpoint. Read-only."""
+        checkpoint = active_checkpoint(state)
+        view = self.projection(window).build(messages, checkpoint)
+        changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
+        policy = self.policy(window)
+        estimate = policy.estimate(view, tools=tools, usage=_usage_sample(state),
+                                   view_key=checkpoint.view_key if checkpoint else "", source=(messages, hashes))
+        return PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output))
+
+    async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
+                      state: ConversationState | None, *, model: str, tools: Sequence[Any] | None,
+                      max_output: int | None, complete: Complete) -> PreparedView:
+        """The proactive trigger: over the threshold, compact first; a failed compaction sends the view as is."""
+        window = self.window_for(model)
+        prepared = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
+        if state is None or prepared.estimate.tokens <= prepared.threshold:
+            return prepared
+        if not self.backoff.allowed(f"{key.tenant}:{key.session}"):
+            return prepared
+        result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
+                                           complete=complete, window=window, threshold=prepared.threshold)
+        return self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output,
+                         compacted="proactive" if result.outcome == "ok" else "none")
+
+    async def compact(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str], *,
+                      trigger: Trigger, model: str, complete: Complete, window: int, level: int = 0,
+                      threshold: int | None = None, instructions: str | None = None,
+                      ) -> tuple[CompactionResult, ConversationState | None]:
+        """Compact under the session lock and record the checkpoint; the state is returned caught up.
+
+        A request that finds another compaction running waits for it (up to the
+        summary timeout) and then, if the view now fits, uses that compaction's
+        checkpoint instead of writing a second one.
+        """
+        token = uuid.uuid4().hex
+        ttl = self.settings.summary_timeout * 3 + 30
+        started = time.perf_counter()
+        state: ConversationState | None
+        try:
+            state = await self.history.state(key)
+            if not await self._acquire(key, token, ttl):
+                state = await self.history.state(key, refresh=True)
+                return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "lock busy"), started), state
+            try:
+                state = await self.history.state(key, refresh=True)
+                previous = active_checkpoint(state)
+                if threshold is not None and previous is not None and level == 0:
+                    fresh = self.view(messages, hashes, state, window=window, tools=None, max_output=None)
+                    if fresh.estimate.tokens <= threshold:  # another request compacted while we waited
+                        return CompactionResult("skipped", None, 0, 0, "already compacted"), state
+                compactor = self._compactor(complete, window)
+                result = await compactor.compact(messages, hashes, previous, model=model, level=level,
+                                                 budget=retain_budget_for(window, self.settings.retain_fraction),
+                                                 instructions=instructions)
+                if result.outcome == "ok" and result.checkpoint is not None:
+                    state = await self._record(key, result.checkpoint)
+            finally:
+                await self.history.log.unlock(key, LOCK_NAME, token)
+        except StoreError:
+            result = CompactionResult("failed", None, 0, 0, "store unavailable")
+            state = self.history.cached(key)
+        self.backoff.record(f"{key.tenant}:{key.session}", result.outcome)
+        return self._observe(trigger, result, started), state
+
+    def _compactor(self, complete: Complete, window: int) -> ContextCompactor:
+        policy = self.policy(window)
+        summarizer = SummaryGenerator(complete, timeout=self.settings.summary_timeout,
+                                      max_input_tokens=max(4_000, int(window * 0.6)),
+                                      count_text=self.counter.text_tokens)
+        return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
+                                projection=self.projection(window), min_retain_rounds=self.settings.min_retain_rounds)
+
+    async def _acquire(self, key: SessionKey, token: str, ttl: float) -> bool:
+        deadline = time.monotonic() + self.settings.summary_timeout
+        delay = 0.02
+        while not await self.history.log.try_lock(key, LOCK_NAME, token, ttl):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(delay)  # polling a lock held by another process; no notification to wait on
+            delay = min(delay * 2, 0.5)
+        return True
+
+    async def _record(self, key: SessionKey, checkpoint: Checkpoint) -> ConversationState:
+        summary = NewFact(kind="summary", index=checkpoint.retain_start_idx, source="proxy",
+                          message={"role": "user", "content": summary_text(checkpoint)})
+        record = NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy",
+                         extra={"checkpoint": orjson.loads(checkpoint.to_json())})
+        return await self.history.append_proxy_facts(key, [summary, record])
+
+    def _observe(self, trigger: Trigger, result: CompactionResult, started: float) -> CompactionResult:
+        elapsed = time.perf_counter() - started
+        logger.info("compaction session trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", trigger, result.outcome,
+                    result.tokens_before, result.tokens_after, elapsed, result.detail)
+        if self.observer is not None:
+            self.observer(trigger, result, elapsed)
+        return result

@@ -1,0 +1,75 @@
+"""Context window per model, from the model map litellm ships as a plain JSON file.
+
+litellm is a dependency for its data, not its code: importing it costs seconds,
+so the map is located with ``importlib.util.find_spec`` (which does not import a
+top-level package) and read directly, lazily, once per process. A model the map
+does not know yields ``None`` and the caller falls back to ``--context-window``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+MODEL_MAP_FILE = "model_prices_and_context_window_backup.json"
+
+
+@functools.cache
+def litellm_dir() -> Path | None:
+    """The installed litellm package directory, found without importing litellm."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@functools.cache
+def bundled_model_map() -> Mapping[str, Any]:
+    """litellm's model map, or an empty map when litellm or its file is missing or unreadable.
+
+    A broken or absent map must not stop the proxy: every model then simply
+    uses the configured default window.
+    """
+    root = litellm_dir()
+    if root is None:
+        return {}
+    try:
+        data = orjson.loads((root / MODEL_MAP_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _window_of(entry: Any) -> int | None:
+    if not isinstance(entry, dict):
+        return None
+    for field in ("max_input_tokens", "max_tokens"):
+        value = entry.get(field)
+        # bool is an int subclass; the map's "sample_spec" entry holds prose here.
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def context_window_for(model: str, model_map: Mapping[str, Any] | None = None) -> int | None:
+    """Input window of ``model`` in tokens, or ``None`` when the map does not know it.
+
+    Tries the exact name, then the name with leading provider segments stripped
+    one at a time (``openrouter/openai/gpt-4o`` → ``openai/gpt-4o`` → ``gpt-4o``),
+    because clients name models with whatever routing prefix their gateway uses
+    while the map lists most under the bare name.
+    """
+    entries = bundled_model_map() if model_map is None else model_map
+    name = model.strip()
+    while name:
+        window = _window_of(entries.get(name))
+        if window is not None:
+            return window
+        _, slash, rest = name.partition("/")
+        name = rest if slash else ""
+    return None

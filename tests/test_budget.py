@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import pytest
+
+from proxy.context.budget import (
+    DEFAULT_ESTIMATOR,
+    REPLY_PRIMING_TOKENS,
+    ContextBudgetPolicy,
+    Estimate,
+    UsageSample,
+    requested_output_tokens,
+)
+from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+
+
+class WordEncoding:
+    def encode_ordinary(self, text: str) -> list[int]:
+        return [0] * len(text.split())
+
+
+def policy(estimator: str = "chars", **kwargs: object) -> ContextBudgetPolicy:
+    return ContextBudgetPolicy(estimator=estimator, counter=TokenCounter(WordEncoding()), **kwargs)  # type: ignore[arg-type]
+
+
+VIEW = [
+    {"role": "system", "content": "s" * 30},  # 30 chars
+    {"role": "user", "content": "one two three"},  # 13 chars
+]
+
+
+def test_default_estimator_is_the_tokenizer() -> None:
+    assert DEFAULT_ESTIMATOR == "tokenizer"
+    assert ContextBudgetPolicy().estimator == "tokenizer"
+
+
+def test_threshold_is_a_share_of_the_window() -> None:
+    assert ContextBudgetPolicy().threshold() == 102_400
+    assert ContextBudgetPolicy(8192, 0.5).threshold() == 4096
+
+
+def test_threshold_leaves_room_for_the_requested_answer() -> None:
+    budget = ContextBudgetPolicy()
+    assert budget.threshold(4096) == 102_400  # 123904 left: the share is the tighter limit
+    assert budget.threshold(40_000) == 88_000
+    # An answer reservation that fills the window cannot be helped by compacting.
+    assert budget.threshold(128_000) == 102_400
+    assert budget.threshold(200_000) == 102_400
+
+
+def test_requested_output_tokens() -> None:
+    assert requested_output_tokens({}) is None
+    assert requested_output_tokens({"max_tokens": 100}) == 100
+    assert requested_output_tokens({"max_tokens": 100, "max_completion_tokens": 200}) == 200
+    assert requested_output_tokens({"max_completion_tokens": None, "max_tokens": 100}) == 100
+    assert requested_output_tokens({"max_tokens": True}) is None
+    assert requested_output_tokens({"max_tokens": 0}) is None
+    assert requested_output_tokens({"max_tokens": "100"}) is None
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"context_window": 0}, {"compression_threshold": 0}, {"compression_threshold": 1.5}]
+)
+def test_invalid_settings_raise(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        ContextBudgetPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_estimator_raises() -> None:
+    with pytest.raises(ValueError, match="estimator must be one of chars, tokenizer, max"):
+        ContextBudgetPolicy(estimator="guess")
+
+
+def test_chars_estimate_counts_tool_definitions() -> None:
+    tools = [{"type": "function"}]  # 21 characters of JSON
+    assert policy().estimate(VIEW) == Estimate(tokens=15, chars=15, usage=None, tokenizer=None)
+    assert policy().estimate(VIEW, tools=tools) == Estimate(tokens=22, chars=22, usage=None, tokenizer=None)
+
+
+def test_tokenizer_estimate() -> None:
+    expected = 1 + 3 + 2 * MESSAGE_OVERHEAD_TOKENS + REPLY_PRIMING_TOKENS
+    assert policy("tokenizer").estimate(VIEW) == Estimate(tokens=expected, chars=None, usage=None, tokenizer=expected)
+
+
+def test_max_estimate_takes_the_larger() -> None:
+    words = [{"role": "user", "content": "a b c d e f g h i j"}]
+    assert policy("max").estimate(words) == Estimate(tokens=17, chars=7, usage=None, tokenizer=17)
+    blob = [{"role": "user", "content": "x" * 90}]
+    assert policy("max").estimate(blob) == Estimate(tokens=30, chars=30, usage=None, tokenizer=8)
+
+
+def test_usage_of_the_same_base_plus_what_was_added() -> None:
+    sample = UsageSample.of(500, VIEW, "base")
+    grown = [*VIEW, {"role": "assistant", "content": "x" * 9}]
+    estimate = policy().estimate(grown, usage=sample, view_key="base")
+    assert estimate == Estimate(tokens=503, chars=18, usage=503, tokenizer=None)
+
+
+def test_usage_from_another_base_is_ignored() -> None:
+    sample = UsageSample.of(500, VIEW, "base")
+    assert policy().estimate(VIEW, usage=sample, view_key="other").usage is None
+
+
+def test_usage_after_a_rewind_is_ignored() -> None:
+    sample = UsageSample.of(500, VIEW, "")
+    edited = [VIEW[0], {"role": "user", "content": "something else"}, {"role": "assistant", "content": "ok"}]
+    assert policy().estimate(edited, usage=sample).usage is None
+    assert policy().estimate(VIEW[:1], usage=sample).usage is None
+
+
+def test_usage_counts_even_when_smaller() -> None:
+    sample = UsageSample.of(2, VIEW, "")
+    assert policy().estimate(VIEW, usage=sample) == Estimate(tokens=15, chars=15, usage=2, tokenizer=None)
+
+
+def test_should_compact_is_strictly_above_the_threshold() -> None:
+    budget = ContextBudgetPolicy(1000, 0.8)
+    assert not budget.should_compact(Estimate(800, 800, None, None))
+    assert budget.should_compact(Estimate(801, 801, None, None))
+    assert budget.should_compact(Estimate(701, 701, None, None), max_output_tokens=300)
+
+
+def test_message_tokens_follow_the_estimator() -> None:
+    message = {"role": "user", "content": "a b c d e f g h i j"}  # 19 chars, 10 words
+    assert policy("chars").message_tokens(message) == 7
+    assert policy("tokenizer").message_tokens(message) == 10 + MESSAGE_OVERHEAD_TOKENS
+    assert policy("max").message_tokens(message) == 14
+
+
+def test_hashes_of_the_source_conversation_are_reused_as_cache_keys() -> None:
+    counter = TokenCounter(WordEncoding())
+    budget = ContextBudgetPolicy(estimator="tokenizer", counter=counter)
+    counter({"role": "user", "content": "w " * 50}, "known digest")
+    message = {"role": "user", "content": "one"}
+    clipped = {"role": "tool", "content": "two words"}
+    estimate = budget.estimate([message, clipped], source=([message], ["known digest"]))
+    assert estimate.tokenizer == (50 + MESSAGE_OVERHEAD_TOKENS) + (2 + MESSAGE_OVERHEAD_TOKENS) + REPLY_PRIMING_TOKENS

@@ -1,0 +1,488 @@
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import re
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.context.budget import ContextBudgetPolicy
+from proxy.context.compactor import (
+    Checkpoint,
+    CompactionBackoff,
+    CompactionResult,
+    ContextCompactor,
+    clip_chars_for,
+    plan_retain_start,
+    prefix_hash,
+    retain_budget_for,
+)
+from proxy.context.messages import message_hash
+from proxy.context.projection import (
+    SUMMARY_HEADER,
+    ProjectionBuilder,
+    leading_system_count,
+    round_start_for,
+)
+from proxy.context.summarizer import SummaryGenerator
+from proxy.context.tokens import chars_tokens
+from proxy.types import Message
+
+COUNT = ContextBudgetPolicy(estimator="chars").message_tokens
+CREATED_AT = 1_700_000_000.5
+
+
+class Model:
+    """A summary model answering with a fixed text, recording the transcripts it was given."""
+
+    def __init__(self, answer: str = "SUMMARY") -> None:
+        self.answer = answer
+        self.prompts: list[str] = []
+
+    async def __call__(self, prompt: list[Message]) -> str:
+        self.prompts.append(prompt[1]["content"])
+        return self.answer
+
+    def indices(self) -> list[int]:
+        return [int(n) for text in self.prompts for n in re.findall(r"^\[#(\d+) ", text, re.MULTILINE)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def compactor(model: object, *, clip: int | None = None, rounds: int = 10, timeout: float = 120.0) -> ContextCompactor:
+    return ContextCompactor(
+        SummaryGenerator(model, timeout=timeout),  # type: ignore[arg-type]
+        COUNT,
+        clock=lambda: CREATED_AT,
+        projection=ProjectionBuilder(clip_chars=clip),
+        min_retain_rounds=rounds,
+    )
+
+
+def call(call_id: str) -> Message:
+    return {"id": call_id, "type": "function", "function": {"name": "run", "arguments": "{}"}}
+
+
+def chat(rounds: int, size: int = 300) -> list[Message]:
+    """A system message, then ``rounds`` rounds of a user message and an answer, 100 tokens each."""
+    messages: list[Message] = [{"role": "system", "content": "be brief"}]
+    for i in range(rounds):
+        messages.append({"role": "user", "content": f"{i:03d}" + "u" * (size - 3)})
+        messages.append({"role": "assistant", "content": f"{i:03d}" + "a" * (size - 3)})
+    return messages
+
+
+#: One round of tool steps: 0 system, 1 user, 2/4/6 assistant calls, 3/5/7 results, 8 answer.
+AGENT: list[Message] = [
+    {"role": "system", "content": "s"},
+    {"role": "user", "content": "do it"},
+    {"role": "assistant", "content": None, "tool_calls": [call("a")]},
+    {"role": "tool", "tool_call_id": "a", "content": "x"},
+    {"role": "assistant", "content": None, "tool_calls": [call("b")]},
+    {"role": "tool", "tool_call_id": "b", "content": "x"},
+    {"role": "assistant", "content": None, "tool_calls": [call("c")]},
+    {"role": "tool", "tool_call_id": "c", "content": "x"},
+    {"role": "assistant", "content": "done"},
+]
+AGENT_COUNTS = [1, 10, 1, 5, 1, 5, 1, 5, 1]
+
+
+def hashes_of(messages: Sequence[Message]) -> list[str]:
+    return [message_hash(m) for m in messages]
+
+
+# ---- plan_retain_start ------------------------------------------------------
+
+
+def test_plan_keeps_the_last_rounds() -> None:
+    messages = chat(12)
+    assert plan_retain_start(messages, [1] * 25, 10, 1000) == 5  # the user message of round 3
+
+
+def test_plan_keeps_everything_when_there_are_few_rounds() -> None:
+    assert plan_retain_start(chat(10), [1] * 21, 10, 1000) == 1
+
+
+def test_plan_drops_rounds_over_the_budget() -> None:
+    assert plan_retain_start(chat(12), [1] * 25, 10, 6) == 19  # three rounds of two messages
+
+
+@pytest.mark.parametrize(
+    ("budget", "start"),
+    [
+        (29, 1),  # the whole round fits
+        (28, 4),  # 13 of steps + the re-inserted user message's 10 (from 2 it would be 19 + 10)
+        (20, 6),  # 7 + 10
+        (12, 8),  # 1 + 10
+        (5, 8),  # nothing fits: the last step alone
+    ],
+)
+def test_plan_splits_inside_a_round_at_assistant_steps(budget: int, start: int) -> None:
+    assert plan_retain_start(AGENT, AGENT_COUNTS, 10, budget) == start
+
+
+def test_plan_rejects_bad_input() -> None:
+    with pytest.raises(ValueError):
+        plan_retain_start(AGENT, [1], 10, 10)
+    with pytest.raises(ValueError):
+        plan_retain_start(AGENT, AGENT_COUNTS, 0, 10)
+
+
+def test_plan_of_a_conversation_with_nothing_to_split() -> None:
+    assert plan_retain_start([{"role": "system"}], [1], 10, 10) == 1
+    assert plan_retain_start([], [], 10, 10) == 0
+
+
+def test_retain_budget_for() -> None:
+    assert retain_budget_for(128_000) == 44_800
+    assert retain_budget_for(10, 0.01) == 1
+
+
+def test_clip_chars_for() -> None:
+    assert clip_chars_for(44_800) == 44_800
+    assert clip_chars_for(0) == 1
+
+
+# ---- Checkpoint ---------------------------------------------------------------
+
+
+CHECKPOINT = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5)
+
+
+def test_checkpoint_json_round_trip() -> None:
+    text = CHECKPOINT.to_json()
+    assert text == (
+        '{"created_at":12.5,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,"round_start_idx":3,'
+        '"summary":"sum","tokens_after":300,"tokens_before":900,"v":1}'
+    )
+    assert Checkpoint.from_json(text) == CHECKPOINT
+    assert Checkpoint.from_json(text.encode()) == CHECKPOINT
+    assert Checkpoint.from_json({**CHECKPOINT.__dict__, "v": 1}) == CHECKPOINT
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"v": 2}',
+        '{"v": 1, "summary": "s"}',
+        "[]",
+        '{"created_at":1,"model":"m","prefix_hash":"",'
+        '"retain_start_idx":"5","round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":1}',
+    ],
+)
+def test_malformed_checkpoints_raise(data: str) -> None:
+    with pytest.raises(ValueError):
+        Checkpoint.from_json(data)
+
+
+def test_checkpoint_matches_its_prefix_only() -> None:
+    hashes = hashes_of(chat(3))
+    checkpoint = Checkpoint("s", 3, prefix_hash(hashes, 3), None, 0, 0, "m", 0.0)
+    assert checkpoint.matches(hashes)
+    assert checkpoint.matches(hashes[:3])
+    assert not checkpoint.matches(hashes[:2])
+    assert not checkpoint.matches([hashes[0], "edited", *hashes[2:]])
+    assert checkpoint.matches([*hashes[:3], "anything after the prefix"])
+
+
+def test_view_key_names_summary_and_split() -> None:
+    keys = {CHECKPOINT.view_key, Checkpoint("other", 5, "abc", 3, 0, 0, "m", 0.0).view_key}
+    keys.add(Checkpoint("sum", 6, "abc", 3, 0, 0, "m", 0.0).view_key)
+    assert len(keys) == 3
+    assert Checkpoint("sum", 5, "abc", None, 1, 1, "other model", 99.0).view_key == CHECKPOINT.view_key
+
+
+# ---- CompactionBackoff ---------------------------------------------------------
+
+
+def test_backoff_after_three_failures_until_the_cooldown_ends() -> None:
+    clock = Clock()
+    backoff = CompactionBackoff(clock=clock, max_failures=3, cooldown=300.0)
+    for outcome in ("failed", "timeout"):
+        backoff.record("s", outcome)
+        assert backoff.allowed("s")
+    backoff.record("s", "failed")
+    assert not backoff.allowed("s")
+    assert backoff.allowed("other session")
+    clock.now = 299.9
+    assert not backoff.allowed("s")
+    clock.now = 300.0
+    assert backoff.allowed("s")
+    backoff.record("s", "failed")  # a fresh set of attempts after the cool-down
+    assert backoff.allowed("s")
+
+
+def test_backoff_counts_consecutive_failures_only() -> None:
+    backoff = CompactionBackoff(clock=Clock())
+    for outcome in ("failed", "failed", "ok", "failed", "skipped", "failed"):
+        backoff.record("s", outcome)
+    assert backoff.allowed("s")
+    backoff.record("s", "timeout")
+    assert not backoff.allowed("s")
+
+
+def test_backoff_forgets_the_oldest_sessions_past_its_bound() -> None:
+    backoff = CompactionBackoff(clock=Clock(), max_failures=1, max_sessions=2)
+    for key in ("a", "b", "c"):
+        backoff.record(key, "failed")
+    assert [backoff.allowed(k) for k in ("a", "b", "c")] == [True, False, False]
+
+
+# ---- ContextCompactor.compact -------------------------------------------------------
+
+
+async def test_compaction_summarises_what_leaves_the_tail() -> None:
+    messages = chat(12)
+    before = copy.deepcopy(messages)
+    hashes = hashes_of(messages)
+    model = Model()
+    result = await compactor(model).compact(messages, hashes, None, budget=10_000, model="gpt-4o")
+    summary_tokens = chars_tokens(len(f"{SUMMARY_HEADER}\n\nSUMMARY"))
+    expected = Checkpoint(
+        "SUMMARY", 5, prefix_hash(hashes, 5), None, 2403, 3 + summary_tokens + 2000, "gpt-4o", CREATED_AT
+    )
+    assert result == CompactionResult("ok", expected, 2403, 3 + summary_tokens + 2000)
+    assert model.indices() == [1, 2, 3, 4]
+    assert messages == before
+
+
+async def test_a_second_compaction_rolls_the_previous_summary_forward() -> None:
+    messages = chat(16)
+    hashes = hashes_of(messages)
+    first = Checkpoint("FIRST", 5, prefix_hash(hashes, 5), None, 0, 0, "m", 0.0)
+    model = Model("SECOND")
+    result = await compactor(model).compact(messages, hashes, first, budget=10_000, model="m")
+    assert result.checkpoint is not None
+    assert result.checkpoint.retain_start_idx == 13
+    assert result.checkpoint.summary == "SECOND"
+    assert model.indices() == list(range(5, 13))
+    assert model.prompts[0].startswith("<previous-summary>\nFIRST\n</previous-summary>")
+
+
+async def test_a_checkpoint_of_another_history_is_ignored() -> None:
+    messages = chat(12)
+    stale = Checkpoint("STALE", 3, "not this prefix", None, 0, 0, "m", 0.0)
+    model = Model()
+    result = await compactor(model).compact(messages, hashes_of(messages), stale, budget=10_000, model="m")
+    assert result.outcome == "ok"
+    assert model.indices() == [1, 2, 3, 4]
+    assert "STALE" not in model.prompts[0]
+
+
+async def test_nothing_to_summarise_is_skipped_without_a_call() -> None:
+    model = Model()
+    result = await compactor(model).compact(chat(10), hashes_of(chat(10)), None, budget=10_000, model="m")
+    assert result == CompactionResult("skipped", None, 2003, 2003, "nothing new to summarise")
+    assert model.prompts == []
+
+
+async def test_a_compaction_that_frees_little_is_skipped_without_a_call() -> None:
+    model = Model()
+    messages = chat(11)  # one round of eleven would leave: 200 of 2203 tokens, under 10 %
+    result = await compactor(model).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert result == CompactionResult("skipped", None, 2203, 2203, "would free under 10%")
+    assert model.prompts == []
+
+
+async def test_a_summary_too_long_to_help_is_skipped() -> None:
+    messages = chat(12)
+    result = await compactor(Model("s" * 1200)).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert result.outcome == "skipped"
+    assert result.checkpoint is None
+    assert result.tokens_after > 0.9 * result.tokens_before
+
+
+async def test_summary_failure_changes_nothing() -> None:
+    async def broken(prompt: list[Message]) -> str:
+        raise RuntimeError("upstream 500")
+
+    messages = chat(12)
+    result = await compactor(broken).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert result == CompactionResult("failed", None, 2403, 2403, "RuntimeError: upstream 500")
+
+
+async def test_summary_timeout_changes_nothing() -> None:
+    never = asyncio.Event()
+
+    async def hangs(prompt: list[Message]) -> str:
+        await never.wait()
+        return "late"
+
+    messages = chat(12)
+    result = await compactor(hangs, timeout=0.01).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert (result.outcome, result.checkpoint) == ("timeout", None)
+
+
+async def test_a_long_round_is_split_at_a_step_and_keeps_its_user_message() -> None:
+    messages: list[Message] = [AGENT[0], {"role": "user", "content": "u" * 30}]
+    for i in range(20):
+        messages.append({"role": "assistant", "content": None, "tool_calls": [call(str(i))]})
+        messages.append({"role": "tool", "tool_call_id": str(i), "content": "r" * 297})
+    result = await compactor(Model()).compact(messages, hashes_of(messages), None, budget=1000, model="m")
+    checkpoint = result.checkpoint
+    assert checkpoint is not None
+    # Seven steps of 125 tokens (25 for the call, 100 for its result) and the user message's 10 fit in 1000.
+    assert [COUNT(m) for m in messages[1:4]] == [10, 25, 100]
+    assert (checkpoint.retain_start_idx, checkpoint.round_start_idx) == (28, 1)
+    view = ProjectionBuilder().build(messages, checkpoint)
+    assert view[2] is messages[1]
+    assert view[3:] == messages[28:]
+
+
+async def test_each_level_shrinks_the_tail() -> None:
+    messages = chat(12)
+    hashes = hashes_of(messages)
+    starts = []
+    for level in (0, 1, 2):
+        result = await compactor(Model()).compact(messages, hashes, None, budget=2000, model="m", level=level)
+        assert result.checkpoint is not None
+        starts.append(result.checkpoint.retain_start_idx)
+    assert starts == [5, 15, 21]  # 10 rounds in 2000 tokens; 5 rounds in 1000; 2 rounds in 500
+
+
+async def test_an_oversized_tool_result_is_clipped_in_view_and_counted_clipped() -> None:
+    messages: list[Message] = [
+        *AGENT[:1],
+        *chat(12)[1:],
+        AGENT[1],
+        AGENT[2],
+        {"role": "tool", "tool_call_id": "a", "content": "z" * 9000},
+    ]
+    result = await compactor(Model(), clip=600).compact(messages, hashes_of(messages), None, budget=2500, model="m")
+    assert result.checkpoint is not None
+    view = ProjectionBuilder(clip_chars=600).build(messages, result.checkpoint)
+    assert (
+        "[… 8400 characters elided by ctxproxy; full text in the fact log, message index 27 …]" in view[-1]["content"]
+    )
+    assert messages[-1]["content"] == "z" * 9000
+    assert result.tokens_after == sum(COUNT(m) for m in view)
+
+
+# ---- properties over random conversations -------------------------------------------
+
+
+@st.composite
+def conversations(draw: st.DrawFn) -> list[Message]:
+    """System first; rounds of a user message and assistant steps with 0-3 parallel calls and their results."""
+
+    def text() -> str:
+        return draw(st.sampled_from(["a", "bc ", "字"])) * draw(st.integers(0, 1200))
+
+    ids = itertools.count()
+    messages: list[Message] = [{"role": "system", "content": text()} for _ in range(draw(st.integers(0, 2)))]
+    for _ in range(draw(st.integers(1, 14))):
+        messages.append({"role": "user", "content": text()})
+        for _ in range(draw(st.integers(0, 6))):
+            calls = [call(f"call_{next(ids)}") for _ in range(draw(st.integers(0, 3)))]
+            if not calls:
+                messages.append({"role": "assistant", "content": text()})
+                continue
+            messages.append(
+                {"role": "assistant", "content": draw(st.sampled_from([None, "", "let me look"])), "tool_calls": calls}
+            )
+            messages.extend({"role": "tool", "tool_call_id": c["id"], "content": text()} for c in calls)
+    return messages
+
+
+def assert_well_formed(view: Sequence[Message], had_system: bool) -> None:
+    """System first and only first; each tool result right after its call batch; no call left unanswered."""
+    assert (view[0]["role"] == "system") is had_system or (not had_system and view[0]["role"] != "system")
+    open_calls: set[str] = set()
+    seen_other = False
+    for message in view:
+        role = message["role"]
+        if role in ("system", "developer"):
+            assert not seen_other, "system message after the start"
+            continue
+        seen_other = True
+        if role == "tool":
+            assert message["tool_call_id"] in open_calls, "tool result without its call right before"
+            open_calls.remove(message["tool_call_id"])
+            continue
+        assert not open_calls, f"unanswered calls {open_calls}"
+        open_calls = {c["id"] for c in message.get("tool_calls") or ()}
+    assert not open_calls, f"unanswered calls {open_calls}"
+
+
+def tail_cost(messages: Sequence[Message], counts: Sequence[int], start: int) -> int:
+    opener = round_start_for(messages, start)
+    return sum(counts[start:]) + (counts[opener] if opener is not None else 0)
+
+
+def cuts_of(messages: Sequence[Message]) -> list[int]:
+    return [i for i in range(leading_system_count(messages), len(messages)) if messages[i]["role"] != "tool"]
+
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(conversations(), st.integers(1, 12), st.integers(1, 4000))
+def test_plan_is_well_formed_and_fits_when_any_split_fits(messages: list[Message], rounds: int, budget: int) -> None:
+    counts = [COUNT(m) for m in messages]
+    start = plan_retain_start(messages, counts, rounds, budget)
+    cuts = cuts_of(messages)
+    assert start in cuts
+    if any(tail_cost(messages, counts, i) <= budget for i in cuts):
+        assert tail_cost(messages, counts, start) <= budget
+    users = [i for i in cuts if messages[i]["role"] == "user"]
+    if len(users) > rounds and tail_cost(messages, counts, users[-rounds]) <= budget:
+        assert start == users[-rounds]
+    checkpoint = Checkpoint("s", start, "", round_start_for(messages, start), 0, 0, "m", 0.0)
+    for placement in ("user", "system"):
+        view = ProjectionBuilder(summary_placement=placement).build(messages, checkpoint)
+        assert_well_formed(view, had_system=bool(leading_system_count(messages)) or placement == "system")
+
+
+@PROPERTY
+@given(
+    conversations(),
+    st.integers(0, 2),
+    st.integers(50, 6000),
+    st.sampled_from([None, 700]),
+    st.sampled_from(["user", "system"]),
+)
+def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
+    messages: list[Message], level: int, budget: int, clip: int | None, placement: str
+) -> None:
+    original = copy.deepcopy(messages)
+    hashes = hashes_of(messages)
+    projection = ProjectionBuilder(summary_placement=placement, clip_chars=clip)  # type: ignore[arg-type]
+    model = Model("summary of the work so far")
+    engine = ContextCompactor(
+        SummaryGenerator(model), COUNT, clock=lambda: 0.0, projection=projection, min_retain_rounds=3
+    )
+    had_system = bool(leading_system_count(messages))
+
+    result = asyncio.run(engine.compact(messages, hashes, None, budget=budget, model="m", level=level))
+    assert messages == original
+    assert_well_formed(projection.build(messages, None), had_system)
+    first = result.checkpoint
+    if first is None:
+        assert result.outcome == "skipped"
+        return
+    assert_well_formed(projection.build(messages, first), had_system or placement == "system")
+    counts = engine.message_counts(messages, hashes)
+    effective = budget >> level
+    if any(tail_cost(messages, counts, i) <= effective for i in cuts_of(messages)):
+        assert tail_cost(messages, counts, first.retain_start_idx) <= effective
+    assert result.tokens_after == sum(COUNT(m) for m in projection.build(messages, first))
+
+    model.prompts.clear()
+    again = asyncio.run(engine.compact(messages, hashes, first, budget=budget, model="m", level=level + 1))
+    assert messages == original
+    if again.checkpoint is not None:
+        assert again.checkpoint.retain_start_idx > first.retain_start_idx
+        assert set(model.indices()) == set(range(first.retain_start_idx, again.checkpoint.retain_start_idx))
+        assert model.prompts[0].startswith("<previous-summary>\nsummary of the work so far\n")
+        assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system")

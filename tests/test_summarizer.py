@@ -1,0 +1,207 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxy.context.summarizer import (
+    SECTIONS,
+    SYSTEM_PROMPT,
+    SummaryGenerator,
+    SummaryInputTooLong,
+    SummaryResult,
+    build_prompt,
+    serialise_message,
+    take_chunk,
+)
+from proxy.types import Message
+
+MESSAGES: list[Message] = [
+    {"role": "user", "content": "fix the parser"},
+    {
+        "role": "assistant",
+        "content": "reading it",
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"path": "p.py"}'}}],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "def parse(): ..."},
+]
+
+
+class Recorder:
+    """A summary model that answers from a script and remembers every prompt."""
+
+    def __init__(self, *answers: str) -> None:
+        self.answers = list(answers)
+        self.prompts: list[list[Message]] = []
+
+    async def __call__(self, prompt: list[Message]) -> str:
+        self.prompts.append(prompt)
+        return self.answers.pop(0)
+
+    def user_texts(self) -> list[str]:
+        return [prompt[1]["content"] for prompt in self.prompts]
+
+
+def test_serialise_message() -> None:
+    assert serialise_message(MESSAGES[0], 4, 100) == "[#4 user]\nfix the parser"
+    assert serialise_message(MESSAGES[1], 5, 100) == '[#5 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)'
+    assert serialise_message(MESSAGES[2], 6, 100) == "[#6 tool result for call c1]\ndef parse(): ..."
+
+
+def test_serialise_clips_tool_output_and_arguments() -> None:
+    tool = {"role": "tool", "tool_call_id": "c1", "name": "read", "content": "x" * 30}
+    assert serialise_message(tool, 9, 10) == (
+        "[#9 tool result read for call c1]\n"
+        "xxxxx\n[… 20 characters elided by ctxproxy; full text in the fact log, message index 9 …]\nxxxxx"
+    )
+    call = {"id": "c", "function": {"name": "write", "arguments": "y" * 30}}
+    assert serialise_message({"role": "assistant", "content": None, "tool_calls": [call]}, 3, 10) == (
+        "[#3 assistant]\n-> call write "
+        "yyyyy\n[… 20 characters elided by ctxproxy; full text in the fact log, message index 3 …]\nyyyyy (id c)"
+    )
+
+
+def test_prompt_names_every_section() -> None:
+    for section in SECTIONS:
+        assert section in SYSTEM_PROMPT
+    assert "## 8. Identifiers worth keeping" in SYSTEM_PROMPT
+
+
+def test_build_prompt() -> None:
+    assert build_prompt(None, "T") == [
+        {"role": "system", "content": SYSTEM_PROMPT},
+        {"role": "user", "content": "<new-messages>\nT\n</new-messages>\n\nWrite the summary."},
+    ]
+    assert build_prompt("P", "T", "keep the SQL")[1]["content"] == (
+        "<previous-summary>\nP\n</previous-summary>\n\n<new-messages>\nT\n</new-messages>\n\n"
+        "Write the updated summary.\n\nAdditional instructions for this summary:\nkeep the SQL"
+    )
+
+
+def chars(text: str) -> int:
+    return len(text)
+
+
+def test_take_chunk() -> None:
+    assert take_chunk(["aaa", "bbb", "ccc"], 7, chars) == ("aaa\nbbb", ["ccc"])
+    assert take_chunk(["aaa", "bbb", "ccc"], 3, chars) == ("aaa", ["bbb", "ccc"])
+    # A block larger than the limit is cut; its remainder comes first next time.
+    assert take_chunk(["abcdefgh", "z"], 3, chars) == ("abc", ["def", "gh", "z"])
+
+
+async def test_rolling_input_is_previous_summary_plus_new_messages() -> None:
+    model = Recorder("  NEW SUMMARY \n")
+    result = await SummaryGenerator(model).summarise("OLD SUMMARY", MESSAGES[1:], first_index=12)
+    assert result == SummaryResult("ok", summary="NEW SUMMARY", calls=1)
+    assert model.user_texts() == [
+        "<previous-summary>\nOLD SUMMARY\n</previous-summary>\n\n<new-messages>\n"
+        '[#12 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)\n'
+        "[#13 tool result for call c1]\ndef parse(): ...\n</new-messages>\n\nWrite the updated summary."
+    ]
+
+
+async def test_instructions_steer_the_summary() -> None:
+    model = Recorder("S")
+    await SummaryGenerator(model).summarise(None, MESSAGES, instructions="focus on tests")
+    assert model.user_texts()[0].endswith("Additional instructions for this summary:\nfocus on tests")
+
+
+def small_generator(model: Recorder | object, **kwargs: object) -> SummaryGenerator:
+    """Token = character, and room for one message of MESSAGES per call besides the prompt."""
+    overhead = len("\n".join(m["content"] for m in build_prompt("S0", "")))
+    options: dict[str, object] = {"max_input_tokens": overhead + 16 + 80, "min_chunk_tokens": 10, "count_text": chars}
+    options.update(kwargs)
+    return SummaryGenerator(model, **options)  # type: ignore[arg-type]
+
+
+async def test_large_input_is_folded_chunk_by_chunk_in_order() -> None:
+    model = Recorder("S1", "S2", "S3")
+    result = await small_generator(model).summarise("S0", MESSAGES)
+    assert result == SummaryResult("ok", summary="S3", calls=3)
+    texts = model.user_texts()
+    assert [t.split("</previous-summary>")[0] for t in texts] == [
+        "<previous-summary>\nS0\n",
+        "<previous-summary>\nS1\n",
+        "<previous-summary>\nS2\n",
+    ]
+    assert ["[#0 user]" in texts[0], "[#1 assistant]" in texts[1], "[#2 tool result" in texts[2]] == [True] * 3
+    assert "[#1" not in texts[0] and "[#2" not in texts[1]
+
+
+async def test_prompt_too_long_halves_the_chunk_and_retries() -> None:
+    transcripts: list[str] = []
+
+    async def picky(prompt: list[Message]) -> str:
+        transcript = prompt[1]["content"].split("<new-messages>\n")[1].split("\n</new-messages>")[0]
+        transcripts.append(transcript)
+        if len(transcript) > 40:
+            raise SummaryInputTooLong("prompt is too long")
+        return f"S{len(transcripts)}"
+
+    result = await small_generator(picky).summarise("S0", [*MESSAGES[:1], {"role": "user", "content": "z" * 60}])
+    assert result.outcome == "ok"
+    assert [len(t) for t in transcripts] == [
+        len("[#0 user]\nfix the parser"),  # 24: accepted
+        len("[#1 user]\n") + 60,  # 70: the second message, whole: rejected
+        40,  # the chunk limit halved from 80 to 40, so the message is cut: accepted
+        30,  # the 30 characters left
+    ]
+    assert result.summary == "S4"
+    assert result.calls == 4
+
+
+async def test_prompt_too_long_gives_up_at_the_minimum_chunk() -> None:
+    async def never_fits(prompt: list[Message]) -> str:
+        raise SummaryInputTooLong("prompt is too long")
+
+    result = await small_generator(never_fits, min_chunk_tokens=30).summarise("S0", MESSAGES)
+    assert result.outcome == "failed"
+    assert result.summary is None
+    assert result.error == "chunk limit 20 under the minimum"
+    assert result.calls == 2  # 80, then 40; 20 is under 30
+
+
+async def test_timeout_gives_timeout_and_no_summary() -> None:
+    never = asyncio.Event()
+
+    async def hangs(prompt: list[Message]) -> str:
+        await never.wait()
+        return "unreachable"
+
+    result = await SummaryGenerator(hangs, timeout=0.01).summarise("OLD", MESSAGES)
+    assert result == SummaryResult("timeout", calls=1, error="no answer within 0.01 s")
+
+
+async def test_exception_gives_failed() -> None:
+    async def broken(prompt: list[Message]) -> str:
+        raise ConnectionError("upstream reset")
+
+    result = await SummaryGenerator(broken).summarise("OLD", MESSAGES)
+    assert result == SummaryResult("failed", calls=1, error="ConnectionError: upstream reset")
+
+
+@pytest.mark.parametrize("answer", ["", "   \n\t"])
+async def test_empty_answer_gives_failed(answer: str) -> None:
+    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES)
+    assert result == SummaryResult("failed", calls=1, error="empty summary")
+
+
+async def test_a_failure_after_some_chunks_discards_the_partial_fold() -> None:
+    async def fails_second(prompt: list[Message]) -> str:
+        if "S1" in prompt[1]["content"]:
+            raise RuntimeError("boom")
+        return "S1"
+
+    result = await small_generator(fails_second).summarise("S0", MESSAGES)
+    assert result == SummaryResult("failed", calls=2, error="RuntimeError: boom")
+
+
+async def test_nothing_to_summarise_is_a_failure_without_a_call() -> None:
+    model = Recorder()
+    assert await SummaryGenerator(model).summarise("OLD", []) == SummaryResult("failed", error="nothing to summarise")
+    assert model.prompts == []
+
+
+def test_settings_are_validated() -> None:
+    with pytest.raises(ValueError):
+        SummaryGenerator(Recorder(), timeout=0)

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from proxy.context.tokens import (
+    MESSAGE_OVERHEAD_TOKENS,
+    NON_TEXT_PART_TOKENS,
+    TokenCounter,
+    bundled_encoding,
+    bundled_encoding_name,
+    chars_tokens,
+    message_text,
+    tools_chars,
+)
+
+
+class WordEncoding:
+    """One token per whitespace-separated word; counts how often it was asked."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls += 1
+        return [0] * len(text.split())
+
+
+def cache_file(name: str) -> str:
+    return hashlib.sha1(f"https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken".encode()).hexdigest()
+
+
+def test_chars_tokens_rounds_up() -> None:
+    assert [chars_tokens(n) for n in (0, 1, 2, 3, 4, 6, 7)] == [0, 1, 1, 1, 2, 2, 3]
+
+
+def test_tools_chars() -> None:
+    assert tools_chars(None) == 0
+    assert tools_chars([]) == 0
+    assert tools_chars([{"a": 1}]) == len('[{"a":1}]')
+
+
+def test_message_text_covers_what_the_model_reads() -> None:
+    message = {
+        "role": "assistant",
+        "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:..."}}],
+        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}],
+        "name": "bot",
+    }
+    assert message_text(message) == ('look\nread\n{"p": 1}\nbot', 1)
+
+
+def test_encoding_name_prefers_o200k(tmp_path: Path) -> None:
+    assert bundled_encoding_name(tmp_path) is None
+    (tmp_path / cache_file("cl100k_base")).write_bytes(b"")
+    assert bundled_encoding_name(tmp_path) == "cl100k_base"
+    (tmp_path / cache_file("o200k_base")).write_bytes(b"")
+    assert bundled_encoding_name(tmp_path) == "o200k_base"
+
+
+def test_bundled_encoding_is_o200k_and_counts() -> None:
+    encoding = bundled_encoding()
+    assert encoding is not None
+    assert encoding.name == "o200k_base"
+    assert TokenCounter().text_tokens("hello world") == 2
+
+
+def test_bundled_encoding_loads_offline_and_restores_the_environment(tmp_path: Path) -> None:
+    code = (
+        "import os\n"
+        "from proxy.context.tokens import bundled_encoding\n"
+        "print(bundled_encoding().name, os.environ['TIKTOKEN_CACHE_DIR'])\n"
+    )
+    env = {
+        **os.environ,
+        "TIKTOKEN_CACHE_DIR": str(tmp_path),  # empty: a lookup here would have to download
+        "HTTPS_PROXY": "http://127.0.0.1:9",  # and any download fails
+        "HTTP_PROXY": "http://127.0.0.1:9",
+    }
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert result.stdout == f"o200k_base {tmp_path}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_message_tokens_add_overhead_and_non_text_parts() -> None:
+    counter = TokenCounter(WordEncoding())
+    assert counter.message_tokens({"role": "user", "content": "one two three"}) == 3 + MESSAGE_OVERHEAD_TOKENS
+    image = {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {}}]}
+    assert counter(image) == 1 + NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS
+
+
+def test_counts_are_cached_per_digest() -> None:
+    encoding = WordEncoding()
+    counter = TokenCounter(encoding)
+    message = {"role": "user", "content": "a b"}
+    assert counter(message, "d1") == 6
+    assert counter(message, "d1") == 6
+    assert encoding.calls == 1
+    # The digest is the key: the caller's hash is trusted, so no hashing on the hot path.
+    assert counter({"role": "user", "content": "x y z w"}, "d1") == 6
+    # Without a digest the message hash is computed, and equal messages share it.
+    assert counter({"role": "user", "content": "a b"}) == 6
+    assert counter({"role": "user", "content": " a b "}) == 6
+    assert encoding.calls == 2
+
+
+def test_cache_is_a_bounded_lru() -> None:
+    encoding = WordEncoding()
+    counter = TokenCounter(encoding, maxsize=2)
+    for digest in ("a", "b", "a", "c"):
+        counter({"role": "user", "content": "w"}, digest)
+    assert len(counter) == 2
+    assert encoding.calls == 3
+    counter({"role": "user", "content": "w"}, "a")  # recently used: kept
+    assert encoding.calls == 3
+    counter({"role": "user", "content": "w"}, "b")  # least recently used: evicted
+    assert encoding.calls == 4
+
+
+def test_tools_tokens_are_cached() -> None:
+    encoding = WordEncoding()
+    counter = TokenCounter(encoding)
+    tools = [{"type": "function", "function": {"name": "read file", "parameters": {}}}]
+    assert counter.tools_tokens(None) == 0
+    first = counter.tools_tokens(tools)
+    assert counter.tools_tokens(tools) == first
+    assert first == 2  # '[{"function":{"name":"read' and 'file","parameters":{}},"type":"function"}]'
+    assert encoding.calls == 1
