@@ -65,6 +65,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.window: int | None = None
         self.overflow_style = "openai"
+        self.overflow_in_stream = False
         self.summary_mode = "facts"
         self.summary_requests: list[dict[str, Any]] = []
         self.prompt_tokens: list[int] = []
@@ -132,6 +133,12 @@ class FakeUpstream:
             if tokens > self.window:
                 self.refused += 1
                 status, raw = overflow_body(self.overflow_style, tokens, self.window)
+                if self.overflow_in_stream and body.get("stream"):  # OpenRouter: 200, then an error event
+                    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                    await resp.prepare(request)
+                    await resp.write(b": OPENROUTER PROCESSING\n\ndata: " + raw + b"\n\n")
+                    await resp.write_eof()
+                    return resp
                 return web.Response(status=status, body=raw, content_type="application/json")
         reply = self.next_reply(body)
         if reply.hang is not None and reply.pause_after is None:

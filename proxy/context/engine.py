@@ -111,11 +111,30 @@ class ContextEngine:
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
                                          cooldown=settings.failure_cooldown)
         self._policies: dict[int, ContextBudgetPolicy] = {}
+        self._learned: dict[str, int] = {}
 
     def window_for(self, model: str | None) -> int:
+        """The window to plan for: what the upstream told us, else the flag, else the model map, else 128000."""
+        learned = self._learned.get(model or "")
+        if learned is not None:
+            return learned
         if self.settings.context_window is not None:
             return self.settings.context_window
         return (context_window_for(model) if model else None) or DEFAULT_WINDOW
+
+    def learn_window(self, model: str | None, limit: int) -> None:
+        """Believe an upstream that states a smaller window than ours (a model served with a reduced context).
+
+        Kept per model in this process only (bounded): a restart forgets it and the
+        reactive path learns it again on the first refusal.
+        """
+        if limit < 1024 or limit >= self.window_for(model):
+            return
+        if len(self._learned) >= 1024:
+            self._learned.pop(next(iter(self._learned)))
+        self._learned[model or ""] = limit
+        logger.warning("upstream window for model %r is %d tokens, smaller than assumed; planning for it", model,
+                       limit)
 
     def policy(self, window: int) -> ContextBudgetPolicy:
         policy = self._policies.get(window)

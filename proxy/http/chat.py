@@ -27,7 +27,7 @@ from proxy.http.body import ChatRequest, parse_chat, read_body
 from proxy.http.relay import RelayTiming, read_first_event, read_whole, relay_stream, relay_whole
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
-from proxy.overflow import classify_overflow, classify_sse_event
+from proxy.overflow import Overflow, classify_overflow, classify_sse_event
 from proxy.sessions import check_client_key, credential, explicit_session, fingerprint_session, tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
@@ -110,7 +110,7 @@ class ChatTurn:
         return {HEADER_SESSION: self.key.session, HEADER_COMPACTED: view.compacted,
                 HEADER_VIEW_TOKENS: str(view.estimate.tokens), HEADER_OVERHEAD: f"{overhead:.2f}"}
 
-    async def rescue(self) -> PreparedView | None:
+    async def rescue(self, overflow: Overflow) -> PreparedView | None:
         """Compact harder after a too-long refusal; the new view, or None when nothing can be done.
 
         Each attempt is one level harder: the compactor halves the retained tail
@@ -121,6 +121,8 @@ class ChatTurn:
         if self.state is None or attempt > self.settings.reactive_retries:
             return None
         model = self.chat.model or ""
+        if overflow.limit_tokens is not None:
+            self.engine.learn_window(model, overflow.limit_tokens)
         complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
                                      self.settings.summary_model or model)
         window = self.engine.window_for(model)
@@ -165,7 +167,7 @@ async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.Strea
             if overflow is not None:
                 if turn.refusal is None:
                     turn.refusal = Refusal(resp.status, resp.headers.copy(), body)
-                retry = await turn.rescue()
+                retry = await turn.rescue(overflow)
                 if retry is not None:
                     return retry
                 return _refuse(turn, view, started)
