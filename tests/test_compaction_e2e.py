@@ -15,7 +15,11 @@ from tests.proxyfixtures import read_log, replay, same_conversation
 
 WINDOW = 16_000
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
-WORDS = ["alpha", "beta", "gamma", "delta", "parser", "module", "config", "request", "handler", "buffer", "cache", "retry", "socket", "token", "stream", "vector", "index", "commit", "branch", "merge", "build", "test", "fixture", "assert"]
+WORDS = (
+    "alpha", "beta", "gamma", "delta", "parser", "module", "config", "request", "handler", "buffer", "cache",
+    "retry", "socket", "token", "stream", "vector", "index", "commit", "branch", "merge", "build", "test",
+    "fixture", "assert",
+)
 HEADERS = {"Authorization": "Bearer sk-e2e"}
 
 

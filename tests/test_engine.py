@@ -1,0 +1,145 @@
+"""ContextEngine over a real store: the lock, checkpoints in the log, rewinds, failures that change nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+
+from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
+from proxy.context.history import HistoryManager
+from proxy.context.messages import message_hash
+from proxy.store.base import FactLog, SessionKey
+from tests.proxyfixtures import read_log
+from tests.test_compaction_e2e import prose
+
+KEY = SessionKey("tenant", "engine")
+WINDOW = 4_000
+
+
+def conversation(rounds: int, seed: int = 1) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
+    for i in range(rounds):
+        messages.append({"role": "user", "content": f"question {i} " + prose(rng, 120)})
+        messages.append({"role": "assistant", "content": f"answer {i} " + prose(rng, 120)})
+    return messages
+
+
+class Summariser:
+    """A real summary function: counts calls, can block on an event or fail as told."""
+
+    def __init__(self, answer: str = "## 1. Goals\nthe summary", gate: asyncio.Event | None = None,
+                 error: Exception | None = None) -> None:
+        self.answer, self.gate, self.error = answer, gate, error
+        self.calls = 0
+        self.entered = asyncio.Event()
+
+    async def __call__(self, messages: list[dict[str, Any]]) -> str:
+        self.calls += 1
+        self.entered.set()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        return self.answer
+
+
+def engine_over(store: FactLog, **overrides: Any) -> ContextEngine:
+    history = HistoryManager(store, clock=lambda: 1000.0)
+    settings = EngineSettings(**{"context_window": WINDOW, "min_retain_rounds": 2, "summary_timeout": 5, **overrides})
+    return ContextEngine(history, settings, clock=lambda: 1000.0)
+
+
+async def prepare(engine: ContextEngine, messages: list[dict[str, Any]], complete: Any, key: SessionKey = KEY):
+    hashes = [message_hash(m) for m in messages]
+    state = await engine.history.sync(key, messages, hashes)
+    return await engine.prepare(key, messages, hashes, state, model="m", tools=None, max_output=None,
+                                complete=complete)
+
+
+async def test_over_threshold_compacts_and_records_summary_then_checkpoint(store: FactLog) -> None:
+    engine = engine_over(store)
+    messages = conversation(20)
+    summariser = Summariser()
+    view = await prepare(engine, messages, summariser)
+    assert view.compacted == "proactive" and view.changed
+    assert view.estimate.tokens <= view.threshold
+    assert view.messages[0] == messages[0]
+    assert view.messages[1]["content"].endswith("the summary")
+    facts = await read_log(store, KEY)
+    assert [f.kind for f in facts[-2:]] == ["summary", "checkpoint"]
+    assert [f.message for f in facts if f.kind == "message"] == messages, "compaction never alters messages"
+    checkpoint = facts[-1].extra["checkpoint"]
+    assert checkpoint["retain_start_idx"] == facts[-1].index
+    assert view.messages[2:] == messages[checkpoint["retain_start_idx"]:]
+
+
+async def test_a_second_process_sees_the_checkpoint(store: FactLog) -> None:
+    messages = conversation(20)
+    await prepare(engine_over(store), messages, Summariser())
+    other = engine_over(store)  # a fresh process: nothing cached
+    state = await other.history.state(KEY)
+    assert active_checkpoint(state) is not None
+    view = other.view(messages, [message_hash(m) for m in messages], state, window=WINDOW, tools=None,
+                      max_output=None)
+    assert view.estimate.tokens <= view.threshold
+
+
+async def test_one_compaction_at_a_time_across_engines(store: FactLog) -> None:
+    a, b = engine_over(store), engine_over(store)  # two replicas sharing one store
+    messages = conversation(20)
+    gate = asyncio.Event()
+    first = Summariser(gate=gate)
+    second = Summariser()
+    task_a = asyncio.create_task(prepare(a, messages, first))
+    await asyncio.wait_for(first.entered.wait(), 10)
+    task_b = asyncio.create_task(prepare(b, messages, second))
+    gate.set()
+    view_a, view_b = await asyncio.gather(task_a, task_b)
+    assert first.calls >= 1 and second.calls == 0, "the waiting replica reused the running compaction"
+    assert view_a.compacted == "proactive"
+    assert view_b.checkpoint == view_a.checkpoint
+    facts = await read_log(store, KEY)
+    assert [f.kind for f in facts].count("checkpoint") == 1
+
+
+@pytest.mark.parametrize("summariser", [
+    Summariser(error=RuntimeError("upstream 500")),
+    Summariser(answer="   "),
+    Summariser(gate=asyncio.Event()),  # never answers: hits the summary timeout
+], ids=["error", "empty", "hang"])
+async def test_failed_summary_changes_nothing(store: FactLog, summariser: Summariser) -> None:
+    engine = engine_over(store, summary_timeout=0.05) if summariser.gate else engine_over(store)
+    messages = conversation(20)
+    view = await prepare(engine, messages, summariser)
+    assert view.compacted == "none" and not view.changed
+    assert view.messages == messages
+    facts = await read_log(store, KEY)
+    assert {f.kind for f in facts} == {"message"}
+
+
+async def test_three_failures_pause_proactive_compaction(store: FactLog) -> None:
+    engine = engine_over(store)
+    messages = conversation(20)
+    failing = Summariser(error=RuntimeError("down"))
+    for _ in range(5):
+        await prepare(engine, messages, failing)
+    assert failing.calls == 3
+
+
+async def test_rewind_into_the_covered_prefix_retires_the_checkpoint(store: FactLog) -> None:
+    engine = engine_over(store)
+    messages = conversation(20)
+    await prepare(engine, messages, Summariser())
+    edited = [messages[0], {"role": "user", "content": "a different start"}]
+    hashes = [message_hash(m) for m in edited]
+    state = await engine.history.sync(KEY, edited, hashes)
+    assert active_checkpoint(state) is None
+    view = engine.view(edited, hashes, state, window=WINDOW, tools=None, max_output=None)
+    assert view.messages == edited and not view.changed
+    facts = await read_log(store, KEY)
+    assert facts[-2].kind == "rewind" and facts[-2].index == 1
+    assert facts[-1].message == edited[1]
