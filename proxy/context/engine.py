@@ -217,9 +217,11 @@ class ContextEngine:
 
     def _compactor(self, complete: Complete, window: int) -> ContextCompactor:
         policy = self.policy(window)
+        # Chunks for the summariser are sized by characters / 3, not the tokenizer: tokenising the whole
+        # serialised transcript again cost ~15 ms per compaction (bench/compaction.py), and a chunk that turns
+        # out too large (dense CJK) is refused, recognised, and halved by the generator.
         summarizer = SummaryGenerator(complete, timeout=self.settings.summary_timeout,
-                                      max_input_tokens=max(4_000, int(window * 0.6)),
-                                      count_text=self.counter.text_tokens)
+                                      max_input_tokens=max(4_000, int(window * 0.5)))
         return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
                                 projection=self.projection(window), min_retain_rounds=self.settings.min_retain_rounds)
 

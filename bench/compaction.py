@@ -1,0 +1,121 @@
+"""What the context engine costs a request, apart from the summary call itself.
+
+    python3 -m bench.compaction [--write]
+
+Builds a ~100k-token agent session (prose, code and JSON tool output), logs it
+to a SQLite store in a temporary directory, and times with an instant
+summariser (so the LLM call costs nothing):
+- ``sync + prepare``: one agent step that adds two messages and needs no compaction;
+- ``compaction``: a proactive compaction of the whole session (plan, serialise for
+  the summariser, write summary + checkpoint facts, rebuild and re-estimate the view).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from proxy.context.engine import ContextEngine, EngineSettings
+from proxy.context.history import HistoryManager
+from proxy.context.messages import message_hash
+from proxy.store.base import SessionKey
+from proxy.store.sqlite import SqliteFactLog
+
+WORDS = "the parser reads a config file then the handler retries the request when the socket closes early".split()
+
+
+def session(rng: random.Random, target_chars: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " * 40},
+                                      {"role": "user", "content": "Fix the flaky test in the retry module."}]
+    n = 0
+    while sum(len(str(m.get("content") or "")) for m in messages) < target_chars:
+        n += 1
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": "read_file", "arguments": f'{{"n": {n}}}'}}]})
+        kind = n % 3
+        if kind == 0:
+            body = " ".join(rng.choice(WORDS) for _ in range(300))
+        elif kind == 1:
+            body = "\n".join(f"def f{n}_{i}(x):\n    return x * {i} + {rng.random():.6f}" for i in range(40))
+        else:
+            body = str([{"id": rng.getrandbits(64), "name": rng.choice(WORDS), "ok": True} for _ in range(40)])
+        messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": body})
+    return messages
+
+
+async def instant_summary(messages: list[dict[str, Any]]) -> str:
+    return "## 1. Goals\nFix the flaky test.\n## 6. Current state\nReading files."
+
+
+async def run(window: int) -> dict[str, float]:
+    rng = random.Random(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        store = await SqliteFactLog.open(Path(tmp) / "facts.db")
+        history = HistoryManager(store, clock=time.time)
+        engine = ContextEngine(history, EngineSettings(context_window=window), clock=time.time)
+        messages = session(rng, 290_000)
+        key = SessionKey("bench", "s")
+        hashes = [message_hash(m) for m in messages]
+        state = await history.sync(key, messages, hashes)
+        view = engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+        steps: list[float] = []
+        for i in range(30):
+            messages = [*messages, {"role": "assistant", "content": f"step {i}"},
+                        {"role": "user", "content": f"go on {i}"}]
+            started = time.perf_counter()
+            hashes = [message_hash(m) for m in messages]
+            state = await history.sync(key, messages, hashes)
+            engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+            steps.append(time.perf_counter() - started)
+        compactions: list[float] = []
+        for _ in range(5):
+            started = time.perf_counter()
+            result, _state = await engine.compact(key, messages, hashes, trigger="manual", model="m",
+                                                  complete=instant_summary, window=window)
+            compactions.append(time.perf_counter() - started)
+            if result.outcome != "ok":
+                raise SystemExit(f"compaction did not run: {result}")
+            messages = [*messages, *[{"role": "user", "content": f"more {i} " * 400} for i in range(30)]]
+            hashes = [message_hash(m) for m in messages]
+            await history.sync(key, messages, hashes)
+        await store.aclose()
+        return {"tokens": float(view.estimate.tokens), "messages": float(len(messages)),
+                "step_ms": statistics.median(steps) * 1000, "compaction_ms": statistics.median(compactions) * 1000}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="replace the section in docs/BENCHMARKS.md")
+    args = parser.parse_args()
+    figures = asyncio.run(run(window=128_000))
+    section = (
+        "## Compaction overhead (issue 3)\n\n"
+        "`python3 -m bench.compaction --write` on a session of "
+        f"{figures['tokens']:,.0f} tokens ({figures['messages']:,.0f} messages), SQLite store, "
+        f"instant summariser; {platform.python_version()}, {platform.machine()}.\n\n"
+        "| what | median |\n|---|---:|\n"
+        f"| one agent step: hash, sync (2 new messages), view, estimate | {figures['step_ms']:.2f} ms |\n"
+        f"| one compaction apart from the summary call (target < 5 ms) | {figures['compaction_ms']:.2f} ms |\n"
+    )
+    print(section)
+    if args.write:
+        path = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+        text = path.read_text()
+        start = text.find("## Compaction overhead")
+        if start < 0:
+            text = text.rstrip("\n") + "\n\n" + section
+        else:
+            end = text.find("\n## ", start + 1)
+            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
