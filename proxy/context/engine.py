@@ -82,8 +82,11 @@ def _usage_sample(state: ConversationState | None) -> UsageSample | None:
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
 
 
-def active_checkpoint(state: ConversationState | None) -> Checkpoint | None:
-    payload = state.checkpoint if state is not None else None
+def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None) -> Checkpoint | None:
+    """The checkpoint that applies to the conversation ``hashes`` (default: the logged lineage)."""
+    if state is None:
+        return None
+    payload = state.checkpoint_for(hashes) if hashes is not None else state.checkpoint
     if payload is None:
         return None
     try:
@@ -152,7 +155,7 @@ class ContextEngine:
              window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none") -> PreparedView:
         """Build and estimate the view under the session's active checkpoint. Read-only."""
-        checkpoint = active_checkpoint(state)
+        checkpoint = active_checkpoint(state, hashes)
         view = self.projection(window).build(messages, checkpoint)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
@@ -163,7 +166,12 @@ class ContextEngine:
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, model: str, tools: Sequence[Any] | None,
                       max_output: int | None, complete: Complete) -> PreparedView:
-        """The proactive trigger: over the threshold, compact first; a failed compaction sends the view as is."""
+        """The proactive trigger: over the threshold, compact first; a failed compaction sends the view as is.
+
+        ``state`` may lag the request (its new messages are logged with the
+        reply): a view needs only the checkpoint, and a compaction first logs
+        the conversation so that its checkpoint covers logged messages.
+        """
         window = self.window_for(model)
         prepared = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
         if state is None or prepared.estimate.tokens <= prepared.threshold:
@@ -190,13 +198,14 @@ class ContextEngine:
         started = time.perf_counter()
         state: ConversationState | None
         try:
-            state = await self.history.state(key)
+            # A checkpoint must cover logged messages: log the conversation first (usually a no-op).
+            state = await self.history.sync(key, messages, hashes)
             if not await self._acquire(key, token, ttl):
                 state = await self.history.state(key, refresh=True)
                 return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "lock busy"), started), state
             try:
                 state = await self.history.state(key, refresh=True)
-                previous = active_checkpoint(state)
+                previous = active_checkpoint(state, hashes)
                 if threshold is not None and previous is not None and level == 0:
                     fresh = self.view(messages, hashes, state, window=window, tools=None, max_output=None)
                     if fresh.estimate.tokens <= threshold:  # another request compacted while we waited

@@ -83,9 +83,18 @@ class ConversationState:
     @property
     def checkpoint(self) -> Mapping[str, Any] | None:
         """The newest checkpoint whose covered prefix is still the lineage's."""
+        return self.checkpoint_for(self.hashes)
+
+    def checkpoint_for(self, hashes: Sequence[str]) -> Mapping[str, Any] | None:
+        """The newest checkpoint whose covered prefix is both the lineage's and ``hashes``'s.
+
+        Lets a request use the session's checkpoint before its own new messages
+        are logged: only the prefix the checkpoint covers has to agree.
+        """
+        shared = common_prefix(self.hashes, hashes) if hashes is not self.hashes else len(hashes)
         for payload in reversed(self.checkpoints):
             idx = int(payload.get("retain_start_idx", 0))
-            if idx == 0 or (idx <= len(self.prefixes) and self.prefixes[idx - 1] == payload.get("prefix_hash")):
+            if idx == 0 or (idx <= shared and self.prefixes[idx - 1] == payload.get("prefix_hash")):
                 return dict(payload)
         return None
 
@@ -147,8 +156,12 @@ class HistoryManager:
         max_sessions: int = 10_000,
         max_pending: int = 1_000,
         on_append: Callable[[Sequence[StoredFact]], None] | None = None,
+        recent_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.log = log
+        self._recent: OrderedDict[SessionKey, tuple[list[Message], list[str], int]] = OrderedDict()
+        self._recent_size = 0
+        self._recent_bytes = recent_bytes
         self._clock = clock
         self._on_append = on_append
         self._states: OrderedDict[SessionKey, ConversationState] = OrderedDict()
@@ -169,6 +182,38 @@ class HistoryManager:
 
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)
+
+    def hashes_for(self, key: SessionKey, messages: list[Message], size: int) -> list[str]:
+        """Message hashes, computed only for what differs from the session's previous request.
+
+        An agent resends its whole history each step; comparing the parsed
+        messages with the previous request's (a deep equality, mostly memcmp)
+        costs a fraction of hashing them again. The previous requests are kept
+        in an LRU bounded by their body sizes (``recent_bytes``).
+        """
+        previous = self._recent.get(key)
+        reused = 0
+        if previous is not None:
+            old_messages, old_hashes, _ = previous
+            limit = min(len(old_messages), len(messages))
+            while reused < limit and messages[reused] == old_messages[reused]:
+                reused += 1
+            hashes = old_hashes[:reused]
+        else:
+            hashes = []
+        hashes.extend(message_hash(m) for m in messages[reused:])
+        self._remember_recent(key, (messages, hashes, size))
+        return hashes
+
+    def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int]) -> None:
+        old = self._recent.pop(key, None)
+        if old is not None:
+            self._recent_size -= old[2]
+        self._recent[key] = entry
+        self._recent_size += entry[2]
+        while self._recent_size > self._recent_bytes and self._recent:
+            _, dropped = self._recent.popitem(last=False)
+            self._recent_size -= dropped[2]
 
     async def _catch_up(self, key: SessionKey, state: ConversationState) -> None:
         while True:
