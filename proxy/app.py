@@ -6,6 +6,7 @@ the upstream HTTP client, then the store (and the HistoryManager over it).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -14,7 +15,8 @@ from aiohttp import web
 
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
-from proxy.http import chat, health, passthrough
+from proxy.context.tokens import bundled_encoding
+from proxy.http import admin, chat, health, passthrough
 from proxy.http.middleware import error_middleware
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
 from proxy.metrics import Metrics
@@ -39,6 +41,8 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended)
     app[history_key] = history
     app[engine_key] = ContextEngine(history, engine_settings(settings), observer=metrics.compaction_done)
+    if settings.estimator != "chars":
+        await asyncio.to_thread(bundled_encoding)  # ~0.5 s: paid at startup, not by the first request
     try:
         yield
     finally:
@@ -67,4 +71,5 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     for prefix in ("", "/s/{session}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat.chat_completions)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
+    admin.add_routes(app.router)
     return app

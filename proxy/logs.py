@@ -10,7 +10,14 @@ import orjson
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line; request lines carry their fields as ``extra``-free args."""
+    """One JSON object per line, for log shippers.
+
+    A record may carry structured fields as ``extra={"fields": {...}}`` (the
+    per-request access line does: session, tenant hash, status, view tokens,
+    compaction, upstream and overhead milliseconds); they become top-level keys
+    beside ``ts``, ``level``, ``logger`` and ``message``, and never replace those.
+    The text format ignores them and prints the human line alone.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -21,7 +28,7 @@ class JsonFormatter(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            out.update(fields)
+            out.update({k: v for k, v in fields.items() if k not in out})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(out).decode()

@@ -197,15 +197,19 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     )
     key = SessionKey(tenant_of(key_text), session)
     metrics.session_seen(key)
-    hashes = [message_hash(m) for m in chat.messages]
-    try:
-        state: ConversationState | None = await history.sync(key, chat.messages, hashes)
-    except StoreError as exc:
-        metrics.store_errors.inc()
-        logger.warning("store error while logging the request of session %s: %s", session, exc)
-        state = None
+    hashes = history.hashes_for(key, chat.messages, len(chat.raw))
+    # The request's messages are logged together with the reply (one append per step, after the upstream
+    # answered); the view needs only the session's checkpoint, which the cached state has.
+    state = history.cached(key)
+    if state is None:
+        try:
+            state = await history.state(key)
+        except StoreError as exc:
+            metrics.store_errors.inc()
+            logger.warning("store error while reading session %s: %s", session, exc)
     turn = ChatTurn(request, chat, key, hashes, state, settings, metrics, engine)
     model = chat.model or ""
+    view: PreparedView | None = None  # for the access line when the request fails before a view exists
     try:
         view = await engine.prepare(
             key, chat.messages, hashes, state, model=model, tools=turn.tools,
@@ -231,5 +235,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         access_logger.info(
             "chat session=%s status=%s upstream_ms=%.1f proxy_ms=%.2f",
             session, turn.status, upstream * 1000, (total - upstream) * 1000,
+            extra={"fields": {
+                "event": "chat", "session": session, "tenant": key.tenant, "status": turn.status,
+                "view_tokens": view.estimate.tokens if view is not None else None,
+                "compacted": view.compacted if view is not None else None,
+                "upstream_ms": round(upstream * 1000, 1), "overhead_ms": round((total - upstream) * 1000, 2),
+            }},
         )
 

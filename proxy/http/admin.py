@@ -1,0 +1,184 @@
+"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now.
+
+Access: ``Authorization: Bearer <--admin-token>``, compared in constant time.
+Without a configured token every admin path answers 404, as if the API did not
+exist, so a deployment that never turned it on exposes nothing to probe. The
+routes are registered always and the check is per request, and a catch-all
+keeps unknown admin paths behind the same check, so a caller without the token
+cannot tell which admin paths exist.
+
+The operator sees every tenant: tenants are namespaces of the proxy's users,
+not of its operator. A tenant's own key is not the admin token and gets 401.
+
+The model a session uses is not in its log, yet the window (and the summary
+model) depend on it: ``?model=`` names it; without it the window is
+``--context-window`` or 128,000 and the summary model ``--summary-model``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+from multidict import CIMultiDict
+
+from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
+from proxy.http.body import parse_json, read_body
+from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
+from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
+from proxy.sessions import valid_session
+from proxy.store.base import SessionKey
+from proxy.summarycall import summary_completer
+
+logger = logging.getLogger(__name__)
+
+#: Carries the tenant's upstream credential for a summary when ``--upstream-key`` is unset; never logged.
+HEADER_UPSTREAM_AUTH = "X-Upstream-Authorization"
+NDJSON = "application/x-ndjson"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    router.add_get("/admin/sessions", admin_only(list_sessions))
+    router.add_get("/admin/sessions/{tenant}/{session}/log", admin_only(session_log))
+    router.add_get("/admin/sessions/{tenant}/{session}/view", admin_only(session_view))
+    router.add_post("/admin/sessions/{tenant}/{session}/compact", admin_only(compact_session))
+    router.add_route("*", "/admin{tail:(/.*)?}", admin_only(unknown))
+
+
+def authorize(request: web.Request) -> None:
+    """404 when the admin API is off, 401 unless the request carries the admin token as a bearer token."""
+    token = request.app[settings_key].admin_token
+    if not token:
+        raise web.HTTPNotFound()
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
+        raise Unauthorized("Invalid or missing admin token.")
+
+
+def admin_only(handler: Handler) -> Handler:
+    """Guard ``handler`` with ``authorize`` and count it as ``route="admin"``."""
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        status = 500
+        try:
+            authorize(request)
+            response = await handler(request)
+            status = response.status
+            return response
+        except (ProxyError, web.HTTPException) as exc:
+            status = exc.status
+            raise
+        finally:
+            request.app[metrics_key].requests.labels(route="admin", status=str(status)).inc()
+
+    return guarded
+
+
+def _json(body: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+
+def _key(request: web.Request) -> SessionKey:
+    tenant, session = request.match_info["tenant"], request.match_info["session"]
+    for name, value in (("tenant", tenant), ("session", session)):
+        if not valid_session(value):
+            raise BadRequest(f"Invalid {name} id: use 1-128 characters of A-Za-z0-9._:-", param=name)
+    return SessionKey(tenant, session)
+
+
+def _not_found(key: SessionKey) -> web.HTTPNotFound:
+    return web.HTTPNotFound(text=f"No session {key.session!r} under tenant {key.tenant!r}.")
+
+
+def _model(request: web.Request) -> str:
+    return request.query.get("model") or request.app[settings_key].summary_model or ""
+
+
+async def unknown(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPNotFound()
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    return _json([info_json(info) for info in await session_infos(request.app[store_key])])
+
+
+async def session_log(request: web.Request) -> web.StreamResponse:
+    """The whole log as NDJSON, written page by page as it is read: never held in memory whole.
+
+    A store failure after the first byte cannot become an error status; the
+    connection is cut instead, so the client sees a truncated body, not a clean end.
+    """
+    key = _key(request)
+    async with contextlib.aclosing(pages(request.app[store_key], key)) as log:
+        first = await anext(log, None)
+        if first is None:
+            raise _not_found(key)
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        await response.prepare(request)
+        try:
+            await response.write(b"".join(fact_line(f) for f in first))
+            async for page in log:
+                await response.write(b"".join(fact_line(f) for f in page))
+        except StoreError as exc:
+            logger.warning("store failed while streaming the log of session %s: %s", key.session, exc)
+            if request.transport is not None:
+                request.transport.close()
+            return response
+    await response.write_eof()
+    return response
+
+
+async def session_view(request: web.Request) -> web.Response:
+    key = _key(request)
+    lineage = await replay(request.app[store_key], key)
+    if not lineage.facts:
+        raise _not_found(key)
+    return _json(build_view(request.app[engine_key], lineage, _model(request)).to_json())
+
+
+def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
+    """Headers for the summary call: only the upstream credential, never the admin's own headers or token."""
+    headers: CIMultiDict[str] = CIMultiDict()
+    credential = request.headers.get(HEADER_UPSTREAM_AUTH)
+    if credential:
+        headers["Authorization"] = credential if " " in credential.strip() else "Bearer " + credential.strip()
+    return headers
+
+
+async def _instructions(request: web.Request) -> str | None:
+    raw = await read_body(request, request.app[settings_key].max_body_bytes) if request.body_exists else b""
+    if not raw.strip():
+        return None
+    body = parse_json(raw)
+    if not isinstance(body, dict):
+        raise BadRequest("Request body must be a JSON object.", code="invalid_json")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string.", param="instructions")
+    return instructions or None
+
+
+async def compact_session(request: web.Request) -> web.Response:
+    """Compact now, as the proactive path would but regardless of the threshold (``trigger="manual"``)."""
+    key = _key(request)
+    instructions = await _instructions(request)
+    app = request.app
+    settings, engine = app[settings_key], app[engine_key]
+    lineage = await replay(app[store_key], key)
+    if not lineage.facts:
+        raise _not_found(key)
+    model = _model(request)
+    complete = summary_completer(app[client_key], settings, _upstream_headers(request),
+                                 settings.summary_model or model)
+    result, _ = await engine.compact(key, lineage.messages, lineage.hashes, trigger="manual", model=model,
+                                     complete=complete, window=engine.window_for(model), instructions=instructions)
+    checkpoint = orjson.loads(result.checkpoint.to_json()) if result.checkpoint is not None else None
+    return _json({"outcome": result.outcome, "checkpoint": checkpoint, "tokens_before": result.tokens_before,
+                  "tokens_after": result.tokens_after, "detail": result.detail})

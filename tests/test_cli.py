@@ -1,0 +1,248 @@
+"""``ctxproxy sessions …`` and ``ctxproxy check``, against a real store of each kind.
+
+The CLI runs its own event loop (``asyncio.run``), so these tests are
+synchronous and write their fixed logs with ``asyncio.run`` too. Facts carry
+fixed timestamps, so the output is asserted exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+
+from proxy.cli import main
+from proxy.context.compactor import prefix_hash
+from proxy.context.messages import message_hash
+from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.tokens import TokenCounter
+from proxy.store import NewFact, SessionKey, open_store
+from tests.redisproc import free_port
+
+TENANT = "0123456789abcdef"
+OTHER = "fedcba9876543210"
+T0 = 1_700_000_000.0
+ENV = {"CTXPROXY_CONTEXT_WINDOW": "16000", "CTXPROXY_COMPRESSION_THRESHOLD": None, "CTXPROXY_ESTIMATOR": None,
+       "CTXPROXY_SUMMARY_PLACEMENT": None, "CTXPROXY_SUMMARY_MODEL": None, "CTXPROXY_STORE": None}
+
+SYSTEM: dict[str, Any] = {"role": "system", "content": "You are a coding agent."}
+USER: dict[str, Any] = {"role": "user", "content": "Fix the failing test."}
+CALL: dict[str, Any] = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "run_shell", "arguments": '{"cmd": "pytest -x"}'}}]}
+RESULT: dict[str, Any] = {"role": "tool", "tool_call_id": "call_1", "content": "F" * 40 + "." * 560}
+PARTIAL: dict[str, Any] = {"role": "assistant", "content": "The test passes n"}
+FINAL: dict[str, Any] = {"role": "assistant", "content": "All green."}
+SUMMARY = "## 1. Goals\nFix the failing test."
+LINEAGE: list[dict[str, Any]] = [SYSTEM, USER, CALL, RESULT, FINAL]
+
+
+def checkpoint() -> dict[str, Any]:
+    hashes = [message_hash(m) for m in LINEAGE]
+    return {"v": 1, "summary": SUMMARY, "retain_start_idx": 4, "prefix_hash": prefix_hash(hashes, 4),
+            "round_start_idx": 1, "tokens_before": 12345, "tokens_after": 3210, "model": "m", "created_at": T0}
+
+
+def message(index: int, msg: dict[str, Any], source: str = "client", **extra: Any) -> NewFact:
+    return NewFact(kind="message", index=index, source=source, message=msg,  # type: ignore[arg-type]
+                   hash=message_hash(msg), extra=extra)
+
+
+def small_log() -> list[NewFact]:
+    return [
+        message(0, SYSTEM), message(1, USER), message(2, CALL, "upstream", usage={"prompt_tokens": 30}),
+        message(3, RESULT), message(4, PARTIAL, "upstream", partial=True),
+        NewFact(kind="rewind", index=4, source="client"),
+        message(4, FINAL, "upstream"),
+        NewFact(kind="summary", index=4, source="proxy",
+                message={"role": "user", "content": f"{SUMMARY_HEADER}\n\n{SUMMARY}"}),
+        NewFact(kind="checkpoint", index=4, source="proxy", extra={"checkpoint": checkpoint()}),
+    ]
+
+
+def write(url: str, key: SessionKey, facts: Sequence[NewFact], ts: float = T0) -> None:
+    async def append() -> None:
+        store = await open_store(url)
+        try:
+            for seq, fact in enumerate(facts):  # one append each, one second apart
+                await store.append(key, seq, [fact], ts + seq)
+        finally:
+            await store.aclose()
+
+    asyncio.run(append())
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), env=ENV, catch_exceptions=False)
+
+
+def tokens(msg: dict[str, Any]) -> int:
+    return TokenCounter().message_tokens(msg)
+
+
+SUMMARY_MESSAGE = {"role": "user", "content": f"{SUMMARY_HEADER}\n\n{SUMMARY}"}
+TRANSCRIPT = f"""\
+# Session run-1 (tenant 0123456789abcdef)
+
+### #0 system · client · {tokens(SYSTEM)} tokens · 2023-11-14T22:13:20Z
+You are a coding agent.
+
+### #1 user · client · {tokens(USER)} tokens · 2023-11-14T22:13:21Z
+Fix the failing test.
+
+### #2 assistant · upstream · {tokens(CALL)} tokens · 2023-11-14T22:13:22Z
+→ run_shell({{"cmd": "pytest -x"}})
+
+### #3 tool (call_1) · client · {tokens(RESULT)} tokens · 2023-11-14T22:13:23Z
+{"F" * 40 + "." * 460}… [100 more characters]
+
+### #4 assistant · upstream · {tokens(PARTIAL)} tokens · 2023-11-14T22:13:24Z · partial reply
+The test passes n
+
+── rewind to message 4 ──
+
+### #4 assistant · upstream · {tokens(FINAL)} tokens · 2023-11-14T22:13:26Z
+All green.
+
+### summary · proxy · {tokens(SUMMARY_MESSAGE)} tokens · 2023-11-14T22:13:27Z
+{SUMMARY_HEADER}
+
+## 1. Goals
+Fix the failing test.
+
+── checkpoint: messages 1–3 summarised (12,345 → 3,210 tokens) ──
+"""  # noqa: RUF001
+
+
+@pytest.fixture
+def logged(store_url: str) -> str:
+    write(store_url, SessionKey(TENANT, "run-1"), small_log())
+    return store_url
+
+
+def test_log_prints_a_transcript(logged: str) -> None:
+    result = run("sessions", "log", "run-1", "--store", logged)
+    assert result.exit_code == 0, result.output
+    assert result.output == TRANSCRIPT
+
+
+def test_log_json_prints_one_entry_per_line(logged: str) -> None:
+    result = run("sessions", "log", "run-1", "--tenant", TENANT, "--json", "--store", logged)
+    assert result.exit_code == 0, result.output
+    entries = [orjson.loads(line) for line in result.output.splitlines()]
+    assert [e["seq"] for e in entries] == list(range(9))
+    assert [e["kind"] for e in entries] == ["message"] * 5 + ["rewind", "message", "summary", "checkpoint"]
+    assert entries[4]["partial"] is True and entries[2]["usage"] == {"prompt_tokens": 30}
+    assert entries[8]["checkpoint"] == checkpoint()
+    assert set(entries[0]) == {"id", "seq", "kind", "index", "source", "message", "ts", "hash"}
+    assert entries[6]["ts"] == T0 + 6
+
+
+def test_log_of_a_long_session_streams_every_entry(store_url: str) -> None:
+    facts = [message(i, {"role": "user", "content": f"m{i}"}) for i in range(1_234)]
+
+    async def append() -> None:
+        store = await open_store(store_url)
+        try:
+            for start in range(0, len(facts), 500):
+                await store.append(SessionKey(TENANT, "long"), start, facts[start:start + 500], T0)
+        finally:
+            await store.aclose()
+
+    asyncio.run(append())
+    result = run("sessions", "log", "long", "--json", "--store", store_url)
+    assert [orjson.loads(line)["seq"] for line in result.output.splitlines()] == list(range(1_234))
+    text = run("sessions", "log", "long", "--store", store_url).output
+    assert text.count("\n### #") == 1_234 and "### #1233 user" in text
+
+
+def test_view_prints_what_the_next_request_would_send(logged: str) -> None:
+    result = run("sessions", "view", "run-1", "--json", "--store", logged)
+    assert result.exit_code == 0, result.output
+    view = orjson.loads(result.output)
+    assert view == {"messages": [SYSTEM, SUMMARY_MESSAGE, USER, FINAL], "estimate": view["estimate"],
+                    "checkpoint": checkpoint()}
+    text = run("sessions", "view", "run-1", "--store", logged).output
+    assert text == f"""\
+# View of session run-1 (tenant 0123456789abcdef)
+
+{view["estimate"]} tokens estimated of a 16,000-token window (compaction above 12,800); \
+checkpoint: messages before #4 summarised (12,345 → 3,210 tokens).
+
+### [0] system · {tokens(SYSTEM)} tokens
+You are a coding agent.
+
+### [1] user · {tokens(SUMMARY_MESSAGE)} tokens
+{SUMMARY_HEADER}
+
+## 1. Goals
+Fix the failing test.
+
+### [2] user · {tokens(USER)} tokens
+Fix the failing test.
+
+### [3] assistant · {tokens(FINAL)} tokens
+All green.
+"""
+
+
+def test_sessions_list_table_and_json(logged: str) -> None:
+    write(logged, SessionKey(OTHER, "run-2"), [message(0, USER)], ts=T0 + 100)
+    result = run("sessions", "list", "--store", logged)
+    assert result.exit_code == 0, result.output
+    assert result.output == """\
+| tenant           | session | messages | checkpoints | updated_at           |
+| ---------------- | ------- | -------: | ----------: | -------------------- |
+| fedcba9876543210 | run-2   |        1 |           0 | 2023-11-14T22:15:00Z |
+| 0123456789abcdef | run-1   |        6 |           1 | 2023-11-14T22:13:28Z |
+"""
+    rows = orjson.loads(run("sessions", "list", "--json", "--store", logged).output)
+    assert rows == [
+        {"tenant": OTHER, "session": "run-2", "messages": 1, "checkpoints": 0, "updated_at": T0 + 100},
+        {"tenant": TENANT, "session": "run-1", "messages": 6, "checkpoints": 1, "updated_at": T0 + 8},
+    ]
+
+
+def test_an_empty_store_lists_no_sessions(store_url: str) -> None:
+    assert run("sessions", "list", "--store", store_url).output == "No sessions.\n"
+
+
+def test_a_session_under_several_tenants_needs_tenant(logged: str) -> None:
+    write(logged, SessionKey(OTHER, "run-1"), [message(0, USER)])
+    result = run("sessions", "log", "run-1", "--store", logged)
+    assert result.exit_code == 1
+    assert f"several tenants, pick one with --tenant: {TENANT}, {OTHER}" in result.output
+    result = run("sessions", "view", "run-1", "--tenant", OTHER, "--json", "--store", logged)
+    assert result.exit_code == 0 and orjson.loads(result.output)["messages"] == [USER]
+
+
+@pytest.mark.parametrize("command", ["log", "view"])
+def test_an_unknown_session_is_an_error(logged: str, command: str) -> None:
+    result = run("sessions", command, "nobody", "--store", logged)
+    assert result.exit_code == 1 and "no session 'nobody'" in result.output
+    result = run("sessions", command, "run-1", "--tenant", OTHER, "--store", logged)
+    assert result.exit_code == 1 and f"no session 'run-1' under tenant '{OTHER}'" in result.output
+
+
+def test_store_comes_from_the_environment(logged: str) -> None:
+    result = CliRunner().invoke(main, ["sessions", "list", "--json"], env={**ENV, "CTXPROXY_STORE": logged})
+    assert [row["session"] for row in orjson.loads(result.output)] == ["run-1"]
+
+
+def test_check_pings_the_store(store_url: str) -> None:
+    result = run("check", "--store", store_url)
+    assert result.exit_code == 0 and result.output.endswith(": ok\n")
+
+
+def test_check_fails_when_the_store_does_not_answer() -> None:
+    result = run("check", "--store", f"redis://:hunter2@127.0.0.1:{free_port()}/0")
+    assert result.exit_code == 1
+    assert "failed" in result.output and "hunter2" not in result.output and ":***@" in result.output
+
+
+def test_check_refuses_an_unknown_scheme() -> None:
+    result = run("check", "--store", "mysql://nope")
+    assert result.exit_code == 2 and "unsupported store URL" in result.output
