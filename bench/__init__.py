@@ -1,0 +1,1 @@
+"""Benchmarks (not shipped): ``python3 -m bench.latency``, ``python bench/estimators.py``."""
