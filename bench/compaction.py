@@ -28,7 +28,7 @@ from proxy.context.messages import message_hash
 from proxy.store.base import SessionKey
 from proxy.store.sqlite import SqliteFactLog
 
-WORDS = ["the", "parser", "reads", "a", "config", "file", "then", "the", "handler", "retries", "the", "request", "when", "the", "socket", "closes", "early"]
+WORDS = "the parser reads a config file then the handler retries the request when the socket closes early".split()
 
 
 def session(rng: random.Random, target_chars: int) -> list[dict[str, Any]]:
