@@ -146,7 +146,8 @@ class ContextBudgetPolicy:
         tokenized = None
         if self._uses_tokenizer:
             known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
-            counted = sum(self.counter(m, known.get(id(m))) for m in view) + self.counter.tools_tokens(tools)
+            digests = [known.get(id(m)) for m in view]
+            counted = self.counter.count_many(view, digests) + self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
         measured = _usage_estimate(view, usage, view_key)
         figures = [figure for figure in (chars, measured, tokenized) if figure is not None]

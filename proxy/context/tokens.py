@@ -160,6 +160,19 @@ class TokenCounter:
 
     __call__ = message_tokens
 
+    def count_many(self, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
+        """Sum of ``message_tokens`` over a view: the per-request hot loop, so cache hits skip the LRU bookkeeping.
+
+        Hits are not moved to the end of the LRU here; the messages of a live
+        session are hit on every request anyway, and eviction only costs a recount.
+        """
+        cache = self._cache
+        total = 0
+        for message, digest in zip(messages, digests, strict=True):
+            value = cache.get(digest) if digest is not None else None
+            total += value if value is not None else self.message_tokens(message, digest)
+        return total
+
     def tools_tokens(self, tools: Sequence[Any] | None) -> int:
         if not tools:
             return 0
