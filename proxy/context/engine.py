@@ -10,6 +10,7 @@ It stays free of HTTP: the summary call is injected as ``complete``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -194,7 +195,7 @@ class ContextEngine:
         checkpoint instead of writing a second one.
         """
         token = uuid.uuid4().hex
-        ttl = self.settings.summary_timeout * 3 + 30
+        ttl = self.lock_lease
         started = time.perf_counter()
         state: ConversationState | None
         try:
@@ -203,6 +204,7 @@ class ContextEngine:
             if not await self._acquire(key, token, ttl):
                 state = await self.history.state(key, refresh=True)
                 return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "lock busy"), started), state
+            heartbeat = asyncio.create_task(self._renew(key, token, ttl))
             try:
                 state = await self.history.state(key, refresh=True)
                 previous = active_checkpoint(state, hashes)
@@ -217,6 +219,9 @@ class ContextEngine:
                 if result.outcome == "ok" and result.checkpoint is not None:
                     state = await self._record(key, result.checkpoint)
             finally:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
                 await self.history.log.unlock(key, LOCK_NAME, token)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
@@ -233,6 +238,23 @@ class ContextEngine:
                                       max_input_tokens=max(4_000, int(window * 0.5)))
         return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
                                 projection=self.projection(window), min_retain_rounds=self.settings.min_retain_rounds)
+
+    @property
+    def lock_lease(self) -> float:
+        """Seconds the compaction lock lives without renewal.
+
+        Short, and renewed by ``_renew`` while the compaction runs: a process
+        killed mid-summary blocks its session's compactions for one lease at most.
+        """
+        return min(15.0, max(1.0, self.settings.summary_timeout))
+
+    async def _renew(self, key: SessionKey, token: str, ttl: float) -> None:
+        while True:
+            await asyncio.sleep(ttl / 3)
+            try:
+                await self.history.log.try_lock(key, LOCK_NAME, token, ttl)
+            except StoreError:
+                logger.warning("could not renew the compaction lock of session %s", key.session)
 
     async def _acquire(self, key: SessionKey, token: str, ttl: float) -> bool:
         deadline = time.monotonic() + self.settings.summary_timeout
