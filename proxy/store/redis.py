@@ -34,6 +34,18 @@ connection error is retried a few times with a backoff totalling well under a
 second, which is what reconnects transparently after a Redis restart. Timeouts
 are not retried (each would cost another socket timeout). Every redis-py and
 socket error becomes ``StoreUnavailable`` in ``map_redis_errors``.
+
+Redis Cluster (``?cluster=1``, verified against a real 3-primary cluster in
+``tests/test_cluster.py``): every command names keys of one session only, so
+redis-py routes it by that session's slot, EVALSHA included (the first key
+picks the node). ``SCRIPT LOAD`` goes to every primary, so the NOSCRIPT reload
+after a node restart or failover lands where the next EVALSHA runs.
+``sessions()`` SCANs each primary in turn; while one primary is unreachable it
+fails as a whole (a partial listing would look complete), while the sessions on
+the other primaries go on working. A connection error makes the client re-read
+the slot map and retry, which follows a failover or a restarted node.
+``ClusterClient`` corrects two behaviours of redis-py's cluster client (its
+docstring says which and why).
 """
 
 from __future__ import annotations
@@ -47,8 +59,8 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
 
 from proxy.constants import KEY_PREFIX, META_SUFFIX, lock_key, log_key, meta_key
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
@@ -114,10 +126,14 @@ return 0
 
 @asynccontextmanager
 async def map_redis_errors(operation: str) -> AsyncIterator[None]:
-    """The one place redis-py and socket errors become ``StoreUnavailable``."""
+    """The one place redis-py and socket errors become ``StoreUnavailable``.
+
+    ``RedisClusterException`` is not a ``RedisError``: redis-py raises it when no
+    node of a cluster can be reached.
+    """
     try:
         yield
-    except (RedisError, OSError) as exc:
+    except (RedisError, RedisClusterException, OSError) as exc:
         raise StoreUnavailable(f"redis {operation} failed: {exc}") from exc
 
 
@@ -142,6 +158,30 @@ def _split_cluster_flag(url: str) -> tuple[str, bool]:
     return urlunsplit(parts._replace(query=urlencode(rest))), cluster
 
 
+class ClusterClient(RedisCluster):
+    """redis-py's async cluster client with two corrections, both found against a real cluster.
+
+    - It initializes before every command. redis-py picks a command's route
+      before it initializes, and a client that has no slot map yet sends keyed
+      commands to its default node: the first requests of a busy replica then
+      draw MOVED replies, and every fifth MOVED makes redis-py close all
+      connections, in-flight ones included, which fails those requests with
+      AttributeError/RuntimeError instead of a Redis error. ``initialize`` is a
+      flag check once the slot map is known.
+    - It does not retry after a socket timeout. Re-reading the slot map and
+      retrying is right after a refused connection or a failover, but against
+      a hung node each retry waits out another socket timeout (20 s instead of
+      5 s in all). The slot map is still re-read on the next command.
+    """
+
+    # redis-py types the attribute as exactly its own four-class tuple.
+    ERRORS_ALLOW_RETRY = (RedisConnectionError, ClusterDownError, SlotNotCoveredError)  # type: ignore[assignment]
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        await self.initialize()
+        return await super().execute_command(*args, **kwargs)
+
+
 class RedisFactLog(FactLog):
     """``FactLog`` on Redis or Redis Cluster. Build it with ``RedisFactLog.from_url``; connecting is lazy."""
 
@@ -162,8 +202,12 @@ class RedisFactLog(FactLog):
             # Backoff 0.1 + 0.2 + 0.25 s: enough to ride over a restart, short enough not to stall requests.
             "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(RedisConnectionError,)),
         }
-        client: RedisClient = RedisCluster.from_url(url, **options) if cluster else Redis.from_url(url, **options)
-        return cls(client)
+        if not cluster:
+            return cls(Redis.from_url(url, **options))
+        try:
+            return cls(ClusterClient.from_url(url, **options))
+        except RedisClusterException as exc:  # a database other than 0, a unix socket
+            raise ValueError(f"unusable Redis Cluster URL: {exc}") from exc
 
     async def append(
         self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
