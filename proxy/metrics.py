@@ -3,16 +3,32 @@
 Names and labels are the contract's. Buckets fit what they time: the proxy's own
 overhead lives between 0.1 ms and 100 ms, a compaction (an LLM call) between
 0.1 s and 5 minutes.
+
+Under ``serve --workers N`` each worker is a process of its own, and ``/metrics``
+is answered by whichever worker the kernel hands the scrape to. There the
+metrics use prometheus_client's multiprocess mode (``Metrics(multiprocess_dir=…)``):
+every worker writes its values to mmap files in that directory, and the scrape
+registry is a ``MultiProcessCollector`` over all of them, so counters and
+histograms are the exact sums over workers whichever worker answers.
+``ctxproxy_sessions_active`` is then a per-worker value summed over live workers
+(``livesum``): a session served by k workers in the window counts k times (an
+agent on one keep-alive connection stays on one worker). Process metrics
+(``process_*``) carry ``worker`` and ``pid`` labels, one series per worker.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
 
 from proxy.context.compactor import CompactionResult
 from proxy.store.base import SessionKey, StoredFact
@@ -21,13 +37,68 @@ OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 UPSTREAM_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 COMPACTION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 ACTIVE_WINDOW = 15 * 60.0
+#: Bound on the sessions remembered for the active gauge; past it the oldest are forgotten (the gauge saturates).
+MAX_TRACKED_SESSIONS = 100_000
+#: Written by the ``--workers`` parent into the multiprocess directory, one per worker: its pid.
+WORKER_PID_FILE = "worker-{index}.pid"
+
+
+def write_worker_pid(directory: str | Path, index: int, pid: int) -> None:
+    (Path(directory) / WORKER_PID_FILE.format(index=index)).write_text(str(pid))
+
+
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
+
+
+class WorkerProcessCollector(Collector):
+    """``process_*`` metrics of every worker, read from /proc at scrape time, labelled ``worker`` and ``pid``."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def workers(self) -> list[tuple[str, int]]:
+        found = []
+        for path in sorted(self.directory.glob(WORKER_PID_FILE.format(index="*"))):
+            try:
+                pid = int(path.read_text())
+            except (OSError, ValueError):
+                continue
+            found.append((path.stem.removeprefix("worker-"), pid))
+        return found
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for index, pid in self.workers():
+            for family in ProcessCollector(pid=_constant(pid), registry=None).collect():
+                out = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "worker": index, "pid": str(pid)}, sample.value)
+        return list(families.values())
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    """``multiprocess_dir``: this process is one worker of several (see the module's docstring).
+
+    The process must have been started with ``PROMETHEUS_MULTIPROC_DIR`` set to that directory:
+    prometheus_client reads it once, at import, to decide where values live.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, multiprocess_dir: str | None = None) -> None:
         self.registry = registry or CollectorRegistry()
-        ProcessCollector(registry=self.registry)
-        r = self.registry
+        self.multiprocess = multiprocess_dir is not None
+        if multiprocess_dir is None:
+            ProcessCollector(registry=self.registry)
+            r = self.registry
+        else:
+            if not getattr(values.ValueClass, "_multiprocess", False) or (
+                    os.environ.get("PROMETHEUS_MULTIPROC_DIR") != multiprocess_dir):
+                raise RuntimeError("multiprocess metrics need PROMETHEUS_MULTIPROC_DIR set to "
+                                   f"{multiprocess_dir} before prometheus_client is imported")
+            # What /metrics serves: the sum over every worker's files, and each worker's process metrics.
+            MultiProcessCollector(self.registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
+            self.registry.register(WorkerProcessCollector(multiprocess_dir))
+            r = CollectorRegistry()  # the metric objects themselves; their values are this worker's files
         self.requests = Counter("ctxproxy_requests", "Requests served, by route and status.", ["route", "status"],
                                 registry=r)
         self.compactions = Counter("ctxproxy_compactions", "Compactions attempted.", ["trigger", "outcome"],
@@ -45,8 +116,10 @@ class Metrics:
                                           buckets=UPSTREAM_BUCKETS, registry=r)
         self.overhead_seconds = Histogram("ctxproxy_overhead_seconds", "Time spent in the proxy, upstream excluded.",
                                           buckets=OVERHEAD_BUCKETS, registry=r)
-        self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.", registry=r)
-        self.sessions_active.set_function(self._active_count)
+        self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
+                                     multiprocess_mode="livesum", registry=r)
+        if not self.multiprocess:
+            self.sessions_active.set_function(self._active_count)
         self._seen: OrderedDict[SessionKey, float] = OrderedDict()
 
     def facts_appended(self, facts: Sequence[StoredFact]) -> None:
@@ -61,14 +134,27 @@ class Metrics:
             self.tokens_after.inc(result.tokens_after)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
+        new = key not in self._seen
         self._seen[key] = time.monotonic() if now is None else now
         self._seen.move_to_end(key)
+        self._prune()  # amortised O(1): without a scraper the map would otherwise grow forever
+        if new and self.multiprocess:
+            self.sessions_active.set(self._active_count())
 
-    def _active_count(self) -> float:
+    def refresh(self) -> None:
+        """Multiprocess mode: store the per-worker active-session count (the workers call it every few seconds,
+        so sessions leave the gauge when they go quiet); a no-op otherwise, where the gauge is computed per scrape."""
+        if self.multiprocess:
+            self.sessions_active.set(self._active_count())
+
+    def _prune(self) -> None:
         cutoff = time.monotonic() - ACTIVE_WINDOW
         while self._seen:
             key, seen = next(iter(self._seen.items()))
-            if seen >= cutoff:
+            if seen >= cutoff and len(self._seen) <= MAX_TRACKED_SESSIONS:
                 break
             del self._seen[key]
+
+    def _active_count(self) -> float:
+        self._prune()
         return float(len(self._seen))

@@ -211,7 +211,8 @@ class ContextEngine:
                 if threshold is not None and previous is not None and level == 0:
                     fresh = self.view(messages, hashes, state, window=window, tools=None, max_output=None)
                     if fresh.estimate.tokens <= threshold:  # another request compacted while we waited
-                        return CompactionResult("skipped", None, 0, 0, "already compacted"), state
+                        return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "already compacted"),
+                                             started), state
                 compactor = self._compactor(complete, window)
                 result = await compactor.compact(messages, hashes, previous, model=model, level=level,
                                                  budget=retain_budget_for(window, self.settings.retain_fraction),

@@ -202,7 +202,8 @@ class HistoryManager:
         else:
             hashes = []
         hashes.extend(message_hash(m) for m in messages[reused:])
-        self._remember_recent(key, (messages, hashes, size))
+        # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
+        self._remember_recent(key, (messages, hashes, size + 400 * len(messages)))
         return hashes
 
     def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int]) -> None:

@@ -27,11 +27,18 @@ HASH_PREFIX = b"ctxproxy-msg-v1\x00"
 
 
 def _canonical_arguments(arguments: Any) -> Any:
+    """Arguments as parsed JSON, so spacing and key order do not matter; as text when they do not parse.
+
+    orjson reads 1024 levels of nesting but writes 254: arguments nested deeper
+    than that stay text, or hashing them would fail.
+    """
     if isinstance(arguments, str):
         try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
+            parsed = orjson.loads(arguments)
+            orjson.dumps(parsed)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             return arguments.strip()
+        return parsed
     return arguments
 
 

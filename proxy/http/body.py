@@ -5,6 +5,11 @@ The body is read at most once, bounded by ``max_body_bytes`` (aiohttp's
 Content-Length over the limit is refused before reading anything). Parsing is
 orjson: invalid UTF-8, bad JSON and nesting deeper than orjson's limit all
 become 400s, never 500s.
+
+orjson reads up to 1024 levels of nesting but writes only up to 254, and the
+proxy writes what it read (message hashes, the session fingerprint, the log,
+the body it forwards). So a chat body is serialised once here: what cannot be
+is refused as the client's error, before any of that (about 1 ms per MB).
 """
 
 from __future__ import annotations
@@ -58,4 +63,12 @@ def parse_chat(raw: bytes) -> ChatRequest:
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}]")
+        # The engine iterates tool calls (to count, summarise and pair them with results): an array, as OpenAI
+        # requires, or nothing.
+        if not isinstance(message.get("tool_calls"), list | None):
+            raise BadRequest(f"messages[{i}].tool_calls must be an array.", param=f"messages[{i}].tool_calls")
+    try:
+        orjson.dumps(payload)
+    except orjson.JSONEncodeError as exc:
+        raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
     return ChatRequest(raw=raw, payload=payload, messages=messages)

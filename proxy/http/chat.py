@@ -9,6 +9,7 @@ status and body unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -225,6 +226,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             view = outcome
     except ProxyError as exc:
         turn.status = exc.status
+        raise
+    except asyncio.CancelledError:
+        turn.status = 499  # the client went away (nginx's convention): not an upstream failure
+        raise
+    except Exception:
+        turn.status = 500
         raise
     finally:
         total = time.perf_counter() - started

@@ -2,6 +2,11 @@
 
 Compressed responses stay compressed (``auto_decompress=False``) and are
 relayed with their Content-Encoding, byte for byte, chunk by chunk.
+
+The path goes upstream as the client encoded it, below the upstream URL's own
+prefix and never outside it: a dot segment (``..``, also as ``%2e%2e`` or
+behind ``%2F``) would let a client walk out of ``https://host/prefix/v1`` to
+any path of that host, carrying ``--upstream-key``; it gets a 400.
 """
 
 from __future__ import annotations
@@ -10,13 +15,24 @@ import time
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from proxy.constants import HEADER_SESSION
-from proxy.errors import ProxyError
+from proxy.errors import BadRequest, ProxyError
 from proxy.http.body import read_body
 from proxy.keys import client_key, metrics_key, settings_key
 from proxy.sessions import check_client_key, credential, explicit_session
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
+
+
+def upstream_url(request: web.Request, base: str) -> URL:
+    """``{base}/{tail}``, the tail still percent-encoded as the client sent it (``%3F`` stays in the path)."""
+    if any(segment in (".", "..") for segment in request.match_info["tail"].split("/")):
+        raise BadRequest("Dot segments ('.' and '..') are not allowed in a pass-through path.", param="path")
+    # The route is /v1/{tail} or /s/{session}/v1/{tail}: the raw tail follows the first 2 or 4 raw segments.
+    skip = 4 if "session" in request.match_info else 2
+    raw_tail = "/".join(request.rel_url.raw_path.split("/")[skip:])
+    return URL(base + "/" + raw_tail, encoded=True)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
@@ -26,7 +42,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     check_client_key(credential(request.headers), settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers)
     body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
-    url = settings.upstream_base + "/" + request.match_info["tail"]
+    url = upstream_url(request, settings.upstream_base)
     headers = request_headers(request.headers, settings, identity=False)
     status = 502
     upstream_seconds = 0.0

@@ -1,0 +1,238 @@
+"""Upstream faults: errors are relayed as sent and never retried; silence and resets end in 504 or a cut stream.
+
+The proxy retries only what it owns (a prompt-too-long refusal it can compact
+away). A 429 or a 5xx belongs to the client, whose SDK has its own retry
+policy: it must arrive unchanged, status, body and headers such as
+``Retry-After``, and the upstream must have been asked exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.store.base import SessionKey
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log, replay, same_conversation
+
+API_KEY = "sk-faults"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+TENANT = tenant_of(API_KEY)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+ERROR_HEADERS = {"Retry-After": "7", "x-ratelimit-remaining-requests": "0", "x-request-id": "req_abc123",
+                 "openai-processing-ms": "12"}
+
+
+class FaultyUpstream(FakeUpstream):
+    """The fake upstream, plus raw scripted handlers (any status, headers, or a dropped connection)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: deque[Handler] = deque()
+        self.passthrough_requests = 0
+
+    def app(self) -> web.Application:
+        app = super().app()
+        app.router.add_route("*", "/v1/faulty/{tail:.*}", self.faulty)
+        return app
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        if self.raw:
+            self.requests.append(await request.json(loads=orjson.loads))
+            return await self.raw.popleft()(request)
+        return await super().chat(request)
+
+    async def faulty(self, request: web.Request) -> web.StreamResponse:
+        self.passthrough_requests += 1
+        return await self.raw.popleft()(request)
+
+
+def error_reply(status: int, body: bytes, content_type: str) -> Handler:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=status, body=body, headers={**ERROR_HEADERS, "Content-Type": content_type})
+
+    return handler
+
+
+async def drop_connection(request: web.Request) -> web.StreamResponse:
+    """Reset: the upstream closes the socket without a response."""
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response()
+
+
+@pytest.fixture
+def fake() -> FaultyUpstream:
+    return FaultyUpstream()
+
+
+async def post(proxy: Any, session: str, *, stream: bool, content: str = "hi") -> Any:
+    body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": content}]}
+    return await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
+                            headers={**AUTH, "X-Session-Id": session})
+
+
+async def read_cut_stream(resp: Any) -> bytes:
+    """Read a stream the proxy must cut: it ends in a payload error, never a clean end with [DONE]."""
+    received = b""
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async for chunk in resp.content.iter_any():
+            received += chunk
+    assert b"[DONE]" not in received
+    return received
+
+
+async def log_of(proxy: Any, session: str) -> list[Any]:
+    return await read_log(proxy.app[store_key], SessionKey(TENANT, session))
+
+
+async def until_logged(proxy: Any, session: str, count: int) -> list[Any]:
+    """The partial reply is logged as the relay unwinds, which may trail the client's view of the cut."""
+    for _ in range(500):
+        facts = await log_of(proxy, session)
+        if len(facts) >= count:
+            return facts
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"log of {session} never reached {count} facts: {facts}")
+
+
+@pytest.mark.parametrize("status", [429, 500, 502, 503, 529])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_rate_limits_and_server_errors_are_relayed_unchanged_and_not_retried(
+        proxy, fake: FaultyUpstream, status: int, stream: bool) -> None:
+    raw = orjson.dumps({"error": {"message": f"upstream says {status}", "type": "server_error", "code": None}})
+    fake.raw.append(error_reply(status, raw, "application/json"))
+    resp = await post(proxy, f"err-{status}-{stream}", stream=stream)
+    assert resp.status == status
+    assert await resp.read() == raw
+    for name, value in ERROR_HEADERS.items():
+        assert resp.headers.get(name) == value, name
+    assert resp.headers["Content-Type"] == "application/json"
+    assert resp.headers["X-Session-Id"] == f"err-{status}-{stream}"
+    assert len(fake.requests) == 1, "the proxy retried a request the client did not retry"
+    assert fake.summary_requests == []
+    facts = await log_of(proxy, f"err-{status}-{stream}")
+    assert all(f.source != "upstream" for f in facts), "an error is not a reply to log"
+
+
+async def test_non_json_error_pages_are_relayed_byte_for_byte(proxy, fake: FaultyUpstream) -> None:
+    page = b"<html><body><h1>502 Bad Gateway</h1>\xc3\xa9</body></html>\n"
+    fake.raw.append(error_reply(502, page, "text/html; charset=utf-8"))
+    fake.raw.append(error_reply(503, b"", "text/plain"))
+    first = await post(proxy, "html", stream=True)
+    assert (first.status, await first.read(), first.headers["Content-Type"]) == (502, page, "text/html; charset=utf-8")
+    second = await post(proxy, "empty", stream=False)
+    assert (second.status, await second.read(), second.headers["Retry-After"]) == (503, b"", "7")
+    assert len(fake.requests) == 2
+
+
+async def test_passthrough_errors_are_relayed_unchanged_and_not_retried(proxy, fake: FaultyUpstream) -> None:
+    raw = b'{"error": {"message": "slow down", "type": "requests"}}'
+    fake.raw.append(error_reply(429, raw, "application/json"))
+    resp = await proxy.post("/v1/faulty/embeddings", data=b'{"input": "x"}', headers=AUTH)
+    assert (resp.status, await resp.read()) == (429, raw)
+    assert resp.headers["Retry-After"] == "7" and resp.headers["x-request-id"] == "req_abc123"
+    assert fake.passthrough_requests == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_an_upstream_silent_before_headers_gets_504(make_proxy, fake: FaultyUpstream, stream: bool) -> None:
+    proxy = await make_proxy(upstream_timeout=0.3)
+    never = asyncio.Event()
+    fake.script.append(Reply(content="too late", hang=never))
+    try:
+        resp = await post(proxy, f"silent-{stream}", stream=stream)
+        assert resp.status == 504
+        body = await resp.json()
+        assert body["error"]["code"] == "upstream_timeout" and body["error"]["type"] == "upstream_error"
+        assert len(fake.requests) == 1
+    finally:
+        never.set()
+
+
+async def test_a_stream_that_stalls_midway_is_cut_and_its_partial_reply_logged(make_proxy,
+                                                                              fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(upstream_timeout=0.3)
+    never = asyncio.Event()
+    fake.script.append(Reply(content="a long answer that stalls after a few words", pause_after=4, hang=never))
+    try:
+        resp = await post(proxy, "stall", stream=True)
+        assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
+        received = await read_cut_stream(resp)
+        assert b'"content":"a lon"' in received, "the events before the stall were relayed"
+        facts = await until_logged(proxy, "stall", 2)
+    finally:
+        never.set()
+    reply = facts[-1]
+    assert (reply.kind, reply.source, reply.extra.get("partial")) == ("message", "upstream", True)
+    assert reply.message == {"role": "assistant", "content": "a long answer t"}  # the 3 content events relayed
+    assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("cut_after", [2, 5])
+async def test_a_reset_mid_stream_ends_the_client_stream_and_logs_the_partial_reply(
+        proxy, fake: FaultyUpstream, cut_after: int) -> None:
+    call = {"id": "call_9", "type": "function",
+            "function": {"name": "run_shell", "arguments": orjson.dumps({"cmd": "ls -la /srv/app"}).decode()}}
+    fake.script.append(Reply(content="Listing.", tool_calls=[call], cut_after=cut_after))
+    session = f"reset-{cut_after}"
+    resp = await post(proxy, session, stream=True, content="list it")
+    assert resp.status == 200
+    await read_cut_stream(resp)
+    facts = await until_logged(proxy, session, 2)
+    reply = facts[-1]
+    assert (reply.source, reply.extra.get("partial")) == ("upstream", True)
+    assert reply.message is not None and reply.message["role"] == "assistant"
+    assert reply.message != {"role": "assistant", "content": "Listing.", "tool_calls": [call]}, "it was cut"
+    assert len(fake.requests) == 1
+
+    # The client retries the step: the partial reply is rewound and the whole new one logged in its place.
+    fake.script.append(Reply(content="Listing again."))
+    retry = await post(proxy, session, stream=False, content="list it")
+    answer = (await retry.json())["choices"][0]["message"]
+    facts = await log_of(proxy, session)
+    assert [(f.kind, f.index) for f in facts[2:]] == [("rewind", 1), ("message", 1)]
+    assert same_conversation(replay(facts), [{"role": "user", "content": "list it"}, answer])
+    assert "partial" not in facts[-1].extra
+
+
+async def test_a_reset_before_any_response_is_502(proxy, fake: FaultyUpstream) -> None:
+    fake.raw.append(drop_connection)
+    resp = await post(proxy, "reset-early", stream=False)
+    assert resp.status == 502
+    assert (await resp.json())["error"]["type"] == "upstream_error"
+    assert len(fake.requests) == 1, "a reset is reported, not retried"
+
+
+async def test_a_passthrough_stream_that_stalls_is_cut_not_completed(make_proxy, fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(upstream_timeout=0.3)
+    never = asyncio.Event()
+
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+        await resp.prepare(request)
+        await resp.write(b"first part;")
+        await never.wait()  # released at the end of the test
+        return resp
+
+    fake.raw.append(stalls)
+    try:
+        resp = await proxy.get("/v1/faulty/files/big/content", headers=AUTH)
+        assert resp.status == 200
+        received = b""
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for chunk in resp.content.iter_any():
+                received += chunk
+        assert received == b"first part;"
+        assert fake.passthrough_requests == 1
+    finally:
+        never.set()

@@ -1,0 +1,138 @@
+"""A summariser that hangs, fails or talks nonsense changes nothing: not the log, not the active checkpoint.
+
+Each case first lets one compaction succeed (so there is an active checkpoint
+to protect), then breaks the summariser in one way and keeps the session going
+over the threshold: every request still gets a 200, is sent with the same
+checkpoint's summary, and the log gains messages only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.context.projection import SUMMARY_HEADER
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.store.base import SessionKey
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.test_compaction_e2e import prose
+
+API_KEY = "sk-summary-faults"
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
+
+#: Broken answers to a summary request, beyond FakeUpstream's own "fail", "hang" and "empty".
+GARBAGE: dict[str, tuple[int, bytes, str]] = {
+    "not-json": (200, b"Sure! Here is your summary: everything went fine.", "text/plain"),
+    "bad-json": (200, b'{"choices": [{"message": {"content": "cut off', "application/json"),
+    "no-choices": (200, b'{"id": "x", "object": "chat.completion", "usage": {"prompt_tokens": 1}}', "application/json"),
+    "empty-choices": (200, b'{"id": "x", "choices": []}', "application/json"),
+    "null-content": (200, b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": null}}]}',
+                     "application/json"),
+    "number-content": (200, b'{"choices": [{"index": 0, "message": {"role": "assistant", "content": 42}}]}',
+                       "application/json"),
+    "error-in-200": (200, b'{"error": {"message": "overloaded", "type": "server_error"}}', "application/json"),
+    "not-an-object": (200, b'["## 1. Goals"]', "application/json"),
+}
+
+
+class BrokenSummariser(FakeUpstream):
+    """FakeUpstream whose summary requests can also get garbage, or hang until the test ends."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def summary(self, body: dict[str, Any]) -> web.Response:
+        if self.summary_mode == "hang":
+            self.summary_requests.append(body)
+            await self.release.wait()  # past the proxy's summary timeout; released at the end of the test
+            return web.json_response({"error": {"message": "late"}}, status=500)
+        if self.summary_mode in GARBAGE:
+            self.summary_requests.append(body)
+            status, raw, content_type = GARBAGE[self.summary_mode]
+            return web.Response(status=status, body=raw, content_type=content_type)
+        return await super().summary(body)
+
+
+@pytest.fixture
+def fake() -> BrokenSummariser:
+    return BrokenSummariser()
+
+
+def compactions(text: str, outcome: str) -> float:
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "ctxproxy_compactions_total" and sample.labels.get("outcome") == outcome:
+                total += sample.value
+    return total
+
+
+class Session:
+    def __init__(self, proxy: Any, fake: BrokenSummariser, name: str) -> None:
+        self.proxy, self.fake, self.name = proxy, fake, name
+        self.rng = random.Random(name)
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                               {"role": "user", "content": "Read every file."}]
+        self.step = 0
+
+    async def send(self) -> None:
+        self.step += 1
+        call = {"id": f"call_{self.step}", "type": "function",
+                "function": {"name": "read_file", "arguments": orjson.dumps({"n": self.step}).decode()}}
+        self.fake.script.append(Reply(tool_calls=[call]))
+        body = {"model": "gpt-4o", "messages": self.messages, "tools": TOOLS}
+        resp = await self.proxy.post("/v1/chat/completions", data=orjson.dumps(body),
+                                     headers={"Authorization": f"Bearer {API_KEY}", "X-Session-Id": self.name})
+        raw = await resp.read()
+        assert resp.status == 200, raw[:300]
+        reply = orjson.loads(raw)["choices"][0]["message"]
+        self.messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                                  "content": prose(self.rng, 120)}]
+
+    async def facts(self) -> list[Any]:
+        return await read_log(self.proxy.app[store_key], SessionKey(tenant_of(API_KEY), self.name))
+
+
+def summary_in_view(body: dict[str, Any]) -> str:
+    found = [m["content"] for m in body["messages"] if str(m.get("content")).startswith(SUMMARY_HEADER)]
+    assert len(found) == 1, "the view carries exactly one summary"
+    return str(found[0])
+
+
+@pytest.mark.parametrize("mode", ["fail", "hang", "empty", *GARBAGE])
+async def test_a_broken_summariser_changes_nothing_and_the_session_keeps_working(
+        make_proxy, fake: BrokenSummariser, mode: str) -> None:
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, summary_timeout=0.3)
+    session = Session(proxy, fake, f"broken-{mode}")
+    try:
+        while not any(f.kind == "checkpoint" for f in await session.facts()):
+            assert session.step < 30, "no compaction in 30 steps"
+            await session.send()
+        before = await session.facts()
+        checkpoint = [f for f in before if f.kind == "checkpoint"][-1].extra["checkpoint"]
+        asked = len(fake.summary_requests)
+        fake.summary_mode = mode
+        first_request = len(fake.requests)
+        for _ in range(8):
+            await session.send()
+        metrics = await (await proxy.get("/metrics")).text()
+    finally:
+        fake.release.set()
+
+    assert len(fake.summary_requests) > asked, "the broken summariser was asked (and failed)"
+    assert compactions(metrics, "timeout" if mode == "hang" else "failed") >= 1
+    facts = await session.facts()
+    assert facts[:len(before)] == before
+    assert {f.kind for f in facts[len(before):]} == {"message"}, "no summary, no checkpoint from a broken summary"
+    assert same_conversation(replay(facts), session.messages[:-1])
+    for body in fake.requests[first_request:]:
+        assert checkpoint["summary"] in summary_in_view(body), "every request kept the active checkpoint"
