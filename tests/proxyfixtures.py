@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
@@ -91,3 +92,22 @@ def same_conversation(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return [message_hash(m) for m in a] == [message_hash(m) for m in b]
 
 
+def assistant_from_sse(raw: bytes) -> dict[str, Any]:
+    """The assistant message a client assembles from a streamed answer."""
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: dict[int, dict[str, Any]] = {}
+    for block in raw.split(b"\n\n"):
+        if not block.startswith(b"data: {"):
+            continue
+        for choice in orjson.loads(block[6:])["choices"]:
+            delta = choice["delta"]
+            if delta.get("content"):
+                message["content"] = (message["content"] or "") + delta["content"]
+            for tc in delta.get("tool_calls") or []:
+                call = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function",
+                                                      "function": {"name": tc["function"].get("name"),
+                                                                   "arguments": ""}})
+                call["function"]["arguments"] += tc["function"].get("arguments") or ""
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message

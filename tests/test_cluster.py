@@ -37,7 +37,7 @@ from proxy.store import SessionKey
 from proxy.store.redis import RedisFactLog
 from tests import test_store as contract
 from tests.fakeupstream import FakeUpstream
-from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.proxyfixtures import assistant_from_sse, read_log, replay, same_conversation
 from tests.redisproc import REDIS_CLI, RedisClusterProcess, free_ports
 
 TS = contract.TS
@@ -300,27 +300,6 @@ class Replica:
 
 def prose(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def assistant_from_sse(raw: bytes) -> dict[str, Any]:
-    """The assistant message a client assembles from a streamed answer."""
-    message: dict[str, Any] = {"role": "assistant", "content": None}
-    calls: dict[int, dict[str, Any]] = {}
-    for block in raw.split(b"\n\n"):
-        if not block.startswith(b"data: {"):
-            continue
-        for choice in orjson.loads(block[6:])["choices"]:
-            delta = choice["delta"]
-            if delta.get("content"):
-                message["content"] = (message["content"] or "") + delta["content"]
-            for tc in delta.get("tool_calls") or []:
-                call = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function",
-                                                      "function": {"name": tc["function"].get("name"),
-                                                                   "arguments": ""}})
-                call["function"]["arguments"] += tc["function"].get("arguments") or ""
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return message
 
 
 async def run_session(http: aiohttp.ClientSession, replicas: list[Replica], session: str,

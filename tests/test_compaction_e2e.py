@@ -11,7 +11,7 @@ from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.proxyfixtures import assistant_from_sse, read_log, replay, same_conversation
 
 WINDOW = 16_000
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
@@ -35,23 +35,7 @@ async def send(proxy: Any, messages: list[dict[str, Any]], session: str, stream:
     assert resp.status == 200, raw[:500]
     if not stream:
         return resp, orjson.loads(raw)["choices"][0]["message"]
-    message: dict[str, Any] = {"role": "assistant", "content": None}
-    calls: dict[int, dict[str, Any]] = {}
-    for block in raw.split(b"\n\n"):
-        if not block.startswith(b"data: {"):
-            continue
-        for choice in orjson.loads(block[6:])["choices"]:
-            delta = choice["delta"]
-            if delta.get("content"):
-                message["content"] = (message["content"] or "") + delta["content"]
-            for tc in delta.get("tool_calls") or []:
-                call = calls.setdefault(tc["index"], {"id": tc.get("id"), "type": "function",
-                                                      "function": {"name": tc["function"].get("name"),
-                                                                   "arguments": ""}})
-                call["function"]["arguments"] += tc["function"].get("arguments") or ""
-    if calls:
-        message["tool_calls"] = [calls[i] for i in sorted(calls)]
-    return resp, message
+    return resp, assistant_from_sse(raw)
 
 
 def tool_call(n: int) -> Reply:

@@ -248,28 +248,26 @@ class HistoryManager:
         upstream_from = len(messages) if upstream_from is None else upstream_from
         pending = self._pending.get(key, {})
         try:
-            state = await self.state(key)
-            for _ in range(MAX_CONFLICT_RETRIES):
-                facts = plan_sync(state, messages, digests, upstream_from, pending, extra_upstream or {})
-                if not facts:
-                    return state
-                try:
-                    stored = await self.log.append(key, state.next_seq, facts, self._clock())
-                except ConflictError:
-                    await self._catch_up(key, state)
-                    continue
-                self._applied(state, stored)
-                self._settle_pending(key, digests)
-                return state
-            raise ConflictError("too many concurrent writers for one session", actual_seq=state.next_seq)
+            state = await self._append(
+                key, lambda state: plan_sync(state, messages, digests, upstream_from, pending, extra_upstream or {})
+            )
         except StoreError:
             self._keep_pending(key, messages[upstream_from:], digests[upstream_from:])
             raise
+        self._settle_pending(key, digests)
+        return state
 
     async def append_proxy_facts(self, key: SessionKey, facts: Sequence[NewFact]) -> ConversationState:
         """Append proxy-made facts (summary, checkpoint) at the end of the log, whatever came before."""
+        return await self._append(key, lambda state: list(facts))
+
+    async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]]) -> ConversationState:
+        """Append what ``plan`` makes of the session's state; on a conflict, catch up and plan again."""
         state = await self.state(key)
         for _ in range(MAX_CONFLICT_RETRIES):
+            facts = plan(state)
+            if not facts:
+                return state
             try:
                 stored = await self.log.append(key, state.next_seq, facts, self._clock())
             except ConflictError:
