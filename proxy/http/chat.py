@@ -142,8 +142,8 @@ class ChatTurn:
         return tools if isinstance(tools, list) else None
 
 
-async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.StreamResponse | PreparedView:
-    """One upstream attempt: the response to give the client, or the next view to try."""
+async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.StreamResponse | Overflow:
+    """One upstream attempt: the response to give the client, or the upstream's too-long refusal."""
     settings = turn.settings
     client = turn.request.app[client_key]
     headers = request_headers(turn.request.headers, settings, identity=True)
@@ -168,10 +168,7 @@ async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.Strea
             if overflow is not None:
                 if turn.refusal is None:
                     turn.refusal = Refusal(resp.status, resp.headers.copy(), body)
-                retry = await turn.rescue(overflow)
-                if retry is not None:
-                    return retry
-                return _refuse(turn, view, started)
+                return overflow
             return await relay_whole(resp, body, turn.headers(view, started), turn.sink_for(view))
 
 
@@ -223,7 +220,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 if view.compacted == "reactive":
                     metrics.reactive_retries.labels(outcome="ok").inc()
                 return outcome
-            view = outcome
+            retry = await turn.rescue(outcome)  # the refused response is closed: no connection held meanwhile
+            if retry is None:
+                return _refuse(turn, view, started)
+            view = retry
     except ProxyError as exc:
         turn.status = exc.status
         raise
