@@ -8,7 +8,8 @@ cost does not grow with the conversation beyond reading it. Non-streaming
 requests get one fixed completion; streaming ones get a short SSE stream, the
 first event flushed on its own (so time-to-first-byte means something), then the
 rest, then, if ``"include_usage":true`` was asked for, a usage-only chunk, then
-``[DONE]``. Runs on uvloop when it is installed. Stops on SIGTERM/SIGINT, and by
+``[DONE]`` (``"stream": true`` with a space, as the OpenAI SDK writes it, counts
+too). Runs on uvloop when it is installed. Stops on SIGTERM/SIGINT, and by
 itself when its parent process dies.
 """
 
@@ -56,14 +57,19 @@ USAGE_EVENT = _event({**_BASE, "choices": [], "usage": USAGE})
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
+def _flag(body: bytes, name: bytes) -> bool:
+    """``"name":true`` in compact JSON or ``"name": true`` as json.dumps writes it (the OpenAI SDK's spacing)."""
+    return b'"' + name + b'":true' in body or b'"' + name + b'": true' in body
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    if b'"stream":true' not in body:
+    if not _flag(body, b"stream"):
         return web.Response(body=COMPLETION, content_type="application/json")
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     await resp.write(FIRST_EVENT)
-    tail = REST_EVENTS + (USAGE_EVENT if b'"include_usage":true' in body else b"") + DONE_EVENT
+    tail = REST_EVENTS + (USAGE_EVENT if _flag(body, b"include_usage") else b"") + DONE_EVENT
     await resp.write(tail)
     await resp.write_eof()
     return resp
@@ -80,8 +86,9 @@ def make_app() -> web.Application:
     return app
 
 
-async def serve(host: str, port: int) -> None:
-    runner = web.AppRunner(make_app(), access_log=None, handle_signals=False)
+async def serve(host: str, port: int, app: web.Application | None = None) -> None:
+    """Serve ``app`` (default: the fake upstream) until SIGTERM/SIGINT or until the parent process dies."""
+    runner = web.AppRunner(app if app is not None else make_app(), access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024)
     await site.start()

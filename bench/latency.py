@@ -258,11 +258,12 @@ class Child:
             self.proc.wait(timeout=5)
 
 
-def spawn(name: str, args: list[str], workdir: Path) -> Child:
+def spawn(name: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> Child:
     log = workdir / f"{name}.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(args, cwd=cwd or ROOT, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, preexec_fn=_die_with_parent, env=env)
     return Child(name, proc, log)
 
 
@@ -521,10 +522,10 @@ def section(results: list[Result], command: str, started: datetime, seconds: flo
     ])
 
 
-def replace_section(text: str, new: str) -> str:
-    """``text`` with our section (heading to the next ``## `` heading or the end) replaced or added."""
+def replace_section(text: str, new: str, heading: str = SECTION) -> str:
+    """``text`` with the section ``heading`` (to the next ``## `` heading or the end) replaced or added."""
     lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip("\r\n") == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.rstrip("\r\n") == heading), None)
     if start is None:
         if not text or text.endswith("\n\n"):
             return text + new
@@ -542,14 +543,14 @@ def replace_section(text: str, new: str) -> str:
     return "".join(lines[:start]) + body + tail
 
 
-def write_doc(new: str) -> None:
+def write_doc(new: str, heading: str = SECTION) -> None:
     DOC.parent.mkdir(parents=True, exist_ok=True)
     # Read right before writing: other sections of this file are written by others, concurrently.
     try:
         old = DOC.read_bytes().decode("utf-8", "surrogateescape")
     except FileNotFoundError:
         old = "# Benchmarks\n\n"
-    DOC.write_bytes(replace_section(old, new).encode("utf-8", "surrogateescape"))
+    DOC.write_bytes(replace_section(old, new, heading).encode("utf-8", "surrogateescape"))
 
 
 # -- main -----------------------------------------------------------------------------------------

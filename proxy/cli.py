@@ -97,13 +97,19 @@ def _event_loop() -> asyncio.AbstractEventLoop:
               show_envvar=True, help="Log line format [default: text]")
 @click.option("--log-level", envvar="CTXPROXY_LOG_LEVEL", default=None, show_envvar=True,
               help="Log level [default: INFO]")
-def serve(**options: Any) -> None:
+@click.option("--workers", envvar="CTXPROXY_WORKERS", type=click.IntRange(min=1), default=1, show_envvar=True,
+              show_default=True, help="Processes serving the port (SO_REUSEPORT); e.g. the number of cores")
+def serve(workers: int, **options: Any) -> None:
     """Run the proxy."""
     try:
         settings = Settings.from_env({}, **options)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     logging.config.dictConfig(default_log_config(settings.log_level, settings.log_format))
+    if workers > 1:
+        from proxy.workers import serve_workers
+
+        raise SystemExit(serve_workers(settings, workers))
     from proxy.app import create_app
 
     logger.info("ctxproxy listening on http://%s:%d, upstream %s", settings.host, settings.port, settings.upstream)
