@@ -14,6 +14,7 @@ session id is skipped rather than refused, since the caller never chose it for u
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -41,6 +42,7 @@ def credential(headers: Mapping[str, str]) -> str | None:
     return headers.get("api-key") or headers.get("x-api-key") or None
 
 
+@functools.lru_cache(maxsize=4096)
 def tenant_of(key: str | None) -> str:
     """16 hex digits of a salted SHA-256 of the key: stable, and useless for recovering it."""
     if not key:

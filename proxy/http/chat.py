@@ -124,17 +124,21 @@ class ChatTurn:
         model = self.chat.model or ""
         if overflow.limit_tokens is not None:
             self.engine.learn_window(model, overflow.limit_tokens)
-        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
-                                     self.settings.summary_model or model)
         window = self.engine.window_for(model)
         result, state = await self.engine.compact(self.key, self.chat.messages, self.hashes, trigger="reactive",
-                                                  model=model, complete=complete, window=window, level=attempt)
+                                                  model=model, complete=self.summarise, window=window, level=attempt)
         if result.outcome != "ok":
             self.metrics.reactive_retries.labels(outcome="failed").inc()
             return None
         self.state = state
         return self.engine.view(self.chat.messages, self.hashes, state, window=window, tools=self.tools,
                                 max_output=requested_output_tokens(self.chat.payload), compacted="reactive")
+
+    async def summarise(self, messages: list[Message]) -> str:
+        """The summary call, as the caller; its headers are built only when a compaction needs them."""
+        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
+                                     self.settings.summary_model or self.chat.model or "")
+        return await complete(messages)
 
     @property
     def tools(self) -> list[Any] | None:
@@ -212,7 +216,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         view = await engine.prepare(
             key, chat.messages, hashes, state, model=model, tools=turn.tools,
             max_output=requested_output_tokens(chat.payload),
-            complete=summary_completer(app[client_key], settings, request.headers, settings.summary_model or model),
+            complete=turn.summarise,
         )
         while True:
             outcome = await _send(turn, view, started)
