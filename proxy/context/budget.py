@@ -138,15 +138,19 @@ class ContextBudgetPolicy:
 
         ``source`` is the conversation the view was built from and its message
         hashes: view messages that are the conversation's own objects reuse
-        those hashes as cache keys instead of hashing megabytes again.
+        those hashes as cache keys instead of hashing megabytes again. When
+        ``source[0]`` is ``view`` itself, the hashes are taken by position.
         """
         chars = None
         if self._uses_chars:
             chars = chars_tokens(sum(text_length(m) for m in view) + tools_chars(tools))
         tokenized = None
         if self._uses_tokenizer:
-            known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
-            digests = [known.get(id(m)) for m in view]
+            if source is not None and source[0] is view:
+                digests: Sequence[str | None] = source[1]
+            else:
+                known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
+                digests = [known.get(id(m)) for m in view]
             counted = self.counter.count_many(view, digests) + self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
         measured = _usage_estimate(view, usage, view_key)

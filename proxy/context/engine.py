@@ -161,7 +161,8 @@ class ContextEngine:
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
         estimate = policy.estimate(view, tools=tools, usage=_usage_sample(state),
-                                   view_key=checkpoint.view_key if checkpoint else "", source=(messages, hashes))
+                                   view_key=checkpoint.view_key if checkpoint else "",
+                                   source=(view if not changed else messages, hashes))
         return PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output))
 
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],

@@ -69,10 +69,13 @@ def parse_chat(raw: bytes) -> ChatRequest:
             raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}]")
         # The engine iterates tool calls (to count, summarise and pair them with results): an array, as OpenAI
         # requires, or nothing.
-        if not isinstance(message.get("tool_calls"), list | None):
+        calls = message.get("tool_calls")
+        if calls is not None and type(calls) is not list:
             raise BadRequest(f"messages[{i}].tool_calls must be an array.", param=f"messages[{i}].tool_calls")
-        if not all(isinstance(value, _FLAT) for value in message.values()):
-            nested.append(message)
+        for value in message.values():  # a plain loop: this runs for every message of every request
+            if not isinstance(value, _FLAT):
+                nested.append(message)
+                break
     _check_writable(payload, nested)
     return ChatRequest(raw=raw, payload=payload, messages=messages)
 
