@@ -156,7 +156,7 @@ class HistoryManager:
         max_sessions: int = 10_000,
         max_pending: int = 1_000,
         on_append: Callable[[Sequence[StoredFact]], None] | None = None,
-        recent_bytes: int = 256 * 1024 * 1024,
+        recent_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.log = log
         self._recent: OrderedDict[SessionKey, tuple[list[Message], list[str], int]] = OrderedDict()
