@@ -6,7 +6,8 @@ Builds a ~100k-token agent session (prose, code and JSON tool output), logs it
 to a SQLite store in a temporary directory, and times with an instant
 summariser (so the LLM call costs nothing):
 - ``sync + prepare``: one agent step that adds two messages and needs no compaction;
-- ``compaction``: a proactive compaction of the whole session (plan, serialise for
+- ``compaction``: a compaction of the session, after the request's estimate has
+  counted its new messages as it does on the request path (plan, serialise for
   the summariser, write summary + checkpoint facts, rebuild and re-estimate the view).
 """
 
@@ -84,7 +85,9 @@ async def run(window: int) -> dict[str, float]:
                 raise SystemExit(f"compaction did not run: {result}")
             messages = [*messages, *[{"role": "user", "content": f"more {i} " * 400} for i in range(30)]]
             hashes = [message_hash(m) for m in messages]
-            await history.sync(key, messages, hashes)
+            state = await history.sync(key, messages, hashes)
+            # As on the request path: the view is estimated (new messages tokenised) before a compaction starts.
+            engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
         await store.aclose()
         return {"tokens": float(view.estimate.tokens), "messages": float(len(messages)),
                 "step_ms": statistics.median(steps) * 1000, "compaction_ms": statistics.median(compactions) * 1000}
