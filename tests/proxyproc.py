@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.redisproc import free_port
+from tests.redisproc import free_port, terminate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,13 +89,7 @@ class ProxyProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL if it does not exit in time."""
-        proc = self._running()
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
+        terminate(self._running(), timeout)
         self.proc = None
 
     async def restart(self) -> None:

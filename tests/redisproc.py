@@ -17,6 +17,16 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if the process does not exit within ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def free_port() -> int:
     """A TCP port nothing listens on right now (the kernel's pick)."""
     with socket.socket() as sock:
@@ -89,13 +99,7 @@ class RedisProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Graceful shutdown (SIGTERM): Redis flushes its AOF first."""
-        proc = self._running()
-        proc.terminate()
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        terminate(self._running(), timeout)
         self.proc = None
 
     def kill(self) -> None:
