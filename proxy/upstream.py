@@ -8,7 +8,7 @@ in the same header the client used.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -36,7 +36,7 @@ def _connection_listed(headers: Mapping[str, str]) -> set[str]:
 def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity: bool) -> CIMultiDict[str]:
     """Headers to send upstream. ``identity`` asks for an uncompressed body the proxy can parse."""
     drop = _REQUEST_DROP | _connection_listed(incoming)
-    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in _items(incoming) if k.lower() not in drop)
+    out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
     if settings.upstream_key is not None:
         if "api-key" in out:
             out["api-key"] = str(settings.upstream_key)
@@ -55,11 +55,6 @@ def response_headers(upstream: CIMultiDictProxy[str], *, decoded: bool) -> CIMul
     if decoded:
         drop = drop | {"content-encoding"}
     return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
-
-
-def _items(headers: Mapping[str, str]) -> Iterable[tuple[str, str]]:
-    items = getattr(headers, "items", None)
-    return items() if items is not None else ()
 
 
 def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
