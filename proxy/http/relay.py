@@ -33,7 +33,6 @@ class RelayTiming:
     """Seconds spent waiting on the upstream, so the proxy's own share can be told apart."""
 
     upstream: float = 0.0
-    first_byte: float | None = None
     _mark: float = field(default_factory=time.perf_counter)
 
     def wait_started(self) -> None:
@@ -41,10 +40,6 @@ class RelayTiming:
 
     def wait_ended(self) -> None:
         self.upstream += time.perf_counter() - self._mark
-
-
-def is_event_stream(resp: aiohttp.ClientResponse) -> bool:
-    return resp.status == 200 and resp.content_type == "text/event-stream"
 
 
 async def read_whole(resp: aiohttp.ClientResponse, timing: RelayTiming) -> bytes:
@@ -69,8 +64,6 @@ async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming) ->
         return chunks, None
     finally:
         timing.wait_ended()
-        if chunks and timing.first_byte is None:
-            timing.first_byte = time.perf_counter()
 
 
 async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: dict[str, str], sink: ReplySink,
