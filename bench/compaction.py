@@ -66,12 +66,13 @@ async def run(window: int) -> dict[str, float]:
         hashes = [message_hash(m) for m in messages]
         state = await history.sync(key, messages, hashes)
         view = engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+        session_messages = len(messages)
         steps: list[float] = []
         for i in range(30):
             messages = [*messages, {"role": "assistant", "content": f"step {i}"},
                         {"role": "user", "content": f"go on {i}"}]
             started = time.perf_counter()
-            hashes = [message_hash(m) for m in messages]
+            hashes = history.hashes_for(key, messages, 0)  # as the request path: only new messages are hashed
             state = await history.sync(key, messages, hashes)
             engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
             steps.append(time.perf_counter() - started)
@@ -89,7 +90,7 @@ async def run(window: int) -> dict[str, float]:
             # As on the request path: the view is estimated (new messages tokenised) before a compaction starts.
             engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
         await store.aclose()
-        return {"tokens": float(view.estimate.tokens), "messages": float(len(messages)),
+        return {"tokens": float(view.estimate.tokens), "messages": float(session_messages),
                 "step_ms": statistics.median(steps) * 1000, "compaction_ms": statistics.median(compactions) * 1000}
 
 
@@ -104,8 +105,12 @@ def main() -> None:
         f"{figures['tokens']:,.0f} tokens ({figures['messages']:,.0f} messages), SQLite store, "
         f"instant summariser; {platform.python_version()}, {platform.machine()}.\n\n"
         "| what | median |\n|---|---:|\n"
-        f"| one agent step: hash, sync (2 new messages), view, estimate | {figures['step_ms']:.2f} ms |\n"
-        f"| one compaction apart from the summary call (target < 5 ms) | {figures['compaction_ms']:.2f} ms |\n"
+        f"| one agent step: hash what is new, log it (one append), view, estimate | {figures['step_ms']:.2f} ms |\n"
+        f"| one compaction apart from the summary call (target < 5 ms) | {figures['compaction_ms']:.2f} ms |\n\n"
+        "A compaction's own time includes four SQLite transactions (take the session lock, re-read the log, "
+        "append the summary and checkpoint, release the lock), about 0.3 ms each here; the rest is planning the "
+        "split, serialising what moves out for the summariser and estimating the view before and after. "
+        "Figures vary by about ±1 ms between runs on this machine.\n"
     )
     print(section)
     if args.write:
