@@ -79,6 +79,7 @@ from bench.latency import (
     prose,
     quiet_gc,
     spawn,
+    stop_on_sigterm,
     timed,
     tool_output,
     wait_http,
@@ -847,10 +848,6 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
     return targets
 
 
-def _sigterm(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # so every ``finally`` runs and the subprocesses are stopped
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python3 -m bench.field", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer requests (under 2 minutes instead of ~10)")
@@ -860,7 +857,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--litellm-spec", default=LITELLM_SPEC, help="what pip installs into bench/.venv-litellm")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores, LiteLLM config)")
     opts = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     command = "python3 -m bench.field" + "".join(" " + shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = datetime.now(UTC)
     load = [os.getloadavg()[0]]

@@ -643,7 +643,7 @@ async def amain(opts: argparse.Namespace) -> list[Result]:
 LOADAVG: list[float] = []
 
 
-def _sigterm(signum: int, frame: object) -> None:
+def stop_on_sigterm(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # so every ``finally`` runs and the subprocesses are stopped
 
 
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="command prefix for the proxy, e.g. 'py-spy record -o /tmp/p.svg --' (profiling)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, SQLite file)")
     opts = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     command = "python3 -m bench.latency" + "".join(" " + shlex.quote(a) for a in (argv or sys.argv[1:]))
     started = datetime.now(UTC)
     LOADAVG.append(os.getloadavg()[0])

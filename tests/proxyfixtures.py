@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -15,6 +15,7 @@ from proxy.context.messages import message_hash
 from proxy.settings import Settings
 from proxy.store.base import FactLog, SessionKey, StoredFact
 from tests.fakeupstream import FakeUpstream
+from tests.redisproc import RedisProcess, free_port
 
 
 @pytest.fixture
@@ -44,6 +45,16 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
     url: str = request.getfixturevalue("redis_url")
     request.getfixturevalue("redis_flush")
     return url
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def durable_store_url(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[str]:
+    """A store of its own that outlives proxy processes: a SQLite file, or a private Redis with AOF on."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/store/facts.db"
+        return
+    with RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes"]) as server:
+        yield server.url
 
 
 ProxyFactory = Callable[..., Any]

@@ -24,7 +24,7 @@ import asyncio
 import itertools
 import random
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,16 +171,6 @@ async def until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-async def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/facts.db"
-        return
-    redis = RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes"])
-    with redis:
-        yield redis.url
-
-
 async def kill(proxy: ProxyProcess, store: FactLog, fake: CrashUpstream) -> Crash:
     proxy.kill()
     facts = await read_log(store, KEY)
@@ -208,11 +198,11 @@ def check_restart(crash: Crash, fake: CrashUpstream, final: dict[int, StoredFact
 
 
 async def test_sigkill_at_any_point_loses_nothing_and_redoes_no_compaction(aiohttp_server, tmp_path: Path,
-                                                                          store_url: str) -> None:
+                                                                          durable_store_url: str) -> None:
     fake = CrashUpstream()
     upstream = await aiohttp_server(fake.app())
-    proxy = ProxyProcess(str(upstream.make_url("/v1")), store_url, tmp_path, PROXY_ARGS)
-    store = await open_store(store_url)
+    proxy = ProxyProcess(str(upstream.make_url("/v1")), durable_store_url, tmp_path, PROXY_ARGS)
+    store = await open_store(durable_store_url)
     crashes: list[Crash] = []
     rng = random.Random(20240611)
     try:

@@ -32,7 +32,6 @@ from proxy.store.base import SessionKey
 from tests.fakeupstream import FACT, FakeUpstream, Reply
 from tests.proxyfixtures import read_log
 from tests.proxyproc import ProxyProcess
-from tests.redisproc import RedisProcess, free_port
 from tests.test_compaction_e2e import prose
 
 KEY_A = "sk-tenantA-0d5c2e9f7b11aa40"
@@ -284,16 +283,6 @@ async def test_passthrough_keeps_the_path_encoded_as_sent(make_proxy, fake: Numb
 # ---- keys never leak -------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def leak_store(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/store/facts.db"
-        return
-    server = RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes"])
-    with server:
-        yield server.url
-
-
 async def redis_dump(url: str) -> bytes:
     """Every key and every value, read by type (a DUMP payload may be compressed and hide a string)."""
     client: Any = redis.asyncio.Redis.from_url(url)
@@ -324,10 +313,10 @@ def sqlite_dump(url: str) -> bytes:
     return b"".join(f.read_bytes() for f in files)
 
 
-async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: Path, leak_store: str) -> None:
+async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: Path, durable_store_url: str) -> None:
     fake = NumberedSummaries()
     upstream = await aiohttp_server(fake.app())
-    proxy = ProxyProcess(str(upstream.make_url("/v1")), leak_store, tmp_path, [
+    proxy = ProxyProcess(str(upstream.make_url("/v1")), durable_store_url, tmp_path, [
         "--log-level", "DEBUG", "--context-window", "4096", "--min-retain-rounds", "2",
         "--admin-token", ADMIN_TOKEN, "--client-keys", f"{KEY_A},{KEY_B}"])
     secrets = [KEY_A, KEY_B, ADMIN_TOKEN, WRONG_KEY]
@@ -367,7 +356,8 @@ async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: 
     logs = proxy.log_bytes()
     assert b"chat session=leak" in logs and b"compaction" in logs, "the log output covers the requests"
     assert fake.summary_requests, "compaction ran, so the key went upstream on summary calls too"
-    stored = await redis_dump(leak_store) if leak_store.startswith("redis") else sqlite_dump(leak_store)
+    url = durable_store_url
+    stored = await redis_dump(url) if url.startswith("redis") else sqlite_dump(url)
     assert TENANT_A.encode() in stored, "the scan sees the store's content"
     for secret in secrets:
         for where, blob in (("log output", logs), ("store", stored), ("metrics", metrics)):

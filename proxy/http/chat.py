@@ -202,13 +202,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     hashes = history.hashes_for(key, chat.messages, len(chat.raw))
     # The request's messages are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has.
-    state = history.cached(key)
-    if state is None:
-        try:
-            state = await history.state(key)
-        except StoreError as exc:
-            metrics.store_errors.inc()
-            logger.warning("store error while reading session %s: %s", session, exc)
+    state: ConversationState | None = None
+    try:
+        state = await history.state(key)  # the cached state; the log is read only for a session new here
+    except StoreError as exc:
+        metrics.store_errors.inc()
+        logger.warning("store error while reading session %s: %s", session, exc)
     turn = ChatTurn(request, chat, key, hashes, state, settings, metrics, engine)
     model = chat.model or ""
     view: PreparedView | None = None  # for the access line when the request fails before a view exists
