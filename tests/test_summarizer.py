@@ -231,7 +231,7 @@ REFUSAL = "I'm sorry, I can't help with that."
     (S("x").replace("## 5. Errors\n", ""), "summary lacks section 5 (Errors met and how they were resolved (or that "
                                            "they are still open))"),
     ("## 1. Goals\nKeep going.\n## 8. Identifiers\nFACT-1", "summary lacks section 2 (Work completed)"),
-])
+], ids=["refusal", "length", "content-filter", "no-section-5", "two-sections"])
 async def test_an_unusable_answer_is_a_failure(answer: str | SummaryAnswer, error: str) -> None:
     result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES)
     assert result == SummaryResult("failed", calls=1, error=error)

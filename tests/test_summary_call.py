@@ -9,9 +9,12 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from click.testing import CliRunner
 
+from proxy.cli import main
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
+from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.summarycall import output_bound_field
 from tests.fakeupstream import FakeUpstream
@@ -56,6 +59,20 @@ async def send(proxy: Any, session: str, messages: list[dict[str, Any]], model: 
     raw = await resp.read()
     assert resp.status == 200, raw[:300]
     return resp.headers["X-Ctxproxy-Compacted"]
+
+
+def test_summary_max_tokens_is_a_setting() -> None:
+    env = {"CTXPROXY_SUMMARY_MAX_TOKENS": "2000"}
+    assert Settings().summary_max_tokens == 8192
+    assert Settings.from_env(env).summary_max_tokens == 2000
+    assert Settings.from_env(env, summary_max_tokens=3000).summary_max_tokens == 3000
+    with pytest.raises(ValueError, match="summary_max_tokens must be at least 256"):
+        Settings(summary_max_tokens=100)
+    with pytest.raises(ValueError, match="CTXPROXY_SUMMARY_MAX_TOKENS must be a number"):
+        Settings.from_env({"CTXPROXY_SUMMARY_MAX_TOKENS": "lots"})
+    help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "--summary-max-tokens INTEGER Output bound of a summary call" in help_text
+    assert "[default: 8192] [env var: CTXPROXY_SUMMARY_MAX_TOKENS]" in help_text
 
 
 @pytest.mark.parametrize(("model", "field"), [

@@ -104,6 +104,7 @@ class SummaryResult:
 
 def missing_section(text: str) -> int | None:
     """The number (from 1) of the first section of ``SECTIONS`` without its heading, in order; None if all are there."""
+    # One pass over the headings: each section is looked for after the previous one's heading.
     headings = iter(match.group(1).lower() for match in _HEADING.finditer(text))
     for number, keyword in enumerate(SECTION_KEYWORDS, 1):
         pattern = re.compile(r"\b" + keyword)
