@@ -53,6 +53,7 @@ def engine_settings(settings: Settings) -> EngineSettings:
     return EngineSettings(
         context_window=settings.context_window, compression_threshold=settings.compression_threshold,
         min_retain_rounds=settings.min_retain_rounds, summary_timeout=settings.summary_timeout,
+        summary_model=settings.summary_model, summary_max_tokens=settings.summary_max_tokens,
         estimator=settings.estimator, summary_placement="system" if settings.summary_placement == "system" else "user",
         failure_cooldown=settings.compaction_cooldown,
     )

@@ -72,7 +72,12 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 @click.option("--summary-model", envvar="CTXPROXY_SUMMARY_MODEL", default=None, show_envvar=True,
               help="Model that writes summaries [default: the request's model]")
 @click.option("--summary-timeout", envvar="CTXPROXY_SUMMARY_TIMEOUT", type=float, default=None, show_envvar=True,
-              help="Seconds before a summary call is abandoned [default: 120]")
+              help="Seconds a compaction's summary calls may take together before it is abandoned "
+                   "[default: 120]")
+@click.option("--summary-max-tokens", envvar="CTXPROXY_SUMMARY_MAX_TOKENS", type=int, default=None,
+              show_envvar=True, help="Output bound of a summary call, sent as max_tokens (max_completion_tokens "
+                                     "for OpenAI reasoning models); at most a quarter of the summary model's "
+                                     "window is used [default: 8192]")
 @click.option("--admin-token", envvar="CTXPROXY_ADMIN_TOKEN", default=None, show_envvar=True,
               help="Bearer token for /admin/* [default: unset, admin API off]")
 @click.option("--upstream-key", envvar="CTXPROXY_UPSTREAM_KEY", default=None, show_envvar=True,

@@ -42,6 +42,8 @@ class Settings:
     min_retain_rounds: int = 10
     summary_model: str | None = None
     summary_timeout: float = 120.0
+    #: Output bound of one summary call (at most a quarter of the summary model's window is used).
+    summary_max_tokens: int = 8192
     admin_token: Secret | None = None
     upstream_key: Secret | None = None
     client_keys: tuple[Secret, ...] = ()
@@ -71,6 +73,8 @@ class Settings:
             raise ValueError("min_retain_rounds must be at least 1")
         if self.summary_timeout <= 0 or self.upstream_timeout <= 0:
             raise ValueError("timeouts must be positive")
+        if self.summary_max_tokens < 256:
+            raise ValueError("summary_max_tokens must be at least 256: eight sections need room")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.reactive_retries < 0:
@@ -104,7 +108,7 @@ class Settings:
         return cls(**values)
 
 
-_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes", "reactive_retries"}
+_INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "reactive_retries"}
 _FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "compaction_cooldown"}
 
 

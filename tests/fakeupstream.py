@@ -53,6 +53,25 @@ SUMMARY_MARKER = "You maintain the working memory"
 FACT = re.compile(r"FACT-[A-Za-z0-9]+")
 
 
+#: Section headings as a summary model may shorten them: the proxy requires each section, not its full title.
+SECTION_TITLES = ("Goals", "Work completed", "Key decisions", "Files touched", "Errors", "Current state",
+                  "Next steps", "Identifiers")
+
+
+def full_summary(goals: str, identifiers: str = "None") -> str:
+    """A summary with every section heading the proxy requires, as a well-behaved summary model writes it."""
+    body = {1: goals, len(SECTION_TITLES): identifiers}
+    return "\n".join(f"## {n}. {title}\n{body.get(n, 'None')}" for n, title in enumerate(SECTION_TITLES, 1))
+
+
+def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
+    """A Chat Completions answer to a summary request."""
+    return web.json_response({"id": "sum", "object": "chat.completion", "model": model,
+                              "choices": [{"index": 0, "finish_reason": finish_reason,
+                                           "message": {"role": "assistant", "content": text}}],
+                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
 def overflow_body(style: str, tokens: int, window: int) -> tuple[int, bytes]:
     status, template = OVERFLOW_BODIES[style]
     text = orjson.dumps(template).decode().replace("{tokens}", str(tokens)).replace("{window}", str(window))
@@ -113,12 +132,9 @@ class FakeUpstream:
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         if self.summary_mode == "hang":
             await asyncio.Event().wait()
-        text = "" if self.summary_mode == "empty" else "## 1. Goals\nKeep going.\n## 8. Identifiers\n" + " ".join(
-            sorted(set(FACT.findall(body["messages"][-1]["content"]))))
-        return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": text}}],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+        facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
+        text = "" if self.summary_mode == "empty" else full_summary("Keep going.", facts)
+        return summary_response(text, model=body.get("model"))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)

@@ -28,9 +28,10 @@ from proxy.context.projection import (
     leading_system_count,
     round_start_for,
 )
-from proxy.context.summarizer import SummaryGenerator
+from proxy.context.summarizer import SummaryAnswer, SummaryGenerator
 from proxy.context.tokens import chars_tokens
 from proxy.types import Message
+from tests.fakeupstream import full_summary
 
 COUNT = ContextBudgetPolicy(estimator="chars").message_tokens
 CREATED_AT = 1_700_000_000.5
@@ -40,12 +41,12 @@ class Model:
     """A summary model answering with a fixed text, recording the transcripts it was given."""
 
     def __init__(self, answer: str = "SUMMARY") -> None:
-        self.answer = answer
+        self.answer = full_summary(answer)
         self.prompts: list[str] = []
 
-    async def __call__(self, prompt: list[Message]) -> str:
+    async def __call__(self, prompt: list[Message], max_tokens: int) -> SummaryAnswer:
         self.prompts.append(prompt[1]["content"])
-        return self.answer
+        return SummaryAnswer(self.answer)
 
     def indices(self) -> list[int]:
         return [int(n) for text in self.prompts for n in re.findall(r"^\[#(\d+) ", text, re.MULTILINE)]
@@ -247,9 +248,9 @@ async def test_compaction_summarises_what_leaves_the_tail() -> None:
     hashes = hashes_of(messages)
     model = Model()
     result = await compactor(model).compact(messages, hashes, None, budget=10_000, model="gpt-4o")
-    summary_tokens = chars_tokens(len(f"{SUMMARY_HEADER}\n\nSUMMARY"))
+    summary_tokens = chars_tokens(len(f"{SUMMARY_HEADER}\n\n{full_summary('SUMMARY')}"))
     expected = Checkpoint(
-        "SUMMARY", 5, prefix_hash(hashes, 5), None, 2403, 3 + summary_tokens + 2000, "gpt-4o", CREATED_AT
+        full_summary("SUMMARY"), 5, prefix_hash(hashes, 5), None, 2403, 3 + summary_tokens + 2000, "gpt-4o", CREATED_AT
     )
     assert result == CompactionResult("ok", expected, 2403, 3 + summary_tokens + 2000)
     assert model.indices() == [1, 2, 3, 4]
@@ -264,7 +265,7 @@ async def test_a_second_compaction_rolls_the_previous_summary_forward() -> None:
     result = await compactor(model).compact(messages, hashes, first, budget=10_000, model="m")
     assert result.checkpoint is not None
     assert result.checkpoint.retain_start_idx == 13
-    assert result.checkpoint.summary == "SECOND"
+    assert result.checkpoint.summary == full_summary("SECOND")
     assert model.indices() == list(range(5, 13))
     assert model.prompts[0].startswith("<previous-summary>\nFIRST\n</previous-summary>")
 
@@ -303,7 +304,7 @@ async def test_a_summary_too_long_to_help_is_skipped() -> None:
 
 
 async def test_summary_failure_changes_nothing() -> None:
-    async def broken(prompt: list[Message]) -> str:
+    async def broken(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
         raise RuntimeError("upstream 500")
 
     messages = chat(12)
@@ -314,9 +315,9 @@ async def test_summary_failure_changes_nothing() -> None:
 async def test_summary_timeout_changes_nothing() -> None:
     never = asyncio.Event()
 
-    async def hangs(prompt: list[Message]) -> str:
+    async def hangs(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
         await never.wait()
-        return "late"
+        return SummaryAnswer("late")
 
     messages = chat(12)
     result = await compactor(hangs, timeout=0.01).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
@@ -484,5 +485,5 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
     if again.checkpoint is not None:
         assert again.checkpoint.retain_start_idx > first.retain_start_idx
         assert set(model.indices()) == set(range(first.retain_start_idx, again.checkpoint.retain_start_idx))
-        assert model.prompts[0].startswith("<previous-summary>\nsummary of the work so far\n")
+        assert model.prompts[0].startswith(f"<previous-summary>\n{model.answer}\n")
         assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system")

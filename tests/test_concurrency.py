@@ -28,7 +28,7 @@ from aiohttp import web
 from proxy.sessions import tenant_of
 from proxy.store import open_store
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FakeUpstream, Reply
+from tests.fakeupstream import FakeUpstream, Reply, full_summary, summary_response
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.proxyproc import ProxyProcess
 from tests.redisproc import RedisProcess, free_port
@@ -81,8 +81,7 @@ class TaggingUpstream(FakeUpstream):
             await asyncio.sleep(0.02)  # a summariser takes time; a racing second compaction would overlap it
         finally:
             self.in_flight[key] -= 1
-        text = f"## 1. Goals\nWork on {key} continues.\n## 8. Identifiers\n{key}"
-        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+        return summary_response(full_summary(f"Work on {key} continues.", key))
 
 
 async def post(http: aiohttp.ClientSession, proxy: ProxyProcess, session: str,

@@ -38,7 +38,7 @@ from proxy.context.projection import SUMMARY_HEADER
 from proxy.sessions import tenant_of
 from proxy.store import FactLog, StoredFact, open_store
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FACT, FakeUpstream, Reply
+from tests.fakeupstream import FACT, FakeUpstream, Reply, full_summary, summary_response
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.proxyproc import ProxyProcess
 from tests.redisproc import RedisProcess, free_port
@@ -98,10 +98,8 @@ class CrashUpstream(FakeUpstream):
             await self.release.wait()  # released at teardown; the proxy that sent it is dead by then
             return web.json_response({"error": {"message": "too late"}}, status=500)
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
-        text = f"## 1. Goals\nKeep going (summary {next(self._summary_ids)}).\n## 8. Identifiers\n{facts}"
-        return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
-                                  "choices": [{"index": 0, "finish_reason": "stop",
-                                               "message": {"role": "assistant", "content": text}}]})
+        text = full_summary(f"Keep going (summary {next(self._summary_ids)}).", facts)
+        return summary_response(text, model=body.get("model"))
 
 
 @dataclass

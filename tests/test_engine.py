@@ -11,7 +11,10 @@ import pytest
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.messages import message_hash
+from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
+from proxy.context.tokens import chars_tokens
 from proxy.store.base import FactLog, SessionKey
+from tests.fakeupstream import full_summary
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
 
@@ -31,20 +34,24 @@ def conversation(rounds: int, seed: int = 1) -> list[dict[str, Any]]:
 class Summariser:
     """A real summary function: counts calls, can block on an event or fail as told."""
 
-    def __init__(self, answer: str = "## 1. Goals\nthe summary", gate: asyncio.Event | None = None,
+    def __init__(self, answer: str = full_summary("the summary"), gate: asyncio.Event | None = None,
                  error: Exception | None = None) -> None:
         self.answer, self.gate, self.error = answer, gate, error
         self.calls = 0
         self.entered = asyncio.Event()
+        self.prompts: list[list[dict[str, Any]]] = []
+        self.max_tokens: list[int] = []
 
-    async def __call__(self, messages: list[dict[str, Any]]) -> str:
+    async def __call__(self, messages: list[dict[str, Any]], max_tokens: int) -> SummaryAnswer:
         self.calls += 1
+        self.prompts.append(messages)
+        self.max_tokens.append(max_tokens)
         self.entered.set()
         if self.gate is not None:
             await self.gate.wait()
         if self.error is not None:
             raise self.error
-        return self.answer
+        return SummaryAnswer(self.answer)
 
 
 def engine_over(store: FactLog, **overrides: Any) -> ContextEngine:
@@ -68,7 +75,7 @@ async def test_over_threshold_compacts_and_records_summary_then_checkpoint(store
     assert view.compacted == "proactive" and view.changed
     assert view.estimate.tokens <= view.threshold
     assert view.messages[0] == messages[0]
-    assert view.messages[1]["content"].endswith("the summary")
+    assert view.messages[1]["content"].endswith(full_summary("the summary"))
     facts = await read_log(store, KEY)
     assert [f.kind for f in facts[-2:]] == ["summary", "checkpoint"]
     assert [f.message for f in facts if f.kind == "message"] == messages, "compaction never alters messages"
@@ -143,3 +150,26 @@ async def test_rewind_into_the_covered_prefix_retires_the_checkpoint(store: Fact
     facts = await read_log(store, KEY)
     assert facts[-2].kind == "rewind" and facts[-2].index == 1
     assert facts[-1].message == edited[1]
+
+
+# ---- item 11.10: the summary call is sized for the summary model's own window ------------------------------------
+
+
+@pytest.mark.parametrize(("summary_model", "calls", "max_input", "max_output"), [
+    (None, 1, 64_000, 8_192),  # the request's model (gpt-4o, 128,000 tokens) writes the summary
+    ("gpt-4", 9, 4_096, 2_048),  # an 8,192-token model: more, smaller chunks and a smaller answer
+])
+async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summary_model: str | None, calls: int,
+                                                            max_input: int, max_output: int) -> None:
+    engine = ContextEngine(HistoryManager(store, clock=lambda: 1000.0),
+                           EngineSettings(summary_model=summary_model, min_retain_rounds=2))
+    messages = conversation(60)
+    hashes = [message_hash(m) for m in messages]
+    summariser = Summariser()
+    result, _ = await engine.compact(KEY, messages, hashes, trigger="manual", model="gpt-4o", complete=summariser,
+                                     window=engine.window_for("gpt-4o"))
+    assert result.outcome == "ok"
+    assert summariser.calls == calls
+    assert summariser.max_tokens == [max_output] * calls
+    sizes = [chars_tokens(len("\n".join(m["content"] for m in prompt))) for prompt in summariser.prompts]
+    assert max(sizes) <= max_input - PROMPT_OVERHEAD_TOKENS

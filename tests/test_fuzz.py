@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from yarl import URL
 
+from tests.fakeupstream import full_summary
 from tests.proxyproc import ProxyProcess
 
 FAKE_MARK = "X-Fake-Upstream"
@@ -42,7 +43,7 @@ def completion(stream: bool) -> web.Response:
         return web.Response(body=body, content_type="text/event-stream", headers={FAKE_MARK: "1"})
     return web.json_response({"id": "f", "object": "chat.completion", "model": "m",
                               "choices": [{"index": 0, "finish_reason": "stop",
-                                           "message": {"role": "assistant", "content": "## 1. Goals\nok"}}],
+                                           "message": {"role": "assistant", "content": full_summary("ok")}}],
                               "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}},
                              headers={FAKE_MARK: "1"})
 

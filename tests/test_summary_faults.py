@@ -21,12 +21,17 @@ from proxy.context.projection import SUMMARY_HEADER
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FakeUpstream, Reply
+from tests.fakeupstream import FakeUpstream, Reply, full_summary
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.test_compaction_e2e import prose
 
 API_KEY = "sk-summary-faults"
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
+
+def summary_body(content: str, finish_reason: str | None = "stop") -> tuple[int, bytes, str]:
+    return 200, orjson.dumps({"choices": [{"index": 0, "finish_reason": finish_reason,
+                                           "message": {"role": "assistant", "content": content}}]}), "application/json"
+
 
 #: Broken answers to a summary request, beyond FakeUpstream's own "fail", "hang" and "empty".
 GARBAGE: dict[str, tuple[int, bytes, str]] = {
@@ -40,6 +45,11 @@ GARBAGE: dict[str, tuple[int, bytes, str]] = {
                        "application/json"),
     "error-in-200": (200, b'{"error": {"message": "overloaded", "type": "server_error"}}', "application/json"),
     "not-an-object": (200, b'["## 1. Goals"]', "application/json"),
+    # Well-formed answers that are not a summary (issue 11, item 9).
+    "refusal": summary_body("I'm sorry, I can't help with that."),
+    "length": summary_body(full_summary("Keep going."), "length"),
+    "no-finish-reason": summary_body(full_summary("Keep going."), None),
+    "missing-section": summary_body(full_summary("Keep going.").replace("## 5. Errors\nNone\n", "")),
 }
 
 

@@ -29,7 +29,7 @@ from proxy.sessions import fingerprint_session, tenant_of
 from proxy.settings import Secret
 from proxy.store import sqlite_path
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FACT, FakeUpstream, Reply
+from tests.fakeupstream import FACT, FakeUpstream, Reply, full_summary, summary_response
 from tests.proxyfixtures import read_log
 from tests.proxyproc import ProxyProcess
 from tests.test_compaction_e2e import prose
@@ -66,8 +66,7 @@ class NumberedSummaries(FakeUpstream):
     async def summary(self, body: dict[str, Any]) -> web.Response:
         self.summary_requests.append(body)
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
-        text = f"## 1. Goals\nsummary #{next(self._numbers)}\n## 8. Identifiers\n{facts}"
-        return web.json_response({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]})
+        return summary_response(full_summary(f"summary #{next(self._numbers)}", facts))
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from proxy.context.compactor import (
 )
 from proxy.context.history import ConversationState, HistoryManager
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
-from proxy.context.summarizer import Complete, SummaryGenerator
+from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.window import context_window_for
 from proxy.errors import StoreError
@@ -53,6 +53,9 @@ class EngineSettings:
     compression_threshold: float = 0.8
     min_retain_rounds: int = 10
     summary_timeout: float = 120.0
+    #: None: summaries are written by the request's model.
+    summary_model: str | None = None
+    summary_max_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS
     retain_fraction: float = 0.35
     estimator: str = "tokenizer"
     summary_placement: SummaryPlacement = "user"
@@ -232,12 +235,15 @@ class ContextEngine:
         return self._observe(trigger, result, started), state
 
     def _compactor(self, complete: Complete, window: int) -> ContextCompactor:
+        """``window`` is the request model's; the summary call is sized for the summary model's own."""
         policy = self.policy(window)
+        summary_model = self.settings.summary_model
         # Chunks for the summariser are sized by characters / 3, not the tokenizer: tokenising the whole
         # serialised transcript again cost ~15 ms per compaction (bench/compaction.py), and a chunk that turns
         # out too large (dense CJK) is refused, recognised, and halved by the generator.
-        summarizer = SummaryGenerator(complete, timeout=self.settings.summary_timeout,
-                                      max_input_tokens=max(4_000, int(window * 0.5)))
+        summarizer = SummaryGenerator.for_window(
+            complete, window if summary_model is None else self.window_for(summary_model),
+            max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout)
         return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
                                 projection=self.projection(window), min_retain_rounds=self.settings.min_retain_rounds)
 

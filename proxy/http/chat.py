@@ -23,6 +23,7 @@ from proxy.context.budget import requested_output_tokens
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.history import ConversationState
 from proxy.context.messages import message_hash
+from proxy.context.summarizer import SummaryAnswer
 from proxy.errors import ProxyError, StoreError
 from proxy.http.body import ChatRequest, parse_chat, read_body
 from proxy.http.relay import RelayTiming, read_first_event, read_whole, relay_stream, relay_whole
@@ -134,11 +135,11 @@ class ChatTurn:
         return self.engine.view(self.chat.messages, self.hashes, state, window=window, tools=self.tools,
                                 max_output=requested_output_tokens(self.chat.payload), compacted="reactive")
 
-    async def summarise(self, messages: list[Message]) -> str:
+    async def summarise(self, messages: list[Message], max_tokens: int) -> SummaryAnswer:
         """The summary call, as the caller; its headers are built only when a compaction needs them."""
         complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
                                      self.settings.summary_model or self.chat.model or "")
-        return await complete(messages)
+        return await complete(messages, max_tokens)
 
     @property
     def tools(self) -> list[Any] | None:

@@ -1,0 +1,128 @@
+"""The summary call as the upstream sees it: its output bound, and a timeout that bounds the whole compaction."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp import web
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.settings import Settings
+from proxy.store.base import SessionKey
+from proxy.summarycall import output_bound_field
+from tests.fakeupstream import FakeUpstream
+from tests.proxyfixtures import read_log
+from tests.test_compaction_e2e import prose
+from tests.test_summary_faults import compactions
+
+API_KEY = "sk-summary-call"
+
+
+class SlowSummariser(FakeUpstream):
+    """A summary model that takes ``delay`` seconds per call, and counts the calls it started."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delay = 0.0
+        self.started = 0
+
+    async def summary(self, body: dict[str, Any]) -> web.Response:
+        self.started += 1
+        await asyncio.sleep(self.delay)  # the model writing; the proxy's timeout may cut it short
+        return await super().summary(body)
+
+
+@pytest.fixture
+def fake() -> SlowSummariser:
+    return SlowSummariser()
+
+
+def history(rounds: int, seed: int = 11) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for i in range(rounds):
+        messages += [{"role": "user", "content": f"step {i}: " + prose(rng, 150)},
+                     {"role": "assistant", "content": f"done {i}: " + prose(rng, 150)}]
+    return [*messages, {"role": "user", "content": "Go on."}]
+
+
+async def send(proxy: Any, session: str, messages: list[dict[str, Any]], model: str = "gpt-4o") -> str:
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"model": model, "messages": messages}),
+                            headers={"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session})
+    raw = await resp.read()
+    assert resp.status == 200, raw[:300]
+    return resp.headers["X-Ctxproxy-Compacted"]
+
+
+def test_summary_max_tokens_is_a_setting() -> None:
+    env = {"CTXPROXY_SUMMARY_MAX_TOKENS": "2000"}
+    assert Settings().summary_max_tokens == 8192
+    assert Settings.from_env(env).summary_max_tokens == 2000
+    assert Settings.from_env(env, summary_max_tokens=3000).summary_max_tokens == 3000
+    with pytest.raises(ValueError, match="summary_max_tokens must be at least 256"):
+        Settings(summary_max_tokens=100)
+    with pytest.raises(ValueError, match="CTXPROXY_SUMMARY_MAX_TOKENS must be a number"):
+        Settings.from_env({"CTXPROXY_SUMMARY_MAX_TOKENS": "lots"})
+    help_text = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "--summary-max-tokens INTEGER Output bound of a summary call" in help_text
+    assert "[default: 8192] [env var: CTXPROXY_SUMMARY_MAX_TOKENS]" in help_text
+
+
+@pytest.mark.parametrize(("model", "field"), [
+    ("o1", "max_completion_tokens"), ("o1-mini", "max_completion_tokens"), ("o3", "max_completion_tokens"),
+    ("o4-mini-2025-04-16", "max_completion_tokens"), ("gpt-5", "max_completion_tokens"),
+    ("gpt-5.1-codex", "max_completion_tokens"), ("openai/o3-mini", "max_completion_tokens"),
+    ("azure/GPT-5-mini", "max_completion_tokens"),
+    ("gpt-4o", "max_tokens"), ("gpt-4.1-mini", "max_tokens"), ("claude-sonnet-4-5", "max_tokens"),
+    ("meta-llama/Llama-3.3-70B-Instruct", "max_tokens"), ("omni-moderation-latest", "max_tokens"),
+    ("qwen3-coder:30b", "max_tokens"), ("", "max_tokens"),
+])
+def test_the_output_bound_field_follows_the_model_family(model: str, field: str) -> None:
+    assert output_bound_field(model) == field
+
+
+@pytest.mark.parametrize(("summary_model", "summary_max_tokens", "body_field", "bound"), [
+    (None, None, "max_tokens", 1_024),  # the request's model; a quarter of its 4,096-token window
+    ("o3-mini", None, "max_completion_tokens", 1_024),
+    ("gpt-5-mini", 600, "max_completion_tokens", 600),  # --summary-max-tokens under the quarter wins
+    ("mistral-large-latest", 600, "max_tokens", 600),
+])
+async def test_the_summary_request_carries_its_output_bound(make_proxy, fake: SlowSummariser,
+                                                            summary_model: str | None, summary_max_tokens: int | None,
+                                                            body_field: str, bound: int) -> None:
+    options: dict[str, Any] = {"summary_model": summary_model}
+    if summary_max_tokens is not None:
+        options["summary_max_tokens"] = summary_max_tokens
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, **options)
+    assert await send(proxy, "bound", history(12)) == "proactive"
+    assert fake.summary_requests
+    for body in fake.summary_requests:
+        assert body["model"] == (summary_model or "gpt-4o")
+        assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == {body_field: bound}
+
+
+async def test_the_summary_timeout_bounds_the_whole_compaction_not_each_call(make_proxy, fake: SlowSummariser) -> None:
+    """Chunk calls of 0.4 s each under a 0.6 s timeout: the compaction stops in its second call.
+
+    Before, each call had the whole timeout to itself, and a compaction of n chunks could take n timeouts.
+    """
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, summary_timeout=0.6)
+    messages = history(26)
+    key = SessionKey(tenant_of(API_KEY), "slow")
+    fake.delay = 0.4
+    assert await send(proxy, "slow", messages) == "none"
+    assert (fake.started, len(fake.summary_requests)) == (2, 1), "the second call was cut, no third one started"
+    metrics = await (await proxy.get("/metrics")).text()
+    assert compactions(metrics, "timeout") == 1
+    assert {f.kind for f in await read_log(proxy.app[store_key], key)} == {"message"}, "nothing changed"
+
+    fake.delay = 0.0  # the same compaction with a fast summariser: it takes seven chunk calls
+    assert await send(proxy, "slow", messages) == "proactive"
+    assert fake.started == 2 + 7
