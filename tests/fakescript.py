@@ -134,3 +134,13 @@ def sse(event: dict[str, Any]) -> bytes:
 def pieces(text: str, size: int = 7) -> list[str]:
     """``text`` cut into small deltas, the way the APIs stream it."""
     return [text[i:i + size] for i in range(0, len(text), size)] or [""]
+
+
+def parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON events of a server-sent event stream, in order (``event:`` lines and comments skipped)."""
+    events: list[dict[str, Any]] = []
+    for block in raw.split(b"\n\n"):
+        for line in block.split(b"\n"):
+            if line.startswith(b"data: "):
+                events.append(orjson.loads(line[6:]))
+    return events
