@@ -63,9 +63,10 @@ class FakeMessages:
         self.requests.append(recorded)
         return recorded
 
-    def _count(self, body: dict[str, Any]) -> tuple[list[Any], int]:
+    def _count(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+        """The prompt as the model reads it (tools, system, messages) and each part's tokens."""
         prompt = [body.get("tools"), body.get("system"), *(body.get("messages") or [])]
-        return prompt, sum(self.window.count(part) for part in prompt)
+        return prompt, [self.window.count(part) for part in prompt]
 
     # -- routes ---------------------------------------------------------------------------------
 
@@ -77,7 +78,7 @@ class FakeMessages:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json(loads=orjson.loads)
-        _, tokens = self._count(body)
+        tokens = sum(self._count(body)[1])
         self._record(request, body, "count_tokens", tokens=tokens)
         return web.json_response({"input_tokens": tokens})
 
@@ -88,7 +89,8 @@ class FakeMessages:
             self._record(request, body, "summary")
             text = summary_text(orjson.dumps(messages).decode())
             return await self._answer(request, body, [{"type": "text", "text": text}], "end_turn", 0, 0)
-        prompt, tokens = self._count(body)
+        prompt, counts = self._count(body)
+        tokens = sum(counts)
         if self.window.refuses(tokens):
             assert self.window.limit is not None
             in_stream = self.overflow == "event" and bool(body.get("stream"))
@@ -105,7 +107,7 @@ class FakeMessages:
         kind = "client_compaction" if CLIENT_COMPACTION in _last_user_text(messages) else "turn"
         self._record(request, body, kind, tokens=tokens)
         session = request.headers.get("X-Claude-Code-Session-Id", "")
-        cached = cached_prefix(self._last_prompt.get(session, []), prompt, self.window.count)
+        cached = cached_prefix(self._last_prompt.get(session, []), prompt, counts)
         self._last_prompt[session] = prompt
         if kind != "turn":
             return await self._answer(request, body, [{"type": "text", "text": "<summary>None</summary>"}],

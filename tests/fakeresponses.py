@@ -106,7 +106,8 @@ class FakeResponses:
             self._record(request, body, "compact")
             return await self._answer(request, body, [self._compaction_item()], 0)
         prompt = [body.get("tools"), body.get("instructions"), *items]
-        tokens = sum(self.window.count(part) for part in prompt)
+        counts = [self.window.count(part) for part in prompt]
+        tokens = sum(counts)
         if self.window.refuses(tokens):
             in_stream = self.overflow != "http" and bool(body.get("stream"))
             self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
@@ -119,7 +120,7 @@ class FakeResponses:
         kind = "client_compaction" if _last_user_text(items).startswith(CLIENT_COMPACTION) else "turn"
         self._record(request, body, kind, tokens=tokens)
         key = str(body.get("prompt_cache_key"))
-        cached = cached_prefix(self._last_input.get(key, []), prompt, self.window.count)
+        cached = cached_prefix(self._last_input.get(key, []), prompt, counts)
         self._last_input[key] = prompt
         output = [self._message("Checkpoint written.")] if kind != "turn" else self._turn_output(body, items)
         return await self._answer(request, body, output, tokens, cached // 128 * 128 if cached >= 1024 else 0)

@@ -115,13 +115,13 @@ class Window:
         return self.limit is not None and tokens > self.limit
 
 
-def cached_prefix(previous: Sequence[Any], current: Sequence[Any], count: Callable[[Any], int]) -> int:
-    """Tokens of the leading items ``current`` shares with ``previous``: what a prefix cache could serve."""
+def cached_prefix(previous: Sequence[Any], current: Sequence[Any], counts: Sequence[int]) -> int:
+    """Tokens (``counts``: per item of ``current``) of the leading items shared with ``previous``: a prefix cache."""
     total = 0
-    for old, new in zip(previous, current, strict=False):
+    for old, new, tokens in zip(previous, current, counts, strict=False):
         if old != new:
             break
-        total += count(new)
+        total += tokens
     return total
 
 
