@@ -1,0 +1,158 @@
+"""The real coding agents as child processes: Codex CLI and Claude Code, pinned in tests/clients/package.json.
+
+``scripts/install-clients`` installs them (npm, native binaries included) into
+tests/clients/node_modules. Each run gets its own HOME (and CODEX_HOME) under
+the test's tmp_path and an environment built from nothing but PATH, so no user
+configuration, key or proxy setting leaks in, and both agents talk to the one
+loopback base URL they are given and nothing else:
+
+- Codex: a custom ``[model_providers.…]`` with ``wire_api = "responses"``; the
+  features that reach other hosts at startup are off (``features.plugins``
+  looks up github.com, api.github.com and chatgpt.com; ``analytics`` posts to
+  ab.chatgpt.com); retries are off so an error shows at once instead of after
+  backoff; the context window and auto-compaction limit are set far above any
+  test's window, so the proxy has to do the compacting.
+- Claude Code: ``ANTHROPIC_BASE_URL`` and a dummy key, its auto-compaction off
+  (``DISABLE_AUTO_COMPACT``), non-essential traffic (telemetry, update checks)
+  off, only the Bash tool offered and allowed.
+
+Runs are bounded by ``timeout``; on expiry the agent's whole process group is
+killed and the run reported with return code ``None``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CLIENTS = Path(__file__).resolve().parent / "clients"
+BIN = CLIENTS / "node_modules" / ".bin"
+PINNED: dict[str, str] = json.loads((CLIENTS / "package.json").read_text())["dependencies"]
+CODEX_VERSION = PINNED["@openai/codex"]
+CLAUDE_VERSION = PINNED["@anthropic-ai/claude-code"]
+#: A model Codex knows (so it sends what it sends for a real model); the fakes answer any name.
+CODEX_MODEL = "gpt-5.5"
+#: Codex's window and auto-compaction limit: far above any test's window.
+CODEX_WINDOW = 1_000_000
+TIMEOUT = 60.0
+
+
+@dataclass
+class AgentRun:
+    """A finished run. ``final_text``: the agent's last answer; ``errors``: the errors it reported."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    final_text: str | None = None
+    errors: list[str] = field(default_factory=list)
+
+
+def binary(name: str) -> Path:
+    path = BIN / name
+    if not path.exists():
+        raise RuntimeError(f"{path} is missing: run scripts/install-clients")
+    return path
+
+
+def base_env(home: Path) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "LANG": "C.UTF-8",
+            "TERM": "dumb", "NO_COLOR": "1"}
+
+
+def codex_config(base_url: str, window: int = CODEX_WINDOW) -> str:
+    """The config.toml of a Codex run against ``base_url`` (``…/v1``)."""
+    return "\n".join([
+        f'model = "{CODEX_MODEL}"',
+        'model_provider = "ctxproxy-test"',
+        'approval_policy = "never"',
+        'sandbox_mode = "danger-full-access"',
+        f"model_context_window = {window}",
+        f"model_auto_compact_token_limit = {window}",
+        "",
+        "[model_providers.ctxproxy-test]",
+        'name = "ctxproxy test upstream"',
+        f'base_url = "{base_url}"',
+        'env_key = "CTXPROXY_TEST_KEY"',
+        'wire_api = "responses"',
+        "request_max_retries = 0",
+        "stream_max_retries = 0",
+        "",
+        "[features]",
+        "plugins = false",
+        "",
+        "[analytics]",
+        "enabled = false",
+        "",
+    ])
+
+
+async def run_codex(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``codex exec --json`` in ``root/work``, configured by ``root/codex-home/config.toml``."""
+    home, work = _dirs(root)
+    codex_home = root / "codex-home"
+    codex_home.mkdir(exist_ok=True)
+    (codex_home / "config.toml").write_text(codex_config(base_url))
+    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test"}
+    argv = [str(binary("codex")), "exec", "--skip-git-repo-check", "-C", str(work), "--json", prompt]
+    run = await _run(argv, env, work, timeout)
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            run.events.append(json.loads(line))
+    for event in run.events:
+        item = event.get("item") or {}
+        if event.get("type") == "item.completed" and item.get("type") == "agent_message":
+            run.final_text = item.get("text")
+        elif event.get("type") == "error" or item.get("type") == "error":
+            run.errors.append(str(event.get("message") or item.get("message")))
+        elif event.get("type") == "turn.failed":
+            run.errors.append(str((event.get("error") or {}).get("message")))
+    return run
+
+
+async def run_claude(base_url: str, root: Path, prompt: str, *, max_turns: int,
+                     timeout: float = TIMEOUT) -> AgentRun:
+    """``claude -p --output-format json`` in ``root/work`` with only Bash, at ``base_url`` (no ``/v1``)."""
+    home, work = _dirs(root)
+    env = {**base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-ant-ctxproxy-test",
+           "DISABLE_AUTO_COMPACT": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+    argv = [str(binary("claude")), "-p", "--tools", "Bash", "--allowedTools", "Bash", "--max-turns", str(max_turns),
+            "--output-format", "json", prompt]
+    run = await _run(argv, env, work, timeout)
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            run.events.append(json.loads(line))
+    result = next((e for e in reversed(run.events) if e.get("type") == "result"), None)
+    if result is not None:
+        if result.get("is_error"):
+            run.errors.append(str(result.get("result")))
+        else:
+            run.final_text = result.get("result")
+    return run
+
+
+def _dirs(root: Path) -> tuple[Path, Path]:
+    home, work = root / "home", root / "work"
+    home.mkdir(parents=True, exist_ok=True)
+    work.mkdir(exist_ok=True)
+    return home, work
+
+
+async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> AgentRun:
+    """Run to the end or to ``timeout``; in its own session, so its shells die with it."""
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                start_new_session=True)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = await proc.communicate()
+        return AgentRun(None, out.decode(errors="replace"), err.decode(errors="replace"))
+    return AgentRun(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))

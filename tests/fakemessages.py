@@ -1,0 +1,245 @@
+"""A fake Anthropic Messages API upstream for the real Claude Code: a real aiohttp server.
+
+``POST /v1/messages`` (Claude Code adds ``?beta=true``) answers each turn of
+``script`` with a ``thinking`` block (its ``signature`` one the fake issued),
+then a ``Bash`` ``tool_use`` whose ``command`` runs the step, or the final text;
+streamed as the API streams it (``message_start``, ``ping``,
+``content_block_start``/``delta``/``stop`` with ``thinking_delta``,
+``signature_delta``, ``text_delta`` and ``input_json_delta``, ``message_delta``
+with ``stop_reason`` and ``usage``, ``message_stop``) or as one JSON message. It
+checks what the real API checks about history (thinking blocks come back with
+their signature; every ``tool_use`` is answered by a ``tool_result`` in the next
+message and every ``tool_result`` answers one) and refuses a prompt over
+``window`` with the API's 400 "prompt is too long: N tokens > M maximum"
+(``overflow="event"``: the same error as an in-stream ``error`` event).
+``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
+``system`` is the proxy's summariser prompt gets a summary. Everything it
+receives is in ``requests``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tests.fakescript import Recorded, Script, Window, cached_prefix, is_summary_prompt, pieces, sse, summary_text
+from tests.fakeupstream import overflow_body
+
+#: Claude Code's own compaction request carries this in its last user message; a proxy-driven run must never send it.
+CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversation so far"
+
+
+class FakeMessages:
+    """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: ``http`` or ``event``."""
+
+    def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
+        self.script = script or Script()
+        self.window = Window(window)
+        self.overflow = overflow
+        self.requests: list[Recorded] = []
+        self._ids = itertools.count(1)
+        #: (thinking, signature) of every thinking block handed out, so one sent back can be checked.
+        self._issued: set[tuple[str, str]] = set()
+        self._last_prompt: dict[str, list[Any]] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/messages", self.messages)
+        app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
+        app.router.add_route("*", "/{tail:.*}", self.other)
+        return app
+
+    def turns(self) -> list[Recorded]:
+        return [r for r in self.requests if r.kind == "turn"]
+
+    def _record(self, request: web.Request, body: Any, kind: str, **extra: Any) -> Recorded:
+        recorded = Recorded(request.method, request.path, dict(request.query), dict(request.headers), body, kind,
+                            **extra)
+        self.requests.append(recorded)
+        return recorded
+
+    def _count(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+        """The prompt as the model reads it (tools, system, messages) and each part's tokens."""
+        prompt = [body.get("tools"), body.get("system"), *(body.get("messages") or [])]
+        return prompt, [self.window.count(part) for part in prompt]
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    async def other(self, request: web.Request) -> web.Response:
+        self._record(request, await request.text(), "other", status=404)
+        return web.json_response({"type": "error", "error": {"type": "not_found_error",
+                                                             "message": f"No route {request.method} {request.path}"}},
+                                 status=404)
+
+    async def count_tokens(self, request: web.Request) -> web.Response:
+        body = await request.json(loads=orjson.loads)
+        tokens = sum(self._count(body)[1])
+        self._record(request, body, "count_tokens", tokens=tokens)
+        return web.json_response({"input_tokens": tokens})
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json(loads=orjson.loads)
+        messages: list[dict[str, Any]] = body.get("messages") or []
+        if is_summary_prompt(body.get("system")):
+            self._record(request, body, "summary")
+            text = summary_text(orjson.dumps(messages).decode())
+            return await self._answer(request, body, [{"type": "text", "text": text}], "end_turn", 0, 0)
+        prompt, counts = self._count(body)
+        tokens = sum(counts)
+        if self.window.refuses(tokens):
+            assert self.window.limit is not None
+            in_stream = self.overflow == "event" and bool(body.get("stream"))
+            self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
+            status, raw = overflow_body("anthropic", tokens, self.window.limit)
+            if in_stream:
+                return await _stream(request, [orjson.loads(raw)])
+            return web.Response(status=status, body=raw, content_type="application/json")
+        problem = self._check_history(messages)
+        if problem is not None:
+            self._record(request, body, "turn", tokens=tokens, status=400)
+            return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": problem}},
+                                     status=400)
+        kind = "client_compaction" if CLIENT_COMPACTION in _last_user_text(messages) else "turn"
+        self._record(request, body, kind, tokens=tokens)
+        session = request.headers.get("X-Claude-Code-Session-Id", "")
+        cached = cached_prefix(self._last_prompt.get(session, []), prompt, counts)
+        self._last_prompt[session] = prompt
+        if kind != "turn":
+            return await self._answer(request, body, [{"type": "text", "text": "<summary>None</summary>"}],
+                                      "end_turn", tokens, cached)
+        blocks, stop = self._turn_output(body, messages)
+        return await self._answer(request, body, blocks, stop, tokens, cached)
+
+    # -- the script -----------------------------------------------------------------------------
+
+    def _turn_output(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+        command, output = _last_call(messages)
+        step = self.script.next_step(command, output)
+        shown = (body.get("thinking") or {}).get("display") != "omitted"
+        if isinstance(step, str):
+            return [self._thinking("Wrapping up.", shown), {"type": "text", "text": step}], "end_turn"
+        if not any(t.get("name") == "Bash" for t in body.get("tools") or []):
+            return [{"type": "text", "text": "No Bash tool was offered."}], "end_turn"
+        call = {"type": "tool_use", "id": f"toolu_{next(self._ids):06d}", "name": "Bash",
+                "input": {"command": self.script.command(step), "description": f"Run step {step}"}}
+        return [self._thinking(f"Step {step} next.", shown), call], "tool_use"
+
+    def _thinking(self, text: str, shown: bool) -> dict[str, Any]:
+        """A thinking block; with ``display: omitted`` its text is empty and only the signature travels."""
+        thinking = text if shown else ""
+        digest = hashlib.sha256(f"{next(self._ids)}:{text}".encode()).digest()
+        signature = base64.b64encode(digest * 6).decode()
+        self._issued.add((thinking, signature))
+        return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+    def _check_history(self, messages: list[dict[str, Any]]) -> str | None:
+        """What the real API refuses in a conversation, or ``None``. Role ``system`` entries are passed over."""
+        turns = [(i, m) for i, m in enumerate(messages) if m.get("role") != "system"]
+        if turns and turns[0][1].get("role") != "user":
+            return "messages: first message must use the \"user\" role"
+        for (index, message), following in itertools.zip_longest(turns, turns[1:]):
+            blocks = _blocks(message)
+            for b, block in enumerate(blocks):
+                signed = (block.get("thinking"), block.get("signature"))
+                if block.get("type") == "thinking" and signed not in self._issued:
+                    return f"messages.{index}.content.{b}: Invalid `signature` in `thinking` block"
+            asked = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+            answers = _blocks(following[1]) if following else []
+            if missing := [i for i in asked if i not in {b.get("tool_use_id") for b in answers}]:
+                return (f"messages.{index}: `tool_use` ids were found without `tool_result` blocks immediately "
+                        f"after: {missing[0]}. Each `tool_use` block must have a corresponding `tool_result` block "
+                        "in the next message.")
+            for b, block in enumerate(answers):
+                if block.get("type") == "tool_result" and block.get("tool_use_id") not in asked:
+                    return (f"messages.{following[0]}.content.{b}: unexpected `tool_use_id` found in `tool_result` "
+                            f"blocks: {block.get('tool_use_id')}. Each `tool_result` block must have a "
+                            "corresponding `tool_use` block in the previous message.")
+        return None
+
+    # -- the wire -------------------------------------------------------------------------------
+
+    async def _answer(self, request: web.Request, body: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
+                      tokens: int, cached: int) -> web.StreamResponse:
+        usage = {"input_tokens": tokens - cached, "cache_creation_input_tokens": 0,
+                 "cache_read_input_tokens": cached, "output_tokens": 11}
+        message = {"id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
+                   "model": body.get("model"), "content": blocks, "stop_reason": stop, "stop_sequence": None,
+                   "usage": usage}
+        if not body.get("stream"):
+            return web.json_response(message)
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        events: list[dict[str, Any]] = [{"type": "message_start", "message": start}, {"type": "ping"}]
+        for index, block in enumerate(blocks):
+            events.extend(_block_events(index, block))
+        events.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                       "usage": {"output_tokens": usage["output_tokens"]}})
+        events.append({"type": "message_stop"})
+        return await _stream(request, events)
+
+
+def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
+    kind = block["type"]
+    start: dict[str, Any]
+    deltas: list[dict[str, Any]]
+    if kind == "thinking":
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [{"type": "thinking_delta", "thinking": p} for p in pieces(block["thinking"]) if p]
+        deltas.append({"type": "signature_delta", "signature": block["signature"]})
+    elif kind == "text":
+        start = {"type": "text", "text": ""}
+        deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
+    else:
+        start = {**block, "input": {}}
+        arguments = orjson.dumps(block["input"]).decode()
+        deltas = [{"type": "input_json_delta", "partial_json": p} for p in pieces(arguments)]
+    return [{"type": "content_block_start", "index": index, "content_block": start},
+            *({"type": "content_block_delta", "index": index, "delta": d} for d in deltas),
+            {"type": "content_block_stop", "index": index}]
+
+
+async def _stream(request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for event in events:
+        await resp.write(sse(event))
+    await resp.write_eof()
+    return resp
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message.get("content")
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _last_call(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """The command of the latest Bash ``tool_use`` and the ``tool_result`` sent back for it."""
+    for index in range(len(messages) - 1, -1, -1):
+        uses = [b for b in _blocks(messages[index]) if b.get("type") == "tool_use"]
+        if not uses:
+            continue
+        call = uses[-1]
+        command = str((call.get("input") or {}).get("command"))
+        for later in messages[index + 1:]:
+            for block in _blocks(later):
+                if block.get("type") == "tool_result" and block.get("tool_use_id") == call.get("id"):
+                    return command, _text(block.get("content"))
+        return command, None
+    return None, None
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            return _text(message.get("content"))
+    return ""
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, list):
+        return "\n".join(str(b.get("text", "")) for b in value if isinstance(b, dict))
+    return value if isinstance(value, str) else ""

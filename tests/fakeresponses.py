@@ -1,0 +1,290 @@
+"""A fake OpenAI Responses API upstream for the real Codex CLI: a real aiohttp server.
+
+``POST /v1/responses`` answers each turn of ``script`` (a reasoning item with
+``encrypted_content``, then a call to the shell tool the request offers, or the
+final message), streamed as the API streams it: ``response.created``,
+``response.in_progress``, per item ``response.output_item.added``, its deltas and
+``response.output_item.done``, then ``response.completed`` with ``usage``; no
+``[DONE]``. It checks what the real API checks about history sent back with
+``store: false`` (every reasoning item is one it issued, byte for byte, and is
+followed by its item; calls and outputs pair up) and refuses a prompt over
+``window`` in one of the API's three overflow shapes (``overflow``: ``http``,
+``event`` or ``failed``). The proxy's summary calls are answered on
+``/v1/chat/completions`` and on ``/v1/responses`` alike; ``/v1/responses/compact``
+and a turn ending in ``compaction_trigger`` get one ``compaction`` item.
+Everything it receives is in ``requests``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import itertools
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from tests.fakescript import Recorded, Script, Window, cached_prefix, is_summary_prompt, pieces, sse, summary_text
+
+OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
+                  "message": "Your input exceeds the context window of this model. Please adjust your input and try "
+                             "again."}
+#: Codex's own compaction prompt (codex-rs core/templates/compact), which a proxy-driven run must never send.
+CLIENT_COMPACTION = "You are performing a CONTEXT CHECKPOINT COMPACTION"
+
+
+class FakeResponses:
+    """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: in which shape."""
+
+    def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
+        self.script = script or Script()
+        self.window = Window(window)
+        self.overflow = overflow
+        self.requests: list[Recorded] = []
+        self._ids = itertools.count(1)
+        #: encrypted_content of every reasoning item handed out, so one sent back can be checked.
+        self._issued: set[str] = set()
+        self._last_input: dict[str, list[Any]] = {}
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1/responses/compact", self.compact)
+        app.router.add_post("/v1/chat/completions", self.chat_summary)
+        app.router.add_route("*", "/{tail:.*}", self.other)
+        return app
+
+    def turns(self) -> list[Recorded]:
+        return [r for r in self.requests if r.kind == "turn"]
+
+    def _record(self, request: web.Request, body: Any, kind: str, **extra: Any) -> Recorded:
+        recorded = Recorded(request.method, request.path, dict(request.query), dict(request.headers), body, kind,
+                            **extra)
+        self.requests.append(recorded)
+        return recorded
+
+    # -- routes ---------------------------------------------------------------------------------
+
+    async def other(self, request: web.Request) -> web.Response:
+        """Anything else (``GET /v1/responses`` asking for a websocket included) is recorded and refused."""
+        websocket = request.headers.get("Upgrade", "").lower() == "websocket"
+        self._record(request, await request.text(), "websocket" if websocket else "other",
+                     status=426 if websocket else 404)
+        if websocket:
+            return web.Response(status=426, text="Upgrade Required")
+        return web.json_response({"error": {"type": "invalid_request_error", "code": "not_found", "param": None,
+                                            "message": f"No route {request.method} {request.path}"}}, status=404)
+
+    async def chat_summary(self, request: web.Request) -> web.Response:
+        body = await request.json(loads=orjson.loads)
+        messages = body.get("messages") or []
+        if not messages or not is_summary_prompt(messages[0].get("content")):
+            self._record(request, body, "other", status=404)
+            return web.json_response({"error": {"type": "invalid_request_error", "message": "summaries only"}},
+                                     status=404)
+        self._record(request, body, "summary")
+        text = summary_text(orjson.dumps(messages[1:]).decode())
+        return web.json_response({"id": "chatcmpl-summary", "object": "chat.completion", "model": body.get("model"),
+                                  "choices": [{"index": 0, "finish_reason": "stop",
+                                               "message": {"role": "assistant", "content": text}}],
+                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+    async def compact(self, request: web.Request) -> web.Response:
+        body = await request.json(loads=orjson.loads)
+        self._record(request, body, "compact")
+        return web.json_response({"output": [self._compaction_item()]})
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json(loads=orjson.loads)
+        items: list[dict[str, Any]] = body.get("input") or []
+        if is_summary_prompt(body.get("instructions")) or (items and is_summary_prompt(items[0].get("content"))):
+            self._record(request, body, "summary")
+            return await self._answer(request, body, [self._message(summary_text(orjson.dumps(items).decode()))], 0)
+        if items and items[-1].get("type") == "compaction_trigger":
+            self._record(request, body, "compact")
+            return await self._answer(request, body, [self._compaction_item()], 0)
+        prompt = [body.get("tools"), body.get("instructions"), *items]
+        counts = [self.window.count(part) for part in prompt]
+        tokens = sum(counts)
+        if self.window.refuses(tokens):
+            in_stream = self.overflow != "http" and bool(body.get("stream"))
+            self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
+            return await self._overflow(request, body)
+        problem = self._check_history(items)
+        if problem is not None:
+            self._record(request, body, "turn", tokens=tokens, status=400)
+            return web.json_response({"error": {"type": "invalid_request_error", "code": None, "param": "input",
+                                                "message": problem}}, status=400)
+        kind = "client_compaction" if _last_user_text(items).startswith(CLIENT_COMPACTION) else "turn"
+        self._record(request, body, kind, tokens=tokens)
+        key = str(body.get("prompt_cache_key"))
+        cached = cached_prefix(self._last_input.get(key, []), prompt, counts)
+        self._last_input[key] = prompt
+        output = [self._message("Checkpoint written.")] if kind != "turn" else self._turn_output(body, items)
+        return await self._answer(request, body, output, tokens, cached // 128 * 128 if cached >= 1024 else 0)
+
+    # -- the script -----------------------------------------------------------------------------
+
+    def _turn_output(self, body: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        command, output = _last_call(items)
+        step = self.script.next_step(command, output)
+        if isinstance(step, str):
+            return [self._reasoning("Wrapping up."), self._message(step)]
+        call = _shell_call(body.get("tools") or [], self.script.command(step))
+        if call is None:
+            return [self._message("No shell tool was offered.")]
+        n = next(self._ids)
+        return [self._reasoning(f"Step {step} next."),
+                {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "status": "completed", **call}]
+
+    def _reasoning(self, summary: str) -> dict[str, Any]:
+        n = next(self._ids)
+        secret = base64.b64encode(hashlib.sha256(f"{n}:{summary}".encode()).digest() * 4).decode()
+        self._issued.add(secret)
+        return {"type": "reasoning", "id": f"rs_{n}", "summary": [{"type": "summary_text", "text": summary}],
+                "encrypted_content": secret}
+
+    def _message(self, text: str) -> dict[str, Any]:
+        return {"type": "message", "id": f"msg_{next(self._ids)}", "role": "assistant", "status": "completed",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+    def _compaction_item(self) -> dict[str, Any]:
+        return {"type": "compaction", "id": f"cmp_{next(self._ids)}",
+                "encrypted_content": base64.b64encode(f"compaction-{next(self._ids)}".encode()).decode()}
+
+    def _check_history(self, items: list[dict[str, Any]]) -> str | None:
+        """What the real API refuses in history sent back with ``store: false``; ``None`` when it is fine."""
+        calls = {i.get("call_id") for i in items if i.get("type") == "function_call"}
+        outputs = {i.get("call_id") for i in items if i.get("type") == "function_call_output"}
+        for index, item in enumerate(items):
+            if item.get("type") != "reasoning":
+                continue
+            if item.get("encrypted_content") not in self._issued:
+                return f"The encrypted content for item {item.get('id')} could not be verified."
+            following = items[index + 1] if index + 1 < len(items) else {}
+            if following.get("type") not in ("function_call", "message"):
+                return (f"Item '{item.get('id')}' of type 'reasoning' was provided without its required following "
+                        "item.")
+        if missing := sorted(str(c) for c in outputs - calls):
+            return f"No tool call found for function call output with call_id {missing[0]}."
+        if missing := sorted(str(c) for c in calls - outputs):
+            return f"No tool output found for function call {missing[0]}."
+        return None
+
+    # -- the wire -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _response(body: dict[str, Any], rid: str, status: str, output: list[dict[str, Any]],
+                  **extra: Any) -> dict[str, Any]:
+        return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status,
+                "model": body.get("model"), "output": output, "error": None, "incomplete_details": None,
+                "store": body.get("store", True), **extra}
+
+    async def _answer(self, request: web.Request, body: dict[str, Any], output: list[dict[str, Any]],
+                      tokens: int, cached: int = 0) -> web.StreamResponse:
+        usage = {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": 9,
+                 "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": tokens + 9}
+        rid = f"resp_{next(self._ids)}"
+        done = self._response(body, rid, "completed", output, usage=usage)
+        if not body.get("stream"):
+            return web.json_response(done)
+        started = self._response(body, rid, "in_progress", [])
+        events: list[dict[str, Any]] = [{"type": "response.created", "response": started},
+                                        {"type": "response.in_progress", "response": started}]
+        for index, item in enumerate(output):
+            events.extend(_item_events(index, item))
+        events.append({"type": "response.completed", "response": done})
+        return await _stream(request, events)
+
+    async def _overflow(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if self.overflow == "http" or not body.get("stream"):
+            return web.json_response({"error": OVERFLOW_ERROR}, status=400)
+        rid = f"resp_{next(self._ids)}"
+        created = {"type": "response.created", "response": self._response(body, rid, "in_progress", [])}
+        if self.overflow == "event":
+            return await _stream(request, [created, {"type": "error", "error": OVERFLOW_ERROR}])
+        failed = self._response(body, rid, "failed", [], error={"code": OVERFLOW_ERROR["code"],
+                                                           "message": OVERFLOW_ERROR["message"]})
+        return await _stream(request, [created, {"type": "response.failed", "response": failed}])
+
+
+def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """``output_item.added``, the item's deltas, ``output_item.done``: encrypted content only in the last one."""
+    at = {"output_index": index, "item_id": item["id"]}
+    started = {**item, "status": "in_progress"}
+    events: list[dict[str, Any]] = []
+    if item["type"] == "reasoning":
+        started = {**started, "summary": [], "encrypted_content": None}
+        for s, part in enumerate(item["summary"]):
+            events.append({"type": "response.reasoning_summary_part.added", **at, "summary_index": s,
+                           "part": {"type": "summary_text", "text": ""}})
+            events += [{"type": "response.reasoning_summary_text.delta", **at, "summary_index": s, "delta": d}
+                       for d in pieces(part["text"])]
+            events.append({"type": "response.reasoning_summary_text.done", **at, "summary_index": s,
+                           "text": part["text"]})
+            events.append({"type": "response.reasoning_summary_part.done", **at, "summary_index": s, "part": part})
+    elif item["type"] == "message":
+        started = {**started, "content": []}
+        part = item["content"][0]
+        events.append({"type": "response.content_part.added", **at, "content_index": 0,
+                       "part": {**part, "text": ""}})
+        events += [{"type": "response.output_text.delta", **at, "content_index": 0, "delta": d}
+                   for d in pieces(part["text"])]
+        events.append({"type": "response.output_text.done", **at, "content_index": 0, "text": part["text"]})
+        events.append({"type": "response.content_part.done", **at, "content_index": 0, "part": part})
+    elif item["type"] == "function_call":
+        started = {**started, "arguments": ""}
+        events += [{"type": "response.function_call_arguments.delta", **at, "delta": d}
+                   for d in pieces(item["arguments"])]
+        events.append({"type": "response.function_call_arguments.done", **at, "arguments": item["arguments"]})
+    return [{"type": "response.output_item.added", "output_index": index, "item": started}, *events,
+            {"type": "response.output_item.done", "output_index": index, "item": item}]
+
+
+async def _stream(request: web.Request, events: list[dict[str, Any]]) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    for number, event in enumerate(events):
+        await resp.write(sse({**event, "sequence_number": number}))
+    await resp.write_eof()
+    return resp
+
+
+def _shell_call(tools: list[dict[str, Any]], command: str) -> dict[str, str] | None:
+    """A call to the shell tool the request offers, in that tool's argument shape."""
+    names = {t.get("name") for t in tools if t.get("type") == "function"}
+    if "exec_command" in names:  # Codex's unified exec tool
+        return {"name": "exec_command", "arguments": orjson.dumps({"cmd": command}).decode()}
+    if "shell" in names:
+        return {"name": "shell", "arguments": orjson.dumps({"command": ["bash", "-lc", command]}).decode()}
+    return None
+
+
+def _last_call(items: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """The command of the latest function call and the output sent back for it."""
+    for index in range(len(items) - 1, -1, -1):
+        item = items[index]
+        if item.get("type") != "function_call":
+            continue
+        command = str(item.get("arguments"))
+        for later in items[index + 1:]:
+            if later.get("type") == "function_call_output" and later.get("call_id") == item.get("call_id"):
+                return command, _text(later.get("output"))
+        return command, None
+    return None, None
+
+
+def _last_user_text(items: list[dict[str, Any]]) -> str:
+    for item in reversed(items):
+        if item.get("type", "message") == "message" and item.get("role") == "user":
+            return _text(item.get("content"))
+    return ""
+
+
+def _text(value: Any) -> str:
+    """A string, or the texts of a list of content parts joined."""
+    if isinstance(value, list):
+        return "\n".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
+    return value if isinstance(value, str) else ""
