@@ -17,7 +17,7 @@ from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
 from proxy.http import admin, chat, health, passthrough
-from proxy.http.middleware import error_middleware
+from proxy.http.middleware import error_middleware, remember_prepared
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
 from proxy.metrics import Metrics
 from proxy.settings import Settings
@@ -62,6 +62,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
+    app.on_response_prepare.append(remember_prepared)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 

@@ -9,6 +9,7 @@
     │   └── UpstreamUnreachable
     ├── StoreError
     │   ├── StoreUnavailable
+    │   ├── UnencodableFact
     │   └── ConflictError
     └── BudgetExceeded
 
@@ -87,6 +88,10 @@ class StoreError(ProxyError):
 
 class StoreUnavailable(StoreError):
     """The backend did not answer (connection refused, timeout, disk error)."""
+
+
+class UnencodableFact(StoreError):
+    """A fact the log cannot write (nested deeper than orjson writes): retrying it can never succeed."""
 
 
 class ConflictError(StoreError):

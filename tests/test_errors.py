@@ -7,10 +7,15 @@ import socket
 
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.app import create_app
+from proxy.errors import BadRequest
+from proxy.keys import store_key
 from proxy.settings import Settings
+from proxy.store.base import SessionKey
 from tests.fakeupstream import Reply
+from tests.proxyfixtures import read_log
 
 
 def assert_openai_error(body: dict, status_type: str) -> None:
@@ -122,3 +127,44 @@ async def test_hung_upstream_is_504(make_proxy, fake) -> None:
 async def test_health_and_readiness(proxy) -> None:
     assert (await proxy.get("/healthz")).status == 200
     assert (await proxy.get("/readyz")).status == 200
+
+
+@pytest.mark.parametrize("depth", [252, 253, 254, 300])
+async def test_tool_call_arguments_nested_past_what_orjson_writes_are_served_and_logged(proxy, fake, depth) -> None:
+    """Arguments are a string to the API: nested as deep as orjson reads, they are hashed as text, never a 500."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "[" * depth + "]" * depth}}
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    session = {"X-Session-Id": f"deep-args-{depth}"}
+    resp = await proxy.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=session)
+    assert resp.status == 200, await resp.text()
+    messages.append((await resp.json())["choices"][0]["message"])
+    messages.append({"role": "user", "content": "next"})
+    resp = await proxy.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=session)
+    assert resp.status == 200, await resp.text()
+    facts = await read_log(proxy.app[store_key], SessionKey("anonymous", f"deep-args-{depth}"))
+    assert [(f.kind, f.index) for f in facts] == [("message", i) for i in range(6)], "recognised again: no rewind"
+    assert facts[1].message == messages[1]
+
+
+async def test_an_error_after_the_response_started_closes_the_connection(aiohttp_client, upstream, tmp_path) -> None:
+    """Never a second response inside a started one: the client sees the body cut at once, not garbage to wait on."""
+    app = create_app(Settings(upstream=str(upstream.make_url("/v1")), store=f"sqlite:///{tmp_path}/f.db"))
+
+    async def breaks(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if request.query.get("write"):
+            await resp.write(b"data: first\n\n")
+        raise RuntimeError("fails mid-stream") if request.query.get("crash") else BadRequest("too late to say so")
+
+    app.router.add_get("/test/breaks", breaks)
+    proxy = await aiohttp_client(app)
+    for query in ("write=1&crash=1", "write=1", "crash=1", ""):
+        reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+        writer.write(f"GET /test/breaks?{query} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
+        received = await asyncio.wait_for(reader.read(), 10)  # to EOF: the proxy closes the connection
+        writer.close()
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"HTTP/1.1" not in body, (query, received)
+        assert body == (b"d\r\ndata: first\n\n\r\n" if "write" in query else b""), "one chunk, and no final one"

@@ -23,6 +23,7 @@ from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.test_outage import metric
 
 API_KEY = "sk-faults"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -236,3 +237,58 @@ async def test_a_passthrough_stream_that_stalls_is_cut_not_completed(make_proxy,
         assert fake.passthrough_requests == 1
     finally:
         never.set()
+
+
+# ---- replies the log cannot encode --------------------------------------------------------------------------------
+
+DEEP_ARGUMENTS = "[" * 300 + "]" * 300  # a JSON value orjson reads (up to 1024 levels) but cannot write (254)
+
+
+def deep_reply(stream: bool) -> tuple[Handler, bytes]:
+    """A reply whose tool-call arguments are an object nested 300 levels, as raw bytes: nothing here can write it."""
+    call = ('{"index":0,"id":"call_deep","type":"function","function":{"name":"f","arguments":'
+            + DEEP_ARGUMENTS + "}}")
+    if stream:
+        head = '{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+        raw = (b"data: " + (head + '{"role":"assistant","tool_calls":[' + call + ']},"finish_reason":null}]}').encode()
+               + b"\n\ndata: " + (head + '{},"finish_reason":"tool_calls"}]}').encode() + b"\n\ndata: [DONE]\n\n")
+        content_type = "text/event-stream"
+    else:
+        raw = ('{"id":"c","object":"chat.completion","choices":[{"index":0,"finish_reason":"tool_calls",'
+               '"message":{"role":"assistant","content":null,"tool_calls":[' + call + "]}}]}").encode()
+        content_type = "application/json"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        for start in range(0, len(raw), 100):  # in pieces, as a network delivers it
+            await resp.write(raw[start:start + 100])
+        await resp.write_eof()
+        return resp
+
+    return handler, raw
+
+
+async def store_errors(proxy: Any) -> float:
+    return metric(await (await proxy.get("/metrics")).text(), "ctxproxy_store_errors_total")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_reply_the_log_cannot_encode_reaches_the_client_whole_and_counts_a_store_error(
+        proxy, fake: FaultyUpstream, stream: bool) -> None:
+    handler, raw = deep_reply(stream)
+    fake.raw.append(handler)
+    before = await store_errors(proxy)
+    resp = await post(proxy, f"deep-{stream}", stream=stream)
+    assert resp.status == 200
+    assert await resp.read() == raw, "the client gets the upstream's bytes, complete"
+    assert await store_errors(proxy) == before + 1
+    assert await log_of(proxy, f"deep-{stream}") == [], "nothing half-written, nothing kept to retry"
+
+    # The session goes on: the next step (without the unwritable reply) is served and logged.
+    fake.script.append(Reply(content="fine"))
+    assert (await post(proxy, f"deep-{stream}", stream=False, content="again")).status == 200
+    facts = await log_of(proxy, f"deep-{stream}")
+    assert [(f.source, f.message) for f in facts] == [
+        ("client", {"role": "user", "content": "again"}), ("upstream", {"role": "assistant", "content": "fine"})]
+    assert await store_errors(proxy) == before + 1

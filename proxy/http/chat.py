@@ -32,6 +32,7 @@ from proxy.overflow import Overflow, classify_overflow, classify_sse_event
 from proxy.sessions import check_client_key, credential, explicit_session, fingerprint_session, tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
+from proxy.store.codec import check_encodable
 from proxy.summarycall import summary_completer
 from proxy.types import Message
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
@@ -98,6 +99,7 @@ class ChatTurn:
             if not complete:
                 extra["partial"] = True
             try:
+                check_encodable(reply, extra)  # an unwritable reply is refused here, never kept for a retry
                 await history.sync(self.key, [*messages, reply], [*hashes, message_hash(reply)],
                                    upstream_from=len(messages), extra_upstream=extra)
             except StoreError as exc:
