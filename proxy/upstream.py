@@ -64,10 +64,18 @@ def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
 
 @asynccontextmanager
 async def map_upstream_errors() -> AsyncIterator[None]:
-    """Name transport failures: unreachable (502) or silent past the timeout (504)."""
+    """Name transport failures: unreachable (502), not speaking HTTP (502) or silent past the timeout (504).
+
+    aiohttp raises ``ClientResponseError`` when what came back is not an HTTP
+    response it can read (a bad status line, malformed headers, a
+    Content-Encoding it cannot decode); nothing of it reached the client yet.
+    """
     try:
         yield
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout("The upstream did not answer in time.") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamUnreachable("The upstream's answer is not an HTTP response this proxy can read.",
+                                  code="upstream_bad_response") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.InvalidURL, OSError) as exc:
         raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc
