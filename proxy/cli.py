@@ -81,6 +81,9 @@ def _event_loop() -> asyncio.AbstractEventLoop:
               help="Comma-separated keys a client must present, 401 otherwise [default: unset, any key]")
 @click.option("--max-body-bytes", envvar="CTXPROXY_MAX_BODY_BYTES", type=int, default=None, show_envvar=True,
               help="Largest request body accepted; larger gets 413 [default: 33554432]")
+@click.option("--max-event-bytes", envvar="CTXPROXY_MAX_EVENT_BYTES", type=int, default=None, show_envvar=True,
+              help="Longest server-sent event relayed from the upstream: longer fails the request with 502, or "
+                   "ends a stream already under way [default: 16777216]")
 @click.option("--upstream-timeout", envvar="CTXPROXY_UPSTREAM_TIMEOUT", type=float, default=None, show_envvar=True,
               help="Seconds of upstream silence before a 504 [default: 600]")
 @click.option("--reactive-retries", envvar="CTXPROXY_REACTIVE_RETRIES", type=int, default=None, show_envvar=True,

@@ -51,6 +51,8 @@ class Settings:
     upstream_timeout: float = 600.0
     #: Seconds to wait for the upstream's TCP/TLS connection.
     connect_timeout: float = 10.0
+    #: Longest server-sent event relayed from the upstream; a longer one fails the request (502) or ends the stream.
+    max_event_bytes: int = 16 * 1024 * 1024
     #: Compact-harder-and-retry attempts after the upstream refuses a prompt as too long.
     reactive_retries: int = 2
     #: Token estimate: "tokenizer" (default, measured in docs/BENCHMARKS.md), "chars" (the seed's) or "max".
@@ -73,6 +75,8 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_event_bytes < 1024:
+            raise ValueError("max_event_bytes must be at least 1024")
         if self.reactive_retries < 0:
             raise ValueError("reactive_retries must be 0 or more")
         if self.estimator not in ("tokenizer", "chars", "max"):
@@ -104,7 +108,7 @@ class Settings:
         return cls(**values)
 
 
-_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes", "reactive_retries"}
+_INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes", "max_event_bytes", "reactive_retries"}
 _FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "compaction_cooldown"}
 
 

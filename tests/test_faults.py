@@ -363,3 +363,51 @@ async def test_an_upstream_that_does_not_speak_http_is_a_502(aiohttp_client, tmp
     error = (await resp.json())["error"]
     assert (error["type"], error["code"]) == ("upstream_error", "upstream_bad_response")
     assert "SSH" not in error["message"], "the upstream's bytes are not echoed"
+
+
+# ---- an event that never ends ------------------------------------------------------------------------------------
+
+def endless_event(first: bytes, release: asyncio.Event) -> Handler:
+    """Stream ``first``, then an event that grows past any limit without its blank line, then hold the connection."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "')
+        for _ in range(8):
+            await resp.write(b"x" * 1024)
+        await release.wait()  # the proxy must act on the size, not wait for an end
+        return resp
+
+    return handler
+
+
+async def test_an_event_over_the_limit_before_anything_was_relayed_is_a_502(make_proxy,
+                                                                             fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(max_event_bytes=4096)
+    release = asyncio.Event()
+    fake.raw.append(endless_event(b": keep-alive\n\n", release))
+    try:
+        resp = await post(proxy, "endless-early", stream=True)
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_event_too_large")
+    finally:
+        release.set()
+    assert await log_of(proxy, "endless-early") == []
+
+
+async def test_an_event_over_the_limit_mid_stream_ends_the_stream_and_logs_the_partial_reply(
+        make_proxy, fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(max_event_bytes=4096)
+    release = asyncio.Event()
+    first = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}}]}\n\n'
+    fake.raw.append(endless_event(first, release))
+    try:
+        resp = await post(proxy, "endless-late", stream=True)
+        assert resp.status == 200
+        assert await read_cut_stream(resp) == first
+        facts = await until_logged(proxy, "endless-late", 2)
+    finally:
+        release.set()
+    assert (facts[-1].message, facts[-1].extra.get("partial")) == ({"role": "assistant", "content": "Hello"}, True)

@@ -162,11 +162,12 @@ async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.Strea
             turn.status = resp.status
             streaming = turn.chat.stream and resp.status == 200 and resp.content_type == "text/event-stream"
             if streaming:
-                prefix, first = await read_first_event(resp, turn.timing)
+                prefix, first = await read_first_event(resp, turn.timing, settings.max_event_bytes)
                 overflow = classify_sse_event(first.data) if first is not None else None
                 if overflow is None:
                     return await relay_stream(turn.request, resp, turn.headers(view, started), turn.sink_for(view),
-                                              turn.timing, hide_usage=turn.inject_usage, prefix=prefix)
+                                              turn.timing, hide_usage=turn.inject_usage, prefix=prefix,
+                                              limit=settings.max_event_bytes)
                 body = b"".join(prefix) + await read_whole(resp, turn.timing)
             else:
                 body = await read_whole(resp, turn.timing)
