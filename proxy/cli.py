@@ -84,6 +84,10 @@ def _event_loop() -> asyncio.AbstractEventLoop:
 @click.option("--max-event-bytes", envvar="CTXPROXY_MAX_EVENT_BYTES", type=int, default=None, show_envvar=True,
               help="Longest server-sent event relayed from the upstream: longer fails the request with 502, or "
                    "ends a stream already under way [default: 16777216]")
+@click.option("--client-timeout", envvar="CTXPROXY_CLIENT_TIMEOUT", type=float, default=None, show_envvar=True,
+              help="Seconds a client has to send a request head (from connecting or from its previous response: "
+                   "also how long an idle keep-alive connection stays open), and again to send the whole body, "
+                   "else 408 [default: 75]")
 @click.option("--upstream-timeout", envvar="CTXPROXY_UPSTREAM_TIMEOUT", type=float, default=None, show_envvar=True,
               help="Seconds of upstream silence before a 504 [default: 600]")
 @click.option("--reactive-retries", envvar="CTXPROXY_REACTIVE_RETRIES", type=int, default=None, show_envvar=True,
@@ -117,7 +121,8 @@ def serve(workers: int, **options: Any) -> None:
 
     logger.info("ctxproxy listening on http://%s:%d, upstream %s", settings.host, settings.port, settings.upstream)
     web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None,
-                handler_cancellation=True, access_log=None, loop=_event_loop())
+                keepalive_timeout=settings.client_timeout, handler_cancellation=True, access_log=None,
+                loop=_event_loop())
 
 
 # -- for people: sessions and check -------------------------------------------------------------

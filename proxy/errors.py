@@ -3,6 +3,7 @@
     ProxyError
     ├── BadRequest            malformed input from the client (4xx)
     │   ├── PayloadTooLarge
+    │   ├── RequestTimeout
     │   └── Unauthorized
     ├── UpstreamError
     │   ├── UpstreamTimeout
@@ -50,6 +51,13 @@ class PayloadTooLarge(BadRequest):
 
     status = 413
     code = "request_too_large"
+
+
+class RequestTimeout(BadRequest):
+    """The request body did not arrive within ``--client-timeout``."""
+
+    status = 408
+    code = "request_timeout"
 
 
 class Unauthorized(BadRequest):

@@ -51,6 +51,9 @@ class Settings:
     upstream_timeout: float = 600.0
     #: Seconds to wait for the upstream's TCP/TLS connection.
     connect_timeout: float = 10.0
+    #: Seconds a client has to send a request head (from the connection's start or its previous response, so
+    #: also how long an idle keep-alive connection stays open), and again to send the whole body (then 408).
+    client_timeout: float = 75.0
     #: Longest server-sent event relayed from the upstream; a longer one fails the request (502) or ends the stream.
     max_event_bytes: int = 16 * 1024 * 1024
     #: Compact-harder-and-retry attempts after the upstream refuses a prompt as too long.
@@ -71,7 +74,7 @@ class Settings:
             raise ValueError("context_window must be at least 1024 tokens")
         if self.min_retain_rounds < 1:
             raise ValueError("min_retain_rounds must be at least 1")
-        if self.summary_timeout <= 0 or self.upstream_timeout <= 0:
+        if self.summary_timeout <= 0 or self.upstream_timeout <= 0 or self.client_timeout <= 0:
             raise ValueError("timeouts must be positive")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
@@ -109,7 +112,8 @@ class Settings:
 
 
 _INTS = {"port", "context_window", "min_retain_rounds", "max_body_bytes", "max_event_bytes", "reactive_retries"}
-_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "compaction_cooldown"}
+_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "client_timeout",
+           "compaction_cooldown"}
 
 
 def _coerce(name: str, raw: str) -> Any:

@@ -202,7 +202,8 @@ def worker_main() -> None:
     app.cleanup_ctx.append(_refresh_gauges)
     logger.info("worker %d (pid %d) serving http://%s:%d", index, os.getpid(), settings.host, settings.port)
     web.run_app(app, host=settings.host, port=settings.port, reuse_port=True, print=None,
-                handler_cancellation=True, access_log=None, loop=_event_loop())
+                keepalive_timeout=settings.client_timeout, handler_cancellation=True, access_log=None,
+                loop=_event_loop())
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import orjson
@@ -168,3 +169,34 @@ async def test_an_error_after_the_response_started_closes_the_connection(aiohttp
         head, _, body = received.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"HTTP/1.1" not in body, (query, received)
         assert body == (b"d\r\ndata: first\n\n\r\n" if "write" in query else b""), "one chunk, and no final one"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/s/slow/v1/embeddings"])
+async def test_a_body_trickled_past_the_client_timeout_gets_408_and_the_connection_closes(make_proxy, fake,
+                                                                                          path) -> None:
+    """A byte every 50 ms never lets a connection idle, yet the body as a whole must arrive in time."""
+    proxy = await make_proxy(client_timeout=0.5)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 100000\r\n\r\n{".encode())
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):  # until cancelled, or the proxy closes the connection
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the pace of the trickle, not a wait for anything
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    finally:
+        trickling.cancel()
+    writer.write_eof()  # the client stops sending: nothing more for the proxy to drain
+    body = await asyncio.wait_for(reader.read(), 30)  # to EOF: the proxy closes the connection
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ") and b"\r\nConnection: close\r\n" in head, head
+    error = orjson.loads(body)
+    assert_openai_error(error, "invalid_request_error")
+    assert error["error"]["code"] == "request_timeout"
+    assert fake.requests == []

@@ -153,7 +153,7 @@ def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
 
 
 async def _instructions(request: web.Request) -> str | None:
-    raw = await read_body(request, request.app[settings_key].max_body_bytes) if request.body_exists else b""
+    raw = await read_body(request, request.app[settings_key]) if request.body_exists else b""
     if not raw.strip():
         return None
     body = parse_json(raw)

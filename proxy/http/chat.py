@@ -194,7 +194,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics, history, engine = app[settings_key], app[metrics_key], app[history_key], app[engine_key]
 
-    chat = parse_chat(await read_body(request, settings.max_body_bytes))
+    chat = parse_chat(await read_body(request, settings))
     key_text = credential(request.headers)
     check_client_key(key_text, settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers) or fingerprint_session(

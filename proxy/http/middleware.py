@@ -24,6 +24,8 @@ from proxy.errors import ProxyError
 logger = logging.getLogger(__name__)
 
 _TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "invalid_request_error"}
+#: Statuses after which the connection closes: the request's body was not read to its end (RFC 9110 §15.5.9).
+_CLOSING = frozenset({408})
 
 #: The response a handler prepared, once it has (set by ``remember_prepared``).
 _started: web.RequestKey[web.StreamResponse] = web.RequestKey("started", web.StreamResponse)
@@ -49,6 +51,8 @@ def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
     """
     started: web.StreamResponse | None = request.get(_started)
     if started is None:
+        if error.status in _CLOSING:
+            error.force_close()
         return error
     logger.warning("%s %s failed after its response started (status %d); closing the connection",
                    request.method, request.path, started.status)

@@ -41,7 +41,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     metrics = request.app[metrics_key]
     check_client_key(credential(request.headers), settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers)
-    body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
+    body = await read_body(request, settings) if request.body_exists else None
     url = upstream_url(request, settings.upstream_base)
     headers = request_headers(request.headers, settings, identity=False)
     status = 502
