@@ -2,8 +2,11 @@
 
 Hop-by-hop headers (RFC 9110 §7.6.1) never cross a proxy; ``Host`` and
 ``Content-Length`` are recomputed. The client's credential goes upstream as it
-came unless ``--upstream-key`` is set, in which case the proxy's key replaces it
-in the same header the client used.
+came unless ``--upstream-key`` is set. Then every credential header the client
+sent is dropped (``CREDENTIAL_HEADERS``: with ``--client-keys`` any of them may
+hold the key to this proxy) and the proxy's key goes alone: as ``api-key`` if
+the client used that header (Azure OpenAI's style), else as ``Authorization:
+Bearer``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.constants import CREDENTIAL_HEADERS
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.settings import Settings
 
@@ -38,11 +42,12 @@ def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity
     drop = _REQUEST_DROP | _connection_listed(incoming)
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
     if settings.upstream_key is not None:
-        if "api-key" in out:
+        azure_style = "api-key" in out
+        for name in CREDENTIAL_HEADERS:
+            out.popall(name, None)
+        if azure_style:
             out["api-key"] = str(settings.upstream_key)
         else:
-            out.popall("api-key", None)
-            out.popall("x-api-key", None)
             out["Authorization"] = "Bearer " + settings.upstream_key
     if identity:
         out["Accept-Encoding"] = "identity"

@@ -53,11 +53,20 @@ class NumberedSummaries(FakeUpstream):
         super().__init__()
         self._numbers = itertools.count(1)
         self.other_paths: list[tuple[str, str | None]] = []
+        #: Path and headers of every request it got, summary calls and pass-through included.
+        self.seen: list[tuple[str, dict[str, str]]] = []
 
     def app(self) -> web.Application:
         app = super().app()
         app.router.add_route("*", "/{tail:.*}", self.elsewhere)
+        app.middlewares.append(self.record)
         return app
+
+    @web.middleware
+    async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.path, dict(request.headers)))
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def elsewhere(self, request: web.Request) -> web.Response:
         self.other_paths.append((request.raw_path, request.headers.get("Authorization")))
@@ -281,6 +290,42 @@ async def test_passthrough_keeps_the_path_encoded_as_sent(make_proxy, fake: Numb
 
 
 # ---- keys never leak -------------------------------------------------------------------------------------------
+
+CLIENT_CREDENTIALS = {"Authorization": f"Bearer {KEY_A}", "api-key": KEY_A, "x-api-key": KEY_A}
+CREDENTIAL_MIXES = [mix for n in (1, 2, 3) for mix in itertools.combinations(CLIENT_CREDENTIALS, n)]
+
+
+@pytest.mark.parametrize("names", CREDENTIAL_MIXES, ids="+".join)
+async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_proxy, fake: NumberedSummaries,
+                                                                       names: tuple[str, ...]) -> None:
+    """Every mix of credential headers, on every route that goes upstream: only the proxy's own key crosses.
+
+    The client's key is its key to this proxy (``--client-keys``); the upstream gets ``--upstream-key`` alone,
+    as ``api-key`` when the client used that header (Azure OpenAI's style), else as a bearer token.
+    """
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
+                             client_keys=(Secret(KEY_A),))
+    headers = {name: CLIENT_CREDENTIALS[name] for name in names}
+    messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too
+    for stream in (False, True):
+        fake.script.append(Reply(content="ok"))
+        body = {"model": "gpt-4o", "messages": messages, "tools": TOOLS, "stream": stream}
+        resp = await proxy.post("/v1/chat/completions", json=body, headers={**headers, "X-Session-Id": "keyed"})
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    for path in ("/v1/files/f1/content", "/s/keyed/v1/embeddings"):
+        resp = await proxy.post(path, json={"input": "x"}, headers=headers)
+        assert resp.status == 200, await resp.text()
+    assert fake.summary_requests, "the summary call was made, as the caller"
+
+    expected = {"api-key": "sk-upstream-owned"} if "api-key" in names else {"Authorization": "Bearer sk-upstream-owned"}
+    assert len(fake.seen) == 5
+    for path, seen in fake.seen:
+        assert not any(KEY_A in value for value in seen.values()), (path, seen)
+        credentials = {name: value for name, value in seen.items() if name.lower() in {"authorization", "api-key",
+                                                                                        "x-api-key"}}
+        assert credentials == expected, (path, seen)
+
 
 
 async def redis_dump(url: str) -> bytes:
