@@ -200,3 +200,34 @@ async def test_a_body_trickled_past_the_client_timeout_gets_408_and_the_connecti
     assert_openai_error(error, "invalid_request_error")
     assert error["error"]["code"] == "request_timeout"
     assert fake.requests == []
+
+
+async def status_of_headers_only(host: str, port: int, head: list[str]) -> bytes:
+    """Send a request head announcing a 1 TB body and no body at all; the status line the proxy answers with."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(("\r\n".join([*head, "Host: proxy", f"Content-Length: {10**12}"]) + "\r\n\r\n").encode())
+        return await asyncio.wait_for(reader.readline(), 30)
+    finally:
+        writer.close()
+
+
+async def test_client_keys_are_checked_before_the_body_is_read(make_proxy, fake) -> None:
+    """An unknown caller gets 401 for anything it sends: nothing of its body is read, parsed or measured."""
+    proxy = await make_proxy(client_keys=("good-key",), max_body_bytes=4096)
+    for path in ("/v1/chat/completions", "/s/s1/v1/chat/completions", "/v1/embeddings", "/s/s1/v1/files"):
+        for wrong in ([], ["Authorization: Bearer wrong"], ["api-key: wrong"]):
+            status_line = await status_of_headers_only(proxy.host, proxy.port, [f"POST {path} HTTP/1.1", *wrong])
+            assert status_line.split()[1] == b"401", (path, wrong, status_line)
+        for body in (b"{not json", b"x" * 10_000):
+            resp = await proxy.post(path, data=body, headers={"Authorization": "Bearer wrong"})
+            assert resp.status == 401, (path, body[:10])
+            assert_openai_error(await resp.json(), "authentication_error")
+    resp = await proxy.get("/nowhere")
+    assert resp.status == 401, "no key, no map of the routes"
+    for open_path in ("/healthz", "/readyz", "/metrics"):
+        assert (await proxy.get(open_path)).status == 200
+    for header, value in (("Authorization", "Bearer good-key"), ("api-key", "good-key"), ("x-api-key", "good-key")):
+        resp = await proxy.post("/v1/chat/completions", data=b"{not json", headers={header: value})
+        assert resp.status == 400, header  # the key is good: now the body is read, and refused
+    assert fake.requests == []

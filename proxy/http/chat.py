@@ -29,7 +29,7 @@ from proxy.http.relay import RelayTiming, read_first_event, read_whole, relay_st
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow, classify_sse_event
-from proxy.sessions import check_client_key, credential, explicit_session, fingerprint_session, tenant_of
+from proxy.sessions import credential, explicit_session, fingerprint_session, tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
@@ -194,9 +194,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics, history, engine = app[settings_key], app[metrics_key], app[history_key], app[engine_key]
 
-    chat = parse_chat(await read_body(request, settings))
+    chat = parse_chat(await read_body(request, settings))  # the client key is checked already (proxy.http.clients)
     key_text = credential(request.headers)
-    check_client_key(key_text, settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers) or fingerprint_session(
         chat.messages
     )
