@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,11 @@ import orjson
 import pytest
 import redis.asyncio
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from proxy.context.projection import SUMMARY_HEADER
 from proxy.keys import store_key
+from proxy.logs import JsonFormatter, RedactRequestBytes, default_log_config
 from proxy.sessions import fingerprint_session, tenant_of
 from proxy.settings import Secret
 from proxy.store import sqlite_path
@@ -407,3 +411,61 @@ async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: 
     for secret in secrets:
         for where, blob in (("log output", logs), ("store", stored), ("metrics", metrics)):
             assert secret.encode() not in blob, f"{secret} found in the {where}"
+
+
+UNPARSABLE = {  # requests aiohttp refuses while parsing them, each quoting KEY_A where aiohttp would quote bytes
+    "control-character": f"GET /v1/models HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}\x01\r\n\r\n",
+    "oversized-header": f"GET /v1/models HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}{'a' * 9000}\r\n\r\n",
+    "key-as-method": f"{KEY_A} /v1/models HTTP/1.1\r\nHost: p\r\n\r\n",
+    "oversized-target": f"GET /v1/models?key={KEY_A}{'b' * 9000} HTTP/1.1\r\nHost: p\r\n\r\n",
+    "bad-chunk-size": f"POST /v1/embeddings HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n{KEY_A}\r\n",
+    "body-not-gzip": (f"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}\r\n"
+                      f"Content-Encoding: gzip\r\nContent-Length: {len(KEY_A)}\r\n\r\n{KEY_A}"),
+}
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_requests_aiohttp_cannot_parse_get_openai_errors_and_leave_no_key_in_the_log(
+        upstream, tmp_path: Path, log_format: str) -> None:
+    """aiohttp quotes the bytes it could not parse, in its answer and in its log line: neither may carry a key."""
+    proxy = ProxyProcess(str(upstream.make_url("/v1")), f"sqlite:///{tmp_path}/f.db", tmp_path,
+                         ["--log-format", log_format, "--log-level", "DEBUG", "--client-keys", KEY_A])
+    try:
+        await proxy.start()
+        for name, request in UNPARSABLE.items():
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(request.encode())
+            answer = await asyncio.wait_for(reader.read(), 30)  # to EOF: a request that is not HTTP ends its connection
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b" ")[1] == b"400", (name, answer[:300])
+            error = orjson.loads(body)["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+            assert KEY_A.encode() not in answer, name
+        proxy.stop()
+    finally:
+        proxy.close()
+    logs = proxy.log_bytes()
+    assert logs.count(b"not valid HTTP") == 5, "the refusals were logged (at DEBUG or INFO), so the scan covers them"
+    if log_format == "json":
+        assert all(orjson.loads(line) for line in logs.splitlines())
+    assert KEY_A.encode() not in logs and KEY_A[:12].encode() not in logs
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_parsing_error_loses_its_text_in_any_log_record(log_format: str) -> None:
+    """Whatever logs one of aiohttp's parsing errors, or an error raised from one, prints its class, not its bytes."""
+    try:
+        try:
+            raise LineTooLong(f"Bearer {KEY_A}".encode(), 8190)
+        except LineTooLong as exc:
+            raise RuntimeError("while reading the request") from exc
+    except RuntimeError:
+        record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+                                   ("127.0.0.1",), sys.exc_info())
+    config = default_log_config("INFO", log_format)["formatters"]["default"]
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(config["format"])
+    assert RedactRequestBytes().filter(record)
+    line = formatter.format(record)
+    assert KEY_A not in line
+    assert "Error handling request from 127.0.0.1: LineTooLong (400), request bytes withheld" in line

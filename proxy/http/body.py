@@ -53,6 +53,9 @@ async def read_body(request: web.Request, settings: Settings) -> bytes:
             return await request.read()
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {settings.client_timeout:g} s.") from None
+    except web.RequestPayloadError:  # its text quotes the client's bytes: not repeated
+        raise BadRequest("The request body does not match its Content-Encoding or Transfer-Encoding.",
+                         code="invalid_body") from None
 
 
 def parse_json(raw: bytes) -> Any:
