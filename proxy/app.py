@@ -17,7 +17,8 @@ from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
 from proxy.http import admin, chat, health, passthrough
-from proxy.http.middleware import error_middleware
+from proxy.http.clients import client_key_middleware, open_route
+from proxy.http.middleware import error_middleware, remember_prepared
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
 from proxy.metrics import Metrics
 from proxy.settings import Settings
@@ -60,15 +61,17 @@ def engine_settings(settings: Settings) -> EngineSettings:
 
 
 def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
-    app = web.Application(client_max_size=settings.max_body_bytes, middlewares=[error_middleware])
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[error_middleware, client_key_middleware])
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
+    app.on_response_prepare.append(remember_prepared)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 
-    app.router.add_get("/healthz", health.healthz)
-    app.router.add_get("/readyz", health.readyz)
-    app.router.add_get("/metrics", health.metrics)
+    app.router.add_get("/healthz", open_route(health.healthz))
+    app.router.add_get("/readyz", open_route(health.readyz))
+    app.router.add_get("/metrics", open_route(health.metrics))
     for prefix in ("", "/s/{session}"):
         app.router.add_post(prefix + "/v1/chat/completions", chat.chat_completions)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)

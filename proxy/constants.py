@@ -36,6 +36,9 @@ HEADER_COMPACTED = "X-Ctxproxy-Compacted"
 HEADER_VIEW_TOKENS = "X-Ctxproxy-View-Tokens"
 HEADER_OVERHEAD = "X-Ctxproxy-Overhead-Ms"
 
+#: Headers a client's key may come in, in the order ``proxy.sessions.credential`` reads them.
+CREDENTIAL_HEADERS = ("Authorization", "api-key", "x-api-key")
+
 #: Session headers that real clients already send, after X-Session-Id, in priority order.
 FOREIGN_SESSION_HEADERS = (
     "session-id",

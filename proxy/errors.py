@@ -3,12 +3,14 @@
     ProxyError
     ├── BadRequest            malformed input from the client (4xx)
     │   ├── PayloadTooLarge
+    │   ├── RequestTimeout
     │   └── Unauthorized
     ├── UpstreamError
     │   ├── UpstreamTimeout
     │   └── UpstreamUnreachable
     ├── StoreError
     │   ├── StoreUnavailable
+    │   ├── UnencodableFact
     │   └── ConflictError
     └── BudgetExceeded
 
@@ -51,6 +53,13 @@ class PayloadTooLarge(BadRequest):
     code = "request_too_large"
 
 
+class RequestTimeout(BadRequest):
+    """The request body did not arrive within ``--client-timeout``."""
+
+    status = 408
+    code = "request_timeout"
+
+
 class Unauthorized(BadRequest):
     """Missing or unknown client key, or a wrong admin token."""
 
@@ -87,6 +96,10 @@ class StoreError(ProxyError):
 
 class StoreUnavailable(StoreError):
     """The backend did not answer (connection refused, timeout, disk error)."""
+
+
+class UnencodableFact(StoreError):
+    """A fact the log cannot write (nested deeper than orjson writes): retrying it can never succeed."""
 
 
 class ConflictError(StoreError):

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import orjson
+from aiohttp.http_exceptions import HttpProcessingError
 
 
 class JsonFormatter(logging.Formatter):
@@ -34,6 +35,37 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(out).decode()
 
 
+class RedactRequestBytes(logging.Filter):
+    """Withhold the text of aiohttp's HTTP parsing errors from every log record.
+
+    Their messages quote the offending request bytes (a header line with a
+    control character, the first bytes of an oversized line), which may be a
+    key. ``proxy.server`` already logs such errors by class alone; this catches
+    any other path, on any logger: a record whose exception (or one it was
+    raised from) is such an error loses its traceback, and says only the
+    error's class and status.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = _parsing_error(record.exc_info[1] if record.exc_info else None)
+        if error is not None:
+            record.msg = f"{record.getMessage()}: {type(error).__name__} ({error.code}), request bytes withheld"
+            record.args = ()
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
+def _parsing_error(exc: BaseException | None) -> HttpProcessingError | None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, HttpProcessingError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def default_log_config(level: str, fmt: str) -> dict[str, Any]:
     formatter: dict[str, Any] = (
         {"()": JsonFormatter}
@@ -45,7 +77,8 @@ def default_log_config(level: str, fmt: str) -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default"}},
+        "filters": {"redact": {"()": RedactRequestBytes}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default", "filters": ["redact"]}},
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {"aiohttp.access": {"level": "WARNING"}},
     }

@@ -53,6 +53,11 @@ class Settings:
     upstream_timeout: float = 600.0
     #: Seconds to wait for the upstream's TCP/TLS connection.
     connect_timeout: float = 10.0
+    #: Seconds a client has to send a request head (from the connection's start or its previous response, so
+    #: also how long an idle keep-alive connection stays open), and again to send the whole body (then 408).
+    client_timeout: float = 75.0
+    #: Longest server-sent event relayed from the upstream; a longer one fails the request (502) or ends the stream.
+    max_event_bytes: int = 16 * 1024 * 1024
     #: Compact-harder-and-retry attempts after the upstream refuses a prompt as too long.
     reactive_retries: int = 2
     #: Token estimate: "tokenizer" (default, measured in docs/BENCHMARKS.md), "chars" (the seed's) or "max".
@@ -71,12 +76,14 @@ class Settings:
             raise ValueError("context_window must be at least 1024 tokens")
         if self.min_retain_rounds < 1:
             raise ValueError("min_retain_rounds must be at least 1")
-        if self.summary_timeout <= 0 or self.upstream_timeout <= 0:
+        if self.summary_timeout <= 0 or self.upstream_timeout <= 0 or self.client_timeout <= 0:
             raise ValueError("timeouts must be positive")
         if self.summary_max_tokens < 256:
             raise ValueError("summary_max_tokens must be at least 256: eight sections need room")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.max_event_bytes < 1024:
+            raise ValueError("max_event_bytes must be at least 1024")
         if self.reactive_retries < 0:
             raise ValueError("reactive_retries must be 0 or more")
         if self.estimator not in ("tokenizer", "chars", "max"):
@@ -108,8 +115,10 @@ class Settings:
         return cls(**values)
 
 
-_INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "reactive_retries"}
-_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "compaction_cooldown"}
+_INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
+         "reactive_retries"}
+_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "client_timeout",
+           "compaction_cooldown"}
 
 
 def _coerce(name: str, raw: str) -> Any:

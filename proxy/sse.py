@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 __all__ = [
+    "EventTooLarge",
     "SSEEvent",
     "SSESplitter",
     "StreamAssembler",
@@ -40,6 +41,18 @@ _LINE_END_TEXT = re.compile(r"\r\n|\r|\n")
 _CR = 0x0D
 
 DONE = "[DONE]"
+
+
+class EventTooLarge(ValueError):
+    """An event is longer than the splitter's limit: an upstream that never ends an event must not fill memory.
+
+    ``events`` are the complete events the same `SSESplitter.feed` found
+    before it, which the caller may still relay.
+    """
+
+    def __init__(self, limit: int, events: list[bytes]) -> None:
+        super().__init__(f"an event of over {limit} bytes")
+        self.events = events
 
 
 class SSESplitter:
@@ -57,11 +70,18 @@ class SSESplitter:
 
     Searching resumes where the previous `feed` stopped, so the total work is
     linear in the stream length however small the chunks are.
+
+    ``limit`` bounds one event in bytes: `feed` raises `EventTooLarge` as soon
+    as an event, complete or still buffered, is longer, so the splitter never
+    holds more than the limit plus one chunk. The stream is to be abandoned
+    then (after relaying the events the exception carries); the splitter is
+    not usable after.
     """
 
-    __slots__ = ("_buf", "_line_start", "_scan")
+    __slots__ = ("_buf", "_limit", "_line_start", "_scan")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
         self._buf = bytearray()
         self._line_start = 0  # start of the current, unterminated line in _buf
         self._scan = 0  # where the next line-terminator search starts in _buf
@@ -89,16 +109,22 @@ class SSESplitter:
                 pos = term_start  # maybe half a CRLF: look at it again with the next chunk
                 break
             if term_start == line_start:  # empty line: the event is complete
+                self._check(term_end - event_start, events)
                 events.append(bytes(buf[event_start:term_end]))
                 event_start = term_end
             line_start = pos = term_end
         else:
             pos = end
+        self._check(end - event_start, events)
         if event_start:
             del buf[:event_start]
         self._line_start = line_start - event_start
         self._scan = pos - event_start
         return events
+
+    def _check(self, size: int, events: list[bytes]) -> None:
+        if self._limit is not None and size > self._limit:
+            raise EventTooLarge(self._limit, events)
 
     def flush(self) -> bytes:
         """Returns what is left at end of stream, to be relayed as is, and resets the splitter.

@@ -2,8 +2,11 @@
 
 Hop-by-hop headers (RFC 9110 §7.6.1) never cross a proxy; ``Host`` and
 ``Content-Length`` are recomputed. The client's credential goes upstream as it
-came unless ``--upstream-key`` is set, in which case the proxy's key replaces it
-in the same header the client used.
+came unless ``--upstream-key`` is set. Then every credential header the client
+sent is dropped (``CREDENTIAL_HEADERS``: with ``--client-keys`` any of them may
+hold the key to this proxy) and the proxy's key goes alone: as ``api-key`` if
+the client used that header (Azure OpenAI's style), else as ``Authorization:
+Bearer``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy.constants import CREDENTIAL_HEADERS
 from proxy.errors import UpstreamTimeout, UpstreamUnreachable
 from proxy.settings import Settings
 
@@ -38,11 +42,12 @@ def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity
     drop = _REQUEST_DROP | _connection_listed(incoming)
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
     if settings.upstream_key is not None:
-        if "api-key" in out:
+        azure_style = "api-key" in out
+        for name in CREDENTIAL_HEADERS:
+            out.popall(name, None)
+        if azure_style:
             out["api-key"] = str(settings.upstream_key)
         else:
-            out.popall("api-key", None)
-            out.popall("x-api-key", None)
             out["Authorization"] = "Bearer " + settings.upstream_key
     if identity:
         out["Accept-Encoding"] = "identity"
@@ -64,10 +69,18 @@ def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
 
 @asynccontextmanager
 async def map_upstream_errors() -> AsyncIterator[None]:
-    """Name transport failures: unreachable (502) or silent past the timeout (504)."""
+    """Name transport failures: unreachable (502), not speaking HTTP (502) or silent past the timeout (504).
+
+    aiohttp raises ``ClientResponseError`` when what came back is not an HTTP
+    response it can read (a bad status line, malformed headers, a
+    Content-Encoding it cannot decode); nothing of it reached the client yet.
+    """
     try:
         yield
     except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
         raise UpstreamTimeout("The upstream did not answer in time.") from exc
+    except aiohttp.ClientResponseError as exc:
+        raise UpstreamUnreachable("The upstream's answer is not an HTTP response this proxy can read.",
+                                  code="upstream_bad_response") from exc
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.InvalidURL, OSError) as exc:
         raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc

@@ -192,17 +192,16 @@ def worker_main() -> None:
     assert isinstance(settings, Settings) and isinstance(index, int) and isinstance(parent, int)
     _die_with_parent(parent)
     from proxy.app import create_app
-    from proxy.cli import _event_loop
     from proxy.logs import default_log_config
     from proxy.metrics import Metrics
+    from proxy.server import run
 
     logging.config.dictConfig(default_log_config(settings.log_level, settings.log_format))
     metrics = Metrics(multiprocess_dir=os.environ["PROMETHEUS_MULTIPROC_DIR"])
     app = create_app(settings, metrics=metrics)
     app.cleanup_ctx.append(_refresh_gauges)
     logger.info("worker %d (pid %d) serving http://%s:%d", index, os.getpid(), settings.host, settings.port)
-    web.run_app(app, host=settings.host, port=settings.port, reuse_port=True, print=None,
-                handler_cancellation=True, access_log=None, loop=_event_loop())
+    run(app, settings, reuse_port=True)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from proxy.context.compactor import prefix_hash
 from proxy.context.messages import message_hash
 from proxy.context.projection import SUMMARY_HEADER
 from proxy.context.tokens import TokenCounter
+from proxy.settings import Settings
 from proxy.store import NewFact, SessionKey, open_store
 from tests.redisproc import free_port
 
@@ -246,3 +247,13 @@ def test_check_fails_when_the_store_does_not_answer() -> None:
 def test_check_refuses_an_unknown_scheme() -> None:
     result = run("check", "--store", "mysql://nope")
     assert result.exit_code == 2 and "unsupported store URL" in result.output
+
+
+@pytest.mark.parametrize(("flag", "field", "raw", "value"), [
+    ("--client-timeout", "client_timeout", "2.5", 2.5), ("--max-event-bytes", "max_event_bytes", "4096", 4096)])
+def test_transport_limits_are_flags_and_environment_variables(flag: str, field: str, raw: str, value: Any) -> None:
+    env = "CTXPROXY_" + field.upper()
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert flag in help_text and env in help_text
+    assert getattr(Settings.from_env({env: raw}), field) == value
+    assert getattr(Settings.from_env({env: "1"}, **{field: value}), field) == value, "the flag wins"

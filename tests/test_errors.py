@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import orjson
 import pytest
+from aiohttp import web
 
 from proxy.app import create_app
+from proxy.errors import BadRequest
+from proxy.keys import store_key
 from proxy.settings import Settings
+from proxy.store.base import SessionKey
 from tests.fakeupstream import Reply
+from tests.proxyfixtures import read_log
 
 
 def assert_openai_error(body: dict, status_type: str) -> None:
@@ -122,3 +128,106 @@ async def test_hung_upstream_is_504(make_proxy, fake) -> None:
 async def test_health_and_readiness(proxy) -> None:
     assert (await proxy.get("/healthz")).status == 200
     assert (await proxy.get("/readyz")).status == 200
+
+
+@pytest.mark.parametrize("depth", [252, 253, 254, 300])
+async def test_tool_call_arguments_nested_past_what_orjson_writes_are_served_and_logged(proxy, fake, depth) -> None:
+    """Arguments are a string to the API: nested as deep as orjson reads, they are hashed as text, never a 500."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "[" * depth + "]" * depth}}
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "done"}]
+    session = {"X-Session-Id": f"deep-args-{depth}"}
+    resp = await proxy.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=session)
+    assert resp.status == 200, await resp.text()
+    messages.append((await resp.json())["choices"][0]["message"])
+    messages.append({"role": "user", "content": "next"})
+    resp = await proxy.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=session)
+    assert resp.status == 200, await resp.text()
+    facts = await read_log(proxy.app[store_key], SessionKey("anonymous", f"deep-args-{depth}"))
+    assert [(f.kind, f.index) for f in facts] == [("message", i) for i in range(6)], "recognised again: no rewind"
+    assert facts[1].message == messages[1]
+
+
+async def test_an_error_after_the_response_started_closes_the_connection(aiohttp_client, upstream, tmp_path) -> None:
+    """Never a second response inside a started one: the client sees the body cut at once, not garbage to wait on."""
+    app = create_app(Settings(upstream=str(upstream.make_url("/v1")), store=f"sqlite:///{tmp_path}/f.db"))
+
+    async def breaks(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        if request.query.get("write"):
+            await resp.write(b"data: first\n\n")
+        raise RuntimeError("fails mid-stream") if request.query.get("crash") else BadRequest("too late to say so")
+
+    app.router.add_get("/test/breaks", breaks)
+    proxy = await aiohttp_client(app)
+    for query in ("write=1&crash=1", "write=1", "crash=1", ""):
+        reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+        writer.write(f"GET /test/breaks?{query} HTTP/1.1\r\nHost: proxy\r\n\r\n".encode())
+        received = await asyncio.wait_for(reader.read(), 10)  # to EOF: the proxy closes the connection
+        writer.close()
+        head, _, body = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK\r\n") and b"HTTP/1.1" not in body, (query, received)
+        assert body == (b"d\r\ndata: first\n\n\r\n" if "write" in query else b""), "one chunk, and no final one"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/s/slow/v1/embeddings"])
+async def test_a_body_trickled_past_the_client_timeout_gets_408_and_the_connection_closes(make_proxy, fake,
+                                                                                          path) -> None:
+    """A byte every 50 ms never lets a connection idle, yet the body as a whole must arrive in time."""
+    proxy = await make_proxy(client_timeout=0.5)
+    reader, writer = await asyncio.open_connection(proxy.host, proxy.port)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+                 "Content-Length: 100000\r\n\r\n{".encode())
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):  # until cancelled, or the proxy closes the connection
+            while True:
+                writer.write(b" ")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the pace of the trickle, not a wait for anything
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+    finally:
+        trickling.cancel()
+    writer.write_eof()  # the client stops sending: nothing more for the proxy to drain
+    body = await asyncio.wait_for(reader.read(), 30)  # to EOF: the proxy closes the connection
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 408 ") and b"\r\nConnection: close\r\n" in head, head
+    error = orjson.loads(body)
+    assert_openai_error(error, "invalid_request_error")
+    assert error["error"]["code"] == "request_timeout"
+    assert fake.requests == []
+
+
+async def status_of_headers_only(host: str, port: int, head: list[str]) -> bytes:
+    """Send a request head announcing a 1 TB body and no body at all; the status line the proxy answers with."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(("\r\n".join([*head, "Host: proxy", f"Content-Length: {10**12}"]) + "\r\n\r\n").encode())
+        return await asyncio.wait_for(reader.readline(), 30)
+    finally:
+        writer.close()
+
+
+async def test_client_keys_are_checked_before_the_body_is_read(make_proxy, fake) -> None:
+    """An unknown caller gets 401 for anything it sends: nothing of its body is read, parsed or measured."""
+    proxy = await make_proxy(client_keys=("good-key",), max_body_bytes=4096)
+    for path in ("/v1/chat/completions", "/s/s1/v1/chat/completions", "/v1/embeddings", "/s/s1/v1/files"):
+        for wrong in ([], ["Authorization: Bearer wrong"], ["api-key: wrong"]):
+            status_line = await status_of_headers_only(proxy.host, proxy.port, [f"POST {path} HTTP/1.1", *wrong])
+            assert status_line.split()[1] == b"401", (path, wrong, status_line)
+        for body in (b"{not json", b"x" * 10_000):
+            resp = await proxy.post(path, data=body, headers={"Authorization": "Bearer wrong"})
+            assert resp.status == 401, (path, body[:10])
+            assert_openai_error(await resp.json(), "authentication_error")
+    resp = await proxy.get("/nowhere")
+    assert resp.status == 401, "no key, no map of the routes"
+    for open_path in ("/healthz", "/readyz", "/metrics"):
+        assert (await proxy.get(open_path)).status == 200
+    for header, value in (("Authorization", "Bearer good-key"), ("api-key", "good-key"), ("x-api-key", "good-key")):
+        resp = await proxy.post("/v1/chat/completions", data=b"{not json", headers={header: value})
+        assert resp.status == 400, header  # the key is good: now the body is read, and refused
+    assert fake.requests == []

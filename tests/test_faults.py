@@ -9,20 +9,31 @@ policy: it must arrive unchanged, status, body and headers such as
 from __future__ import annotations
 
 import asyncio
+import gzip
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import brotli
 import orjson
 import pytest
 from aiohttp import web
 
+from proxy.app import create_app
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
+from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.test_outage import metric
+
+if sys.version_info >= (3, 14):
+    from compression import zstd
+else:
+    from backports import zstd
 
 API_KEY = "sk-faults"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -236,3 +247,167 @@ async def test_a_passthrough_stream_that_stalls_is_cut_not_completed(make_proxy,
         assert fake.passthrough_requests == 1
     finally:
         never.set()
+
+
+# ---- replies the log cannot encode --------------------------------------------------------------------------------
+
+DEEP_ARGUMENTS = "[" * 300 + "]" * 300  # a JSON value orjson reads (up to 1024 levels) but cannot write (254)
+
+
+def deep_reply(stream: bool) -> tuple[Handler, bytes]:
+    """A reply whose tool-call arguments are an object nested 300 levels, as raw bytes: nothing here can write it."""
+    call = ('{"index":0,"id":"call_deep","type":"function","function":{"name":"f","arguments":'
+            + DEEP_ARGUMENTS + "}}")
+    if stream:
+        head = '{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":'
+        raw = (b"data: " + (head + '{"role":"assistant","tool_calls":[' + call + ']},"finish_reason":null}]}').encode()
+               + b"\n\ndata: " + (head + '{},"finish_reason":"tool_calls"}]}').encode() + b"\n\ndata: [DONE]\n\n")
+        content_type = "text/event-stream"
+    else:
+        raw = ('{"id":"c","object":"chat.completion","choices":[{"index":0,"finish_reason":"tool_calls",'
+               '"message":{"role":"assistant","content":null,"tool_calls":[' + call + "]}}]}").encode()
+        content_type = "application/json"
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": content_type})
+        await resp.prepare(request)
+        for start in range(0, len(raw), 100):  # in pieces, as a network delivers it
+            await resp.write(raw[start:start + 100])
+        await resp.write_eof()
+        return resp
+
+    return handler, raw
+
+
+async def store_errors(proxy: Any) -> float:
+    return metric(await (await proxy.get("/metrics")).text(), "ctxproxy_store_errors_total")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_reply_the_log_cannot_encode_reaches_the_client_whole_and_counts_a_store_error(
+        proxy, fake: FaultyUpstream, stream: bool) -> None:
+    handler, raw = deep_reply(stream)
+    fake.raw.append(handler)
+    before = await store_errors(proxy)
+    resp = await post(proxy, f"deep-{stream}", stream=stream)
+    assert resp.status == 200
+    assert await resp.read() == raw, "the client gets the upstream's bytes, complete"
+    assert await store_errors(proxy) == before + 1
+    assert await log_of(proxy, f"deep-{stream}") == [], "nothing half-written, nothing kept to retry"
+
+    # The session goes on: the next step (without the unwritable reply) is served and logged.
+    fake.script.append(Reply(content="fine"))
+    assert (await post(proxy, f"deep-{stream}", stream=False, content="again")).status == 200
+    facts = await log_of(proxy, f"deep-{stream}")
+    assert [(f.source, f.message) for f in facts] == [
+        ("client", {"role": "user", "content": "again"}), ("upstream", {"role": "assistant", "content": "fine"})]
+    assert await store_errors(proxy) == before + 1
+
+
+# ---- answers the proxy must decode, and answers that are not HTTP ------------------------------------------------
+
+COMPRESSORS = {"br": brotli.compress, "zstd": zstd.compress, "gzip": gzip.compress}
+
+
+@pytest.mark.parametrize("encoding", sorted(COMPRESSORS))
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+async def test_a_compressed_reply_is_decoded_relayed_and_logged(proxy, fake: FaultyUpstream, encoding: str,
+                                                                stream: bool) -> None:
+    """The proxy asks for identity, but an upstream may compress anyway: the reply must still be read."""
+    message = {"role": "assistant", "content": "packed"}
+    if stream:
+        chunk = {"id": "c", "object": "chat.completion.chunk",
+                 "choices": [{"index": 0, "delta": message, "finish_reason": "stop"}]}
+        plain, content_type = b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n", "text/event-stream"
+    else:
+        completion = {"id": "c", "object": "chat.completion",
+                      "choices": [{"index": 0, "finish_reason": "stop", "message": message}]}
+        plain, content_type = orjson.dumps(completion), "application/json"
+
+    async def compressed(request: web.Request) -> web.StreamResponse:
+        assert request.headers["Accept-Encoding"] == "identity"
+        return web.Response(body=COMPRESSORS[encoding](plain),
+                            headers={"Content-Type": content_type, "Content-Encoding": encoding})
+
+    fake.raw.append(compressed)
+    resp = await post(proxy, f"packed-{encoding}-{stream}", stream=stream)
+    assert resp.status == 200
+    assert "Content-Encoding" not in resp.headers
+    assert await resp.read() == plain
+    facts = await log_of(proxy, f"packed-{encoding}-{stream}")
+    assert facts[-1].message == message
+
+
+@pytest.fixture
+async def not_http() -> Any:
+    """A TCP server that answers every connection with bytes that are not HTTP (an SSH banner, as on a wrong port)."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.write(b"SSH-2.0-OpenSSH_9.6\r\nProtocol mismatch.\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with server:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize(("method", "path", "stream"), [
+    ("POST", "/v1/chat/completions", False), ("POST", "/v1/chat/completions", True), ("GET", "/v1/models", False)])
+async def test_an_upstream_that_does_not_speak_http_is_a_502(aiohttp_client, tmp_path, not_http: str, method: str,
+                                                             path: str, stream: bool) -> None:
+    proxy = await aiohttp_client(create_app(Settings(upstream=not_http, store=f"sqlite:///{tmp_path}/f.db")))
+    body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
+    resp = await proxy.request(method, path, json=body if method == "POST" else None)
+    assert resp.status == 502
+    error = (await resp.json())["error"]
+    assert (error["type"], error["code"]) == ("upstream_error", "upstream_bad_response")
+    assert "SSH" not in error["message"], "the upstream's bytes are not echoed"
+
+
+# ---- an event that never ends ------------------------------------------------------------------------------------
+
+def endless_event(first: bytes, release: asyncio.Event) -> Handler:
+    """Stream ``first``, then an event that grows past any limit without its blank line, then hold the connection."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(first)
+        await resp.write(b'data: {"choices": [{"index": 0, "delta": {"content": "')
+        for _ in range(8):
+            await resp.write(b"x" * 1024)
+        await release.wait()  # the proxy must act on the size, not wait for an end
+        return resp
+
+    return handler
+
+
+async def test_an_event_over_the_limit_before_anything_was_relayed_is_a_502(make_proxy,
+                                                                             fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(max_event_bytes=4096)
+    release = asyncio.Event()
+    fake.raw.append(endless_event(b": keep-alive\n\n", release))
+    try:
+        resp = await post(proxy, "endless-early", stream=True)
+        assert resp.status == 502
+        error = (await resp.json())["error"]
+        assert (error["type"], error["code"]) == ("upstream_error", "upstream_event_too_large")
+    finally:
+        release.set()
+    assert await log_of(proxy, "endless-early") == []
+
+
+async def test_an_event_over_the_limit_mid_stream_ends_the_stream_and_logs_the_partial_reply(
+        make_proxy, fake: FaultyUpstream) -> None:
+    proxy = await make_proxy(max_event_bytes=4096)
+    release = asyncio.Event()
+    first = b'data: {"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hello"}}]}\n\n'
+    fake.raw.append(endless_event(first, release))
+    try:
+        resp = await post(proxy, "endless-late", stream=True)
+        assert resp.status == 200
+        assert await read_cut_stream(resp) == first
+        facts = await until_logged(proxy, "endless-late", 2)
+    finally:
+        release.set()
+    assert (facts[-1].message, facts[-1].extra.get("partial")) == ({"role": "assistant", "content": "Hello"}, True)

@@ -10,6 +10,7 @@ answers everything (and sends a 5xx only when a body asks for one, marked with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import random
@@ -245,6 +246,29 @@ async def test_a_body_over_the_limit_gets_413_before_it_is_sent(fuzz_proxy: Prox
             status_line = await announce_huge_body(fuzz_proxy.port, path, expect)
             assert status_line.split()[1] == b"413", (path, expect, status_line)
     assert fuzz_proxy.alive
+
+
+async def test_a_request_head_trickled_past_the_client_timeout_is_closed(start_proxy: StartProxy) -> None:
+    """Slow headers: a byte every 50 ms, and the connection is closed once --client-timeout has passed."""
+    proxy = await start_proxy("--client-timeout", "1")
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nX-Slow: ")
+
+    async def trickle() -> None:
+        with contextlib.suppress(ConnectionError):  # until cancelled, or the proxy closes the connection
+            while True:
+                writer.write(b"z")
+                await writer.drain()
+                await asyncio.sleep(0.05)  # the pace of the trickle, not a wait for anything
+
+    trickling = asyncio.create_task(trickle())
+    try:
+        received = await asyncio.wait_for(reader.read(), 30)  # to EOF
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert received == b"", "closed without an answer: there is no request to answer"
+    assert proxy.alive
 
 
 # ---- memory --------------------------------------------------------------------------------------------------------

@@ -39,10 +39,14 @@ def test_real_differences_hash_apart(a, b) -> None:
     assert message_hash(a) != message_hash(b)
 
 
-def test_arguments_nested_deeper_than_orjson_writes_still_hash() -> None:
-    deep = "[" * 400 + "]" * 400
+@pytest.mark.parametrize("depth", [251, 252, 253, 254, 255, 400])
+def test_arguments_nested_deeper_than_orjson_writes_still_hash(depth: int) -> None:
+    """252 to 254 levels parse and write alone, but not three levels down where the hash writes them."""
+    deep = "[" * depth + "]" * depth
     call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}
+    legacy = {"name": "f", "arguments": deep}
     assert message_hash({"role": "assistant", "tool_calls": [call]}) != message_hash({"role": "assistant"})
+    assert message_hash({"role": "assistant", "function_call": legacy}) != message_hash({"role": "assistant"})
 
 
 def test_text_length_counts_what_the_model_reads() -> None:

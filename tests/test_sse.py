@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.sse import (
+    EventTooLarge,
     SSEEvent,
     SSESplitter,
     StreamAssembler,
@@ -279,6 +280,29 @@ def test_split_large_event_in_many_small_chunks() -> None:
         assert splitter.feed(piece) == []
     assert splitter.buffered == len(piece) * 30_000
     assert splitter.feed(b"\n") == [piece * 30_000 + b"\n"]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 100, 10_000])
+def test_split_limit_bounds_an_event_that_never_ends(chunk_size: int) -> None:
+    """An event without its blank line is refused once it is longer than the limit, whatever the chunking."""
+    splitter = SSESplitter(limit=1000)
+    stream = TEXT_EVENTS[0] + b"data: " + b"x" * 5000
+    fed = 0
+    with pytest.raises(EventTooLarge):
+        while fed < len(stream):
+            splitter.feed(stream[fed:fed + chunk_size])
+            fed += chunk_size
+    assert fed - chunk_size <= len(TEXT_EVENTS[0]) + 1000, "refused within one chunk of the limit"
+
+
+def test_split_limit_counts_each_event_whole_and_allows_exactly_the_limit() -> None:
+    event = b"data: " + b"y" * 993 + b"\n\n"
+    assert len(event) == 1001
+    assert SSESplitter(limit=1001).feed(event * 3) == [event] * 3
+    with pytest.raises(EventTooLarge):
+        SSESplitter(limit=1000).feed(event)  # complete within one chunk, and still too long
+    with pytest.raises(EventTooLarge):
+        SSESplitter(limit=1000).feed(TEXT_EVENTS[0] + event)
 
 
 # --- parse_event -----------------------------------------------------------------------------------------------

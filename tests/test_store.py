@@ -9,11 +9,12 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from proxy.errors import ConflictError, StoreUnavailable
+from proxy.errors import ConflictError, StoreUnavailable, UnencodableFact
 from proxy.store import FactLog, NewFact, SessionInfo, SessionKey, StoredFact, codec, open_store
 from proxy.store.redis import RedisFactLog
 from proxy.store.sqlite import MIGRATIONS, SqliteFactLog
@@ -221,6 +222,19 @@ def test_codec_is_canonical_json() -> None:
         id="x-1", seq=7, kind="message", index=3, source="upstream", message={"role": "assistant", "content": "é"},
         ts=1.5, extra={"usage": {"b": 1, "a": 2}},
     )
+
+
+def test_codec_refuses_what_it_cannot_write_as_a_store_error() -> None:
+    """orjson reads 1024 levels but writes 254: an upstream reply can be readable and still unwritable."""
+    deep = orjson.loads("[" * 300 + "]" * 300)
+    message = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]}
+    with pytest.raises(UnencodableFact):
+        codec.encode(NewFact(kind="message", index=0, source="upstream", message=message), 0, 1.0)
+    with pytest.raises(UnencodableFact):
+        codec.check_encodable(message, {})
+    with pytest.raises(UnencodableFact):
+        codec.check_encodable({"role": "assistant", "content": "ok"}, {"usage": deep})
+    codec.check_encodable({"role": "assistant", "content": "ok"}, {"usage": {"total_tokens": 3}})
 
 
 async def test_open_store_by_scheme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

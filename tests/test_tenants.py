@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,11 @@ import orjson
 import pytest
 import redis.asyncio
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from proxy.context.projection import SUMMARY_HEADER
 from proxy.keys import store_key
+from proxy.logs import JsonFormatter, RedactRequestBytes, default_log_config
 from proxy.sessions import fingerprint_session, tenant_of
 from proxy.settings import Secret
 from proxy.store import sqlite_path
@@ -53,11 +57,20 @@ class NumberedSummaries(FakeUpstream):
         super().__init__()
         self._numbers = itertools.count(1)
         self.other_paths: list[tuple[str, str | None]] = []
+        #: Path and headers of every request it got, summary calls and pass-through included.
+        self.seen: list[tuple[str, dict[str, str]]] = []
 
     def app(self) -> web.Application:
         app = super().app()
         app.router.add_route("*", "/{tail:.*}", self.elsewhere)
+        app.middlewares.append(self.record)
         return app
+
+    @web.middleware
+    async def record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        self.seen.append((request.path, dict(request.headers)))
+        response: web.StreamResponse = await handler(request)
+        return response
 
     async def elsewhere(self, request: web.Request) -> web.Response:
         self.other_paths.append((request.raw_path, request.headers.get("Authorization")))
@@ -281,6 +294,42 @@ async def test_passthrough_keeps_the_path_encoded_as_sent(make_proxy, fake: Numb
 
 # ---- keys never leak -------------------------------------------------------------------------------------------
 
+CLIENT_CREDENTIALS = {"Authorization": f"Bearer {KEY_A}", "api-key": KEY_A, "x-api-key": KEY_A}
+CREDENTIAL_MIXES = [mix for n in (1, 2, 3) for mix in itertools.combinations(CLIENT_CREDENTIALS, n)]
+
+
+@pytest.mark.parametrize("names", CREDENTIAL_MIXES, ids="+".join)
+async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_proxy, fake: NumberedSummaries,
+                                                                       names: tuple[str, ...]) -> None:
+    """Every mix of credential headers, on every route that goes upstream: only the proxy's own key crosses.
+
+    The client's key is its key to this proxy (``--client-keys``); the upstream gets ``--upstream-key`` alone,
+    as ``api-key`` when the client used that header (Azure OpenAI's style), else as a bearer token.
+    """
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
+                             client_keys=(Secret(KEY_A),))
+    headers = {name: CLIENT_CREDENTIALS[name] for name in names}
+    messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too
+    for stream in (False, True):
+        fake.script.append(Reply(content="ok"))
+        body = {"model": "gpt-4o", "messages": messages, "tools": TOOLS, "stream": stream}
+        resp = await proxy.post("/v1/chat/completions", json=body, headers={**headers, "X-Session-Id": "keyed"})
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+    for path in ("/v1/files/f1/content", "/s/keyed/v1/embeddings"):
+        resp = await proxy.post(path, json={"input": "x"}, headers=headers)
+        assert resp.status == 200, await resp.text()
+    assert fake.summary_requests, "the summary call was made, as the caller"
+
+    expected = {"api-key": "sk-upstream-owned"} if "api-key" in names else {"Authorization": "Bearer sk-upstream-owned"}
+    assert len(fake.seen) == 5
+    for path, seen in fake.seen:
+        assert not any(KEY_A in value for value in seen.values()), (path, seen)
+        credentials = {name: value for name, value in seen.items() if name.lower() in {"authorization", "api-key",
+                                                                                        "x-api-key"}}
+        assert credentials == expected, (path, seen)
+
+
 
 async def redis_dump(url: str) -> bytes:
     """Every key and every value, read by type (a DUMP payload may be compressed and hide a string)."""
@@ -361,3 +410,61 @@ async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: 
     for secret in secrets:
         for where, blob in (("log output", logs), ("store", stored), ("metrics", metrics)):
             assert secret.encode() not in blob, f"{secret} found in the {where}"
+
+
+UNPARSABLE = {  # requests aiohttp refuses while parsing them, each quoting KEY_A where aiohttp would quote bytes
+    "control-character": f"GET /v1/models HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}\x01\r\n\r\n",
+    "oversized-header": f"GET /v1/models HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}{'a' * 9000}\r\n\r\n",
+    "key-as-method": f"{KEY_A} /v1/models HTTP/1.1\r\nHost: p\r\n\r\n",
+    "oversized-target": f"GET /v1/models?key={KEY_A}{'b' * 9000} HTTP/1.1\r\nHost: p\r\n\r\n",
+    "bad-chunk-size": f"POST /v1/embeddings HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\r\n{KEY_A}\r\n",
+    "body-not-gzip": (f"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer {KEY_A}\r\n"
+                      f"Content-Encoding: gzip\r\nContent-Length: {len(KEY_A)}\r\n\r\n{KEY_A}"),
+}
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+async def test_requests_aiohttp_cannot_parse_get_openai_errors_and_leave_no_key_in_the_log(
+        upstream, tmp_path: Path, log_format: str) -> None:
+    """aiohttp quotes the bytes it could not parse, in its answer and in its log line: neither may carry a key."""
+    proxy = ProxyProcess(str(upstream.make_url("/v1")), f"sqlite:///{tmp_path}/f.db", tmp_path,
+                         ["--log-format", log_format, "--log-level", "DEBUG", "--client-keys", KEY_A])
+    try:
+        await proxy.start()
+        for name, request in UNPARSABLE.items():
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(request.encode())
+            answer = await asyncio.wait_for(reader.read(), 30)  # to EOF: a request that is not HTTP ends its connection
+            writer.close()
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.split(b" ")[1] == b"400", (name, answer[:300])
+            error = orjson.loads(body)["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error"
+            assert KEY_A.encode() not in answer, name
+        proxy.stop()
+    finally:
+        proxy.close()
+    logs = proxy.log_bytes()
+    assert logs.count(b"not valid HTTP") == 5, "the refusals were logged (at DEBUG or INFO), so the scan covers them"
+    if log_format == "json":
+        assert all(orjson.loads(line) for line in logs.splitlines())
+    assert KEY_A.encode() not in logs and KEY_A[:12].encode() not in logs
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_a_parsing_error_loses_its_text_in_any_log_record(log_format: str) -> None:
+    """Whatever logs one of aiohttp's parsing errors, or an error raised from one, prints its class, not its bytes."""
+    try:
+        try:
+            raise LineTooLong(f"Bearer {KEY_A}".encode(), 8190)
+        except LineTooLong as exc:
+            raise RuntimeError("while reading the request") from exc
+    except RuntimeError:
+        record = logging.LogRecord("aiohttp.server", logging.ERROR, __file__, 1, "Error handling request from %s",
+                                   ("127.0.0.1",), sys.exc_info())
+    config = default_log_config("INFO", log_format)["formatters"]["default"]
+    formatter = JsonFormatter() if log_format == "json" else logging.Formatter(config["format"])
+    assert RedactRequestBytes().filter(record)
+    line = formatter.format(record)
+    assert KEY_A not in line
+    assert "Error handling request from 127.0.0.1: LineTooLong (400), request bytes withheld" in line

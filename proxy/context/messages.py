@@ -29,13 +29,16 @@ HASH_PREFIX = b"ctxproxy-msg-v1\x00"
 def _canonical_arguments(arguments: Any) -> Any:
     """Arguments as parsed JSON, so spacing and key order do not matter; as text when they do not parse.
 
-    orjson reads 1024 levels of nesting but writes 254: arguments nested deeper
-    than that stay text, or hashing them would fail.
+    orjson reads 1024 levels of nesting but writes 254, and the parsed
+    arguments are written three levels down (``{"tool_calls": [{"arguments":
+    …}]}``): arguments that could not be written there stay text, or hashing
+    them would fail. They are only a string to the API, so that is no reason to
+    refuse them (the upstream itself may have written them).
     """
     if isinstance(arguments, str):
         try:
             parsed = orjson.loads(arguments)
-            orjson.dumps(parsed)
+            orjson.dumps([[[parsed]]])  # as deep as ``normalise`` places them
         except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             return arguments.strip()
         return parsed

@@ -29,6 +29,7 @@ from multidict import CIMultiDict
 
 from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
 from proxy.http.body import parse_json, read_body
+from proxy.http.clients import open_route
 from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
 from proxy.sessions import valid_session
@@ -63,7 +64,7 @@ def authorize(request: web.Request) -> None:
 
 
 def admin_only(handler: Handler) -> Handler:
-    """Guard ``handler`` with ``authorize`` and count it as ``route="admin"``."""
+    """Guard ``handler`` with ``authorize`` (instead of a client key) and count it as ``route="admin"``."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         status = 500
@@ -78,7 +79,7 @@ def admin_only(handler: Handler) -> Handler:
         finally:
             request.app[metrics_key].requests.labels(route="admin", status=str(status)).inc()
 
-    return guarded
+    return open_route(guarded)
 
 
 def _json(body: Any) -> web.Response:
@@ -153,7 +154,7 @@ def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
 
 
 async def _instructions(request: web.Request) -> str | None:
-    raw = await read_body(request, request.app[settings_key].max_body_bytes) if request.body_exists else b""
+    raw = await read_body(request, request.app[settings_key]) if request.body_exists else b""
     if not raw.strip():
         return None
     body = parse_json(raw)

@@ -2,7 +2,9 @@
 
 The body is read at most once, bounded by ``max_body_bytes`` (aiohttp's
 ``client_max_size`` refuses more with 413 before reading it whole; a
-Content-Length over the limit is refused before reading anything). Parsing is
+Content-Length over the limit is refused before reading anything) and by
+``client_timeout``: a client that trickles its body gets a 408 once that many
+seconds have passed, however steadily the bytes come. Parsing is
 orjson: invalid UTF-8, bad JSON and nesting deeper than orjson's limit all
 become 400s, never 500s.
 
@@ -14,13 +16,15 @@ be written is refused as the client's error, before any of that.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from proxy.errors import BadRequest, PayloadTooLarge
+from proxy.errors import BadRequest, PayloadTooLarge, RequestTimeout
+from proxy.settings import Settings
 from proxy.types import Message
 
 
@@ -40,10 +44,18 @@ class ChatRequest:
         return model if isinstance(model, str) else None
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, settings: Settings) -> bytes:
+    limit = settings.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"Request body of {request.content_length} bytes is over the limit of {limit}.")
-    return await request.read()
+    try:
+        async with asyncio.timeout(settings.client_timeout):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {settings.client_timeout:g} s.") from None
+    except web.RequestPayloadError:  # its text quotes the client's bytes: not repeated
+        raise BadRequest("The request body does not match its Content-Encoding or Transfer-Encoding.",
+                         code="invalid_body") from None
 
 
 def parse_json(raw: bytes) -> Any:

@@ -30,9 +30,10 @@ from proxy.http.relay import RelayTiming, read_first_event, read_whole, relay_st
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow, classify_sse_event
-from proxy.sessions import check_client_key, credential, explicit_session, fingerprint_session, tenant_of
+from proxy.sessions import credential, explicit_session, fingerprint_session, tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
+from proxy.store.codec import check_encodable
 from proxy.summarycall import summary_completer
 from proxy.types import Message
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
@@ -99,6 +100,7 @@ class ChatTurn:
             if not complete:
                 extra["partial"] = True
             try:
+                check_encodable(reply, extra)  # an unwritable reply is refused here, never kept for a retry
                 await history.sync(self.key, [*messages, reply], [*hashes, message_hash(reply)],
                                    upstream_from=len(messages), extra_upstream=extra)
             except StoreError as exc:
@@ -161,11 +163,12 @@ async def _send(turn: ChatTurn, view: PreparedView, started: float) -> web.Strea
             turn.status = resp.status
             streaming = turn.chat.stream and resp.status == 200 and resp.content_type == "text/event-stream"
             if streaming:
-                prefix, first = await read_first_event(resp, turn.timing)
+                prefix, first = await read_first_event(resp, turn.timing, settings.max_event_bytes)
                 overflow = classify_sse_event(first.data) if first is not None else None
                 if overflow is None:
                     return await relay_stream(turn.request, resp, turn.headers(view, started), turn.sink_for(view),
-                                              turn.timing, hide_usage=turn.inject_usage, prefix=prefix)
+                                              turn.timing, hide_usage=turn.inject_usage, prefix=prefix,
+                                              limit=settings.max_event_bytes)
                 body = b"".join(prefix) + await read_whole(resp, turn.timing)
             else:
                 body = await read_whole(resp, turn.timing)
@@ -192,9 +195,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     app = request.app
     settings, metrics, history, engine = app[settings_key], app[metrics_key], app[history_key], app[engine_key]
 
-    chat = parse_chat(await read_body(request, settings.max_body_bytes))
+    chat = parse_chat(await read_body(request, settings))  # the client key is checked already (proxy.http.clients)
     key_text = credential(request.headers)
-    check_client_key(key_text, settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers) or fingerprint_session(
         chat.messages
     )

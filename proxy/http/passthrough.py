@@ -21,7 +21,7 @@ from proxy.constants import HEADER_SESSION
 from proxy.errors import BadRequest, ProxyError
 from proxy.http.body import read_body
 from proxy.keys import client_key, metrics_key, settings_key
-from proxy.sessions import check_client_key, credential, explicit_session
+from proxy.sessions import explicit_session
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
 
@@ -39,9 +39,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     settings = request.app[settings_key]
     metrics = request.app[metrics_key]
-    check_client_key(credential(request.headers), settings.client_keys)
     session = explicit_session(request.match_info.get("session"), request.headers)
-    body = await read_body(request, settings.max_body_bytes) if request.body_exists else None
+    body = await read_body(request, settings) if request.body_exists else None
     url = upstream_url(request, settings.upstream_base)
     headers = request_headers(request.headers, settings, identity=False)
     status = 502

@@ -11,6 +11,7 @@ the stream ends always finds its previous reply in the log.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,9 +21,20 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.sse import SSEEvent, SSESplitter, StreamAssembler, is_usage_only, message_from_completion, parse_event
+from proxy.errors import UpstreamError
+from proxy.sse import (
+    EventTooLarge,
+    SSEEvent,
+    SSESplitter,
+    StreamAssembler,
+    is_usage_only,
+    message_from_completion,
+    parse_event,
+)
 from proxy.types import Message
 from proxy.upstream import response_headers
+
+logger = logging.getLogger(__name__)
 
 #: Called once with the assembled reply (or None), its usage, and whether it is complete.
 ReplySink = Callable[[Message | None, dict[str, Any] | None, bool], Awaitable[None]]
@@ -49,18 +61,33 @@ async def read_whole(resp: aiohttp.ClientResponse, timing: RelayTiming) -> bytes
     return body
 
 
-async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming) -> tuple[list[bytes], SSEEvent | None]:
-    """Read until the first event that carries data, so an error in it can still be retried unseen."""
-    splitter = SSESplitter()
+async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming,
+                           limit: int) -> tuple[list[bytes], SSEEvent | None]:
+    """Read until the first event that carries data, so an error in it can still be retried unseen.
+
+    What is held meanwhile is bounded by ``limit``; past it nothing has reached
+    the client yet, so the request fails as a 502.
+    """
+    splitter = SSESplitter(limit)
     chunks: list[bytes] = []
+    held = 0
     timing.wait_started()
     try:
         async for chunk in resp.content.iter_any():
             chunks.append(chunk)
-            for raw in splitter.feed(chunk):
+            held += len(chunk)
+            too_large: EventTooLarge | None = None
+            try:
+                events = splitter.feed(chunk)
+            except EventTooLarge as exc:  # an event with data before it still goes out, up to the cut
+                events, too_large = exc.events, exc
+            for raw in events:
                 event = parse_event(raw)
                 if event is not None and event.data:
                     return chunks, event
+            if too_large is not None or held > limit:
+                raise UpstreamError(f"The upstream sent over {limit} bytes (--max-event-bytes) without an event "
+                                    "to relay.", code="upstream_event_too_large")
         return chunks, None
     finally:
         timing.wait_ended()
@@ -83,15 +110,34 @@ async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: 
     return web.Response(status=resp.status, headers=headers, body=body)
 
 
-class _ReplyCapture:
-    """The side channel of a relayed stream: assembles the reply, logs it once."""
+class _StreamRelay:
+    """A relayed stream: cut into events, each written to the client; the reply assembled on the side, logged once."""
 
-    def __init__(self, sink: ReplySink, hide_usage: bool) -> None:
+    def __init__(self, out: web.StreamResponse, sink: ReplySink, hide_usage: bool, limit: int) -> None:
+        self.out = out
+        self.splitter = SSESplitter(limit)
         self.sink = sink
         self.hide_usage = hide_usage
         self.assembler = StreamAssembler()
         self.received = False  # whether any completion chunk arrived: an empty stream logs no reply
         self.logged = False
+
+    async def forward(self, chunk: bytes) -> None:
+        """Relay the events ``chunk`` completes; ``EventTooLarge`` after relaying those before the long one."""
+        try:
+            events = self.splitter.feed(chunk)
+        except EventTooLarge as exc:
+            await self._relay(exc.events)
+            raise
+        await self._relay(events)
+
+    async def _relay(self, events: list[bytes]) -> None:
+        for raw in events:
+            relay, done = self.inspect(raw)
+            if done:
+                await self.log(True)
+            if relay:
+                await self.out.write(raw)
 
     def inspect(self, raw: bytes) -> tuple[bool, bool]:
         """Whether to relay this raw event, and whether it is ``[DONE]``."""
@@ -118,48 +164,42 @@ class _ReplyCapture:
 
 async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],
                        sink: ReplySink, timing: RelayTiming, *, hide_usage: bool,
-                       prefix: list[bytes]) -> web.StreamResponse:
+                       prefix: list[bytes], limit: int) -> web.StreamResponse:
     """Relay an SSE stream as it arrives; log the assembled reply before ``[DONE]`` reaches the client.
 
     ``prefix`` holds the chunks already read to look at the first event; they go out first.
+    An event longer than ``limit`` bytes ends the stream as an upstream failure does.
     """
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     out = web.StreamResponse(status=resp.status, headers=headers)
-    splitter = SSESplitter()
-    capture = _ReplyCapture(sink, hide_usage)
-
-    async def forward(chunk: bytes) -> None:
-        for raw in splitter.feed(chunk):
-            relay, done = capture.inspect(raw)
-            if done:
-                await capture.log(True)
-            if relay:
-                await out.write(raw)
+    relay = _StreamRelay(out, sink, hide_usage, limit)
 
     try:
         await out.prepare(request)
         for chunk in prefix:
-            await forward(chunk)
+            await relay.forward(chunk)
         timing.wait_started()
         async for chunk in resp.content.iter_any():
             timing.wait_ended()
-            await forward(chunk)
+            await relay.forward(chunk)
             timing.wait_started()
         timing.wait_ended()
-        tail = splitter.flush()
+        tail = relay.splitter.flush()
         if tail:
             await out.write(tail)
-        await capture.log(True)
+        await relay.log(True)
         await out.write_eof()
     except (asyncio.CancelledError, ConnectionResetError):
         # The client went away: the upstream request is closed by our caller; keep what arrived, as partial.
-        await asyncio.shield(capture.log(False))
+        await asyncio.shield(relay.log(False))
         raise
-    except (TimeoutError, aiohttp.ClientError):
+    except (TimeoutError, aiohttp.ClientError, EventTooLarge) as exc:
         # The upstream broke mid-stream. Headers are sent, so no error status is possible: keep the partial
         # reply and cut the client's connection, so it sees a truncated stream rather than a clean end.
-        await asyncio.shield(capture.log(False))
+        if isinstance(exc, EventTooLarge):
+            logger.warning("cutting a stream from the upstream: %s, over --max-event-bytes", exc)
+        await asyncio.shield(relay.log(False))
         if request.transport is not None:
             request.transport.close()
     return out

@@ -15,12 +15,12 @@ the body; it is supplied again on decode.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Any, cast
 
 import orjson
 
 from proxy.constants import FACT_FORMAT
-from proxy.errors import StoreError
+from proxy.errors import StoreError, UnencodableFact
 from proxy.store.base import Kind, NewFact, Source, StoredFact
 
 _KINDS = frozenset({"message", "rewind", "summary", "checkpoint"})
@@ -35,7 +35,12 @@ def _default(obj: object) -> object:
 
 
 def encode(fact: NewFact, seq: int, ts: float) -> bytes:
-    """Canonical JSON bytes of ``fact`` appended as ``seq`` at ``ts``."""
+    """Canonical JSON bytes of ``fact`` appended as ``seq`` at ``ts``; ``UnencodableFact`` if it cannot be written.
+
+    orjson reads 1024 levels of nesting but writes only 254, and an upstream's
+    reply is not checked the way a client's request is, so a message can reach
+    this point unwritable.
+    """
     body = {
         "v": FACT_FORMAT,
         "seq": seq,
@@ -47,7 +52,22 @@ def encode(fact: NewFact, seq: int, ts: float) -> bytes:
         "hash": fact.hash,
         "x": fact.extra,
     }
-    return orjson.dumps(body, default=_default, option=orjson.OPT_SORT_KEYS)
+    try:
+        return orjson.dumps(body, default=_default, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:
+        raise UnencodableFact(f"{fact.kind} fact cannot be encoded: {exc}") from None
+
+
+def check_encodable(message: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+    """Raise ``UnencodableFact`` unless a fact holding ``message`` and ``extra`` could be encoded.
+
+    For a reply, before anything keeps it to retry later: a reply that cannot
+    be written now never can be.
+    """
+    try:
+        orjson.dumps({"message": message, "x": extra}, default=_default)  # as deep as ``encode`` places them
+    except orjson.JSONEncodeError as exc:
+        raise UnencodableFact(f"message cannot be encoded: {exc}") from None
 
 
 def decode(fact_id: str, raw: bytes | str) -> StoredFact:
