@@ -4,6 +4,8 @@ Replies are scripted per test (``FakeUpstream.script``) or derived from the
 conversation: a request whose last message is from the user, with tools
 offered, gets a tool call; anything else gets text. Streams are cut into many
 small SSE events, tool-call arguments included, the way OpenAI sends them.
+With ``strict_roles`` it refuses what strict chat templates refuse (Mistral,
+Gemma, Llama-2 style on vLLM), as vLLM answers them.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ OVERFLOW_BODIES = {
                    "you requested {tokens} tokens ({tokens} in the messages, 0 in the completion). Please reduce the "
                    "length of the messages or completion.", "type": "BadRequestError", "param": None, "code": 400}),
 }
+ROLE_ERROR = {"object": "error", "message": "Conversation roles must alternate user/assistant/user/assistant/...",
+              "type": "BadRequestError", "param": None, "code": 400}
 SUMMARY_MARKER = "You maintain the working memory"
 FACT = re.compile(r"FACT-[A-Za-z0-9]+")
 
@@ -72,6 +76,29 @@ def summary_response(text: str, finish_reason: str = "stop", model: str | None =
                               "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 
+def role_error(messages: list[dict[str, Any]]) -> str | None:
+    """What a strict chat template objects to, or ``None`` when it accepts the conversation.
+
+    A system message after the first other one, a first non-system message that
+    is not the user's, or two user messages in a row.
+    """
+    roles = [m.get("role") for m in messages]
+    rest = roles[next((i for i, r in enumerate(roles) if r not in ("system", "developer")), len(roles)):]
+    if any(r in ("system", "developer") for r in rest):
+        return "a system message after the first non-system one"
+    if rest and rest[0] != "user":
+        return f"the first non-system message is {rest[0]!r}, not 'user'"
+    if any(a == b == "user" for a, b in itertools.pairwise(rest)):
+        return "two user messages in a row"
+    return None
+
+
+def output_reserve(body: dict[str, Any]) -> int:
+    """The answer size the request reserves: OpenAI and vLLM refuse a prompt it does not fit beside."""
+    value = body.get("max_completion_tokens") or body.get("max_tokens")
+    return value if isinstance(value, int) else 0
+
+
 def overflow_body(style: str, tokens: int, window: int) -> tuple[int, bytes]:
     status, template = OVERFLOW_BODIES[style]
     text = orjson.dumps(template).decode().replace("{tokens}", str(tokens)).replace("{window}", str(window))
@@ -89,6 +116,9 @@ class FakeUpstream:
         self.summary_requests: list[dict[str, Any]] = []
         self.prompt_tokens: list[int] = []
         self.refused = 0
+        #: Refuse views a strict chat template rejects (``role_error``) with vLLM's 400.
+        self.strict_roles = False
+        self.role_errors: list[str] = []
         self._counter = TokenCounter()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
@@ -143,10 +173,14 @@ class FakeUpstream:
             return await self.summary(body)
         self.requests.append(body)
         self.headers.append(dict(request.headers))
+        problem = role_error(body["messages"]) if self.strict_roles else None
+        if problem is not None:
+            self.role_errors.append(problem)
+            return web.json_response(ROLE_ERROR, status=400)
         if self.window is not None:
             tokens = self.count(body)
             self.prompt_tokens.append(tokens)
-            if tokens > self.window:
+            if tokens + output_reserve(body) > self.window:  # as OpenAI and vLLM: the answer must fit too
                 self.refused += 1
                 status, raw = overflow_body(self.overflow_style, tokens, self.window)
                 if self.overflow_in_stream and body.get("stream"):  # OpenRouter: 200, then an error event

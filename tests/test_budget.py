@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import orjson
 import pytest
 
 from proxy.context.budget import (
@@ -9,7 +10,9 @@ from proxy.context.budget import (
     Estimate,
     UsageSample,
     requested_output_tokens,
+    retry_limit,
 )
+from proxy.context.messages import message_hash
 from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
 
 
@@ -93,6 +96,65 @@ def test_usage_of_the_same_base_plus_what_was_added() -> None:
     grown = [*VIEW, {"role": "assistant", "content": "x" * 9}]
     estimate = policy().estimate(grown, usage=sample, view_key="base")
     assert estimate == Estimate(tokens=503, chars=18, usage=503, tokenizer=None)
+
+
+def test_what_was_added_since_the_usage_is_counted_by_the_tokenizer() -> None:
+    sample = UsageSample.of(500, VIEW, "base")
+    result = {"role": "tool", "tool_call_id": "c", "content": "word " * 300}  # 1,500 characters, 300 words
+    estimate = policy("tokenizer").estimate([*VIEW, result], usage=sample, view_key="base")
+    assert estimate.usage == 500 + (300 + 1 + MESSAGE_OVERHEAD_TOKENS)  # characters ÷ 3 said 500 + 502
+    assert estimate.tokens == estimate.usage
+
+
+def test_echoed_reasoning_is_counted() -> None:
+    counter = TokenCounter(WordEncoding())
+    plain = {"role": "assistant", "content": "done"}
+    reasoning = {**plain, "reasoning_content": "first I read the file then I ran the tests"}
+    assert counter(plain) == 1 + MESSAGE_OVERHEAD_TOKENS
+    # Same identity (the hash leaves reasoning out), not the same count.
+    assert counter(reasoning) == 1 + 10 + MESSAGE_OVERHEAD_TOKENS
+    assert counter.count_many([plain, reasoning], ["same", "same"]) == 2 + 10 + 2 * MESSAGE_OVERHEAD_TOKENS
+    assert policy("chars").message_tokens(reasoning) == 16  # 4 + 42 characters
+
+
+def test_hard_limit_is_the_window_less_the_answer_reserve() -> None:
+    budget = ContextBudgetPolicy(8_000)
+    assert budget.hard_limit(5_500) == 2_500
+    assert budget.threshold(5_500) == 2_500
+    assert budget.hard_limit(8_000) == 8_000  # nothing fits beside it: left for the upstream to refuse
+    assert budget.hard_limit() == 6_400  # no max_tokens: the window above the threshold, at most 4,096
+    assert ContextBudgetPolicy().hard_limit() == 128_000 - 4_096
+    assert ContextBudgetPolicy(8_000, 1.0).hard_limit() == 8_000
+
+
+def test_tail_budget_leaves_room_under_the_effective_threshold() -> None:
+    budget = policy("tokenizer")
+    head = [{"role": "system", "content": "w " * 296}]  # 300 tokens with the message overhead
+    fits = {"head": head, "head_hashes": [message_hash(head[0])], "tools": None}
+    measured = Estimate(2_000, None, None, 2_000)
+    assert budget.tail_budget(measured, 102_400, 44_800, summary=None, **fits) == 44_800  # the window's share
+    # Window 8,000 with max_tokens 5,500: threshold 2,500, so the view after compaction is at most 1,500.
+    assert budget.tail_budget(measured, 2_500, 2_800, summary=None, **fits) == 1_200
+    summary = "s " * 96  # 100 tokens: the next summary is taken to be as long
+    assert budget.tail_budget(measured, 2_500, 2_800, summary=summary, **fits) == 1_100
+    # The upstream reports 1.5 tokens per local one: the view may take 1,000 local tokens.
+    assert budget.tail_budget(Estimate(3_000, None, 3_000, 2_000), 2_500, 2_800, summary=None, **fits) == 700
+    assert budget.tail_budget(measured, 400, 2_800, summary=None, **fits) == 1  # nothing left: the last step alone
+
+
+def test_a_retry_asks_for_less_than_was_refused() -> None:
+    assert retry_limit(8_000, 10_225) == 8_000  # the stated window is below what was refused
+    assert retry_limit(12_000, 11_500) == 10_350  # the estimate undercounts this upstream: a tenth less
+    assert retry_limit(5, 5) == 4
+
+
+def test_tool_definitions_count_by_the_estimator() -> None:
+    tools = [{"type": "function", "function": {"name": "read", "description": "read a file from disk"}}]
+    chars = len(orjson.dumps(tools))
+    assert policy("chars").tools_tokens(tools) == -(-chars // 3)
+    assert policy("tokenizer").tools_tokens(tools) == TokenCounter(WordEncoding()).tools_tokens(tools)
+    assert policy("max").tools_tokens(tools) == max(-(-chars // 3), TokenCounter(WordEncoding()).tools_tokens(tools))
+    assert policy("tokenizer").tools_tokens(None) == 0
 
 
 def test_usage_from_another_base_is_ignored() -> None:

@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from proxy.cli import main
 from proxy.context.compactor import prefix_hash
 from proxy.context.messages import message_hash
-from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.projection import SUMMARY_END, SUMMARY_HEADER
 from proxy.context.tokens import TokenCounter
 from proxy.settings import Settings
 from proxy.store import NewFact, SessionKey, open_store
@@ -164,8 +164,8 @@ def test_view_prints_what_the_next_request_would_send(logged: str) -> None:
     result = run("sessions", "view", "run-1", "--json", "--store", logged)
     assert result.exit_code == 0, result.output
     view = orjson.loads(result.output)
-    assert view == {"messages": [SYSTEM, SUMMARY_MESSAGE, USER, FINAL], "estimate": view["estimate"],
-                    "checkpoint": checkpoint()}
+    led = {"role": "user", "content": f"{SUMMARY_MESSAGE['content']}{SUMMARY_END}{USER['content']}"}
+    assert view == {"messages": [SYSTEM, led, FINAL], "estimate": view["estimate"], "checkpoint": checkpoint()}
     text = run("sessions", "view", "run-1", "--store", logged).output
     assert text == f"""\
 # View of session run-1 (tenant 0123456789abcdef)
@@ -176,16 +176,17 @@ checkpoint: messages before #4 summarised (12,345 → 3,210 tokens).
 ### [0] system · {tokens(SYSTEM)} tokens
 You are a coding agent.
 
-### [1] user · {tokens(SUMMARY_MESSAGE)} tokens
+### [1] user · {tokens(led)} tokens
 {SUMMARY_HEADER}
 
 ## 1. Goals
 Fix the failing test.
 
-### [2] user · {tokens(USER)} tokens
+[ctxproxy] End of the summary. The user's message:
+
 Fix the failing test.
 
-### [3] assistant · {tokens(FINAL)} tokens
+### [2] assistant · {tokens(FINAL)} tokens
 All green.
 """
 

@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -76,7 +77,7 @@ async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy,
     last_view = orjson.dumps(fake.requests[-1]["messages"]).decode()
     assert "FACT-Zebra42" in last_view
     assert fake.requests[-1]["messages"][0] == messages[0]
-    assert {"role": "user", "content": "Refactor the parser module."} in fake.requests[-1]["messages"]
+    assert fake.requests[-1]["messages"][1]["content"].endswith("\n\nRefactor the parser module."), "led by the summary"
     await check_log(proxy, "tools60", messages)
 
 
@@ -95,3 +96,43 @@ async def test_thirty_short_rounds_stay_inside_the_window(make_proxy, fake: Fake
     assert fake.refused == 0 and max(fake.prompt_tokens) <= WINDOW
     assert "FACT-Lighthouse7" in orjson.dumps(fake.requests[-1]["messages"]).decode()
     await check_log(proxy, "rounds30", messages)
+
+
+@pytest.mark.parametrize("placement", ["user", "system"])
+@pytest.mark.parametrize("shape", ["rounds", "tool-steps"])
+async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: FakeUpstream, placement: str,
+                                                           shape: str) -> None:
+    """No two user messages in a row, no late system message, a user message first; the summary byte-stable."""
+    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement)
+    fake.window, fake.strict_roles = WINDOW, True
+    rng = random.Random(13)
+    session = f"strict-{placement}-{shape}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    if shape == "tool-steps":
+        messages.append({"role": "user", "content": "Refactor the parser module."})
+    summaries: list[int] = []
+    for step in range(36):
+        if shape == "rounds":
+            messages.append({"role": "user", "content": f"Round {step}: " + prose(rng, 300)})
+            fake.script.append(Reply(content=prose(rng, 250)))
+        else:
+            fake.script.append(tool_call(step))
+        _, reply = await send(proxy, messages, session, stream=step % 2 == 1)
+        summaries.append(len(fake.summary_requests))
+        messages.append(reply)
+        if shape == "tool-steps":
+            messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 450)})
+    if shape == "tool-steps":
+        fake.script.append(Reply(content="All done."))
+        messages.append((await send(proxy, messages, session, stream=False))[1])
+        summaries.append(len(fake.summary_requests))
+
+    assert fake.role_errors == []
+    assert fake.refused == 0
+    assert summaries[-1] >= 2, "the run compacted at least twice"
+    views = [request["messages"] for request in fake.requests]
+    stable = [i for i in range(len(views) - 1) if summaries[i] == summaries[i + 1]]  # no compaction in between
+    assert len(stable) >= len(views) // 2
+    for i in stable:
+        assert views[i + 1][: len(views[i])] == views[i], f"request {i + 1} does not extend request {i}"
+    await check_log(proxy, session, messages)

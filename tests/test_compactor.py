@@ -16,13 +16,13 @@ from proxy.context.compactor import (
     CompactionBackoff,
     CompactionResult,
     ContextCompactor,
-    clip_chars_for,
     plan_retain_start,
     prefix_hash,
     retain_budget_for,
 )
 from proxy.context.messages import message_hash
 from proxy.context.projection import (
+    SUMMARY_END,
     SUMMARY_HEADER,
     ProjectionBuilder,
     leading_system_count,
@@ -31,7 +31,7 @@ from proxy.context.projection import (
 from proxy.context.summarizer import SummaryAnswer, SummaryGenerator
 from proxy.context.tokens import chars_tokens
 from proxy.types import Message
-from tests.fakeupstream import full_summary
+from tests.fakeupstream import full_summary, role_error
 
 COUNT = ContextBudgetPolicy(estimator="chars").message_tokens
 CREATED_AT = 1_700_000_000.5
@@ -60,12 +60,12 @@ class Clock:
         return self.now
 
 
-def compactor(model: object, *, clip: int | None = None, rounds: int = 10, timeout: float = 120.0) -> ContextCompactor:
+def compactor(model: object, *, rounds: int = 10, timeout: float = 120.0) -> ContextCompactor:
     return ContextCompactor(
         SummaryGenerator(model, timeout=timeout),  # type: ignore[arg-type]
         COUNT,
         clock=lambda: CREATED_AT,
-        projection=ProjectionBuilder(clip_chars=clip),
+        projection=ProjectionBuilder(),
         min_retain_rounds=rounds,
     )
 
@@ -147,11 +147,6 @@ def test_plan_of_a_conversation_with_nothing_to_split() -> None:
 def test_retain_budget_for() -> None:
     assert retain_budget_for(128_000) == 44_800
     assert retain_budget_for(10, 0.01) == 1
-
-
-def test_clip_chars_for() -> None:
-    assert clip_chars_for(44_800) == 44_800
-    assert clip_chars_for(0) == 1
 
 
 # ---- Checkpoint ---------------------------------------------------------------
@@ -248,11 +243,11 @@ async def test_compaction_summarises_what_leaves_the_tail() -> None:
     hashes = hashes_of(messages)
     model = Model()
     result = await compactor(model).compact(messages, hashes, None, budget=10_000, model="gpt-4o")
-    summary_tokens = chars_tokens(len(f"{SUMMARY_HEADER}\n\n{full_summary('SUMMARY')}"))
-    expected = Checkpoint(
-        full_summary("SUMMARY"), 5, prefix_hash(hashes, 5), None, 2403, 3 + summary_tokens + 2000, "gpt-4o", CREATED_AT
-    )
-    assert result == CompactionResult("ok", expected, 2403, 3 + summary_tokens + 2000)
+    # The summary leads the first retained user message: 300 characters, plus the summary's.
+    led = chars_tokens(len(f"{SUMMARY_HEADER}\n\n{full_summary('SUMMARY')}{SUMMARY_END}") + 300)
+    expected = Checkpoint(full_summary("SUMMARY"), 5, prefix_hash(hashes, 5), None, 2403, 3 + led + 1900, "gpt-4o",
+                          CREATED_AT)
+    assert result == CompactionResult("ok", expected, 2403, 3 + led + 1900)
     assert model.indices() == [1, 2, 3, 4]
     assert messages == before
 
@@ -336,8 +331,8 @@ async def test_a_long_round_is_split_at_a_step_and_keeps_its_user_message() -> N
     assert [COUNT(m) for m in messages[1:4]] == [10, 25, 100]
     assert (checkpoint.retain_start_idx, checkpoint.round_start_idx) == (28, 1)
     view = ProjectionBuilder().build(messages, checkpoint)
-    assert view[2] is messages[1]
-    assert view[3:] == messages[28:]
+    assert view[1]["content"].endswith(SUMMARY_END + messages[1]["content"])
+    assert view[2:] == messages[28:]
 
 
 async def test_each_level_shrinks_the_tail() -> None:
@@ -351,22 +346,20 @@ async def test_each_level_shrinks_the_tail() -> None:
     assert starts == [5, 15, 21]  # 10 rounds in 2000 tokens; 5 rounds in 1000; 2 rounds in 500
 
 
-async def test_an_oversized_tool_result_is_clipped_in_view_and_counted_clipped() -> None:
-    messages: list[Message] = [
-        *AGENT[:1],
-        *chat(12)[1:],
-        AGENT[1],
-        AGENT[2],
-        {"role": "tool", "tool_call_id": "a", "content": "z" * 9000},
-    ]
-    result = await compactor(Model(), clip=600).compact(messages, hashes_of(messages), None, budget=2500, model="m")
-    assert result.checkpoint is not None
-    view = ProjectionBuilder(clip_chars=600).build(messages, result.checkpoint)
-    assert (
-        "[… 8400 characters elided by ctxproxy; full text in the fact log, message index 27 …]" in view[-1]["content"]
-    )
-    assert messages[-1]["content"] == "z" * 9000
-    assert result.tokens_after == sum(COUNT(m) for m in view)
+async def test_a_view_over_the_window_compacts_for_any_gain() -> None:
+    messages = chat(11)  # retiring one round of eleven frees 200 of 2203 tokens: under 10 %
+    hashes = hashes_of(messages)
+    assert (await compactor(Model()).compact(messages, hashes, None, budget=10_000, model="m")).outcome == "skipped"
+    result = await compactor(Model()).compact(messages, hashes, None, budget=10_000, model="m", min_gain=0.0)
+    assert result.outcome == "ok"
+    assert result.checkpoint is not None and result.checkpoint.retain_start_idx == 3
+
+
+async def test_a_summary_longer_than_what_it_replaces_is_skipped_even_without_a_minimum_gain() -> None:
+    messages = chat(11)
+    result = await compactor(Model("s" * 3000)).compact(messages, hashes_of(messages), None, budget=10_000,
+                                                        model="m", min_gain=0.0)
+    assert result.outcome == "skipped" and result.tokens_after > result.tokens_before
 
 
 # ---- properties over random conversations -------------------------------------------
@@ -395,8 +388,12 @@ def conversations(draw: st.DrawFn) -> list[Message]:
     return messages
 
 
-def assert_well_formed(view: Sequence[Message], had_system: bool) -> None:
-    """System first and only first; each tool result right after its call batch; no call left unanswered."""
+def assert_well_formed(view: Sequence[Message], had_system: bool, strict: bool = False) -> None:
+    """System first and only first; each tool result right after its call batch; no call left unanswered.
+
+    ``strict``: also what strict chat templates demand (the conversation itself met it).
+    """
+    assert not strict or role_error(list(view)) is None, role_error(list(view))
     assert (view[0]["role"] == "system") is had_system or (not had_system and view[0]["role"] != "system")
     open_calls: set[str] = set()
     seen_other = False
@@ -442,7 +439,8 @@ def test_plan_is_well_formed_and_fits_when_any_split_fits(messages: list[Message
     checkpoint = Checkpoint("s", start, "", round_start_for(messages, start), 0, 0, "m", 0.0)
     for placement in ("user", "system"):
         view = ProjectionBuilder(summary_placement=placement).build(messages, checkpoint)
-        assert_well_formed(view, had_system=bool(leading_system_count(messages)) or placement == "system")
+        assert_well_formed(view, had_system=bool(leading_system_count(messages)) or placement == "system",
+                           strict=role_error(messages) is None)
 
 
 @PROPERTY
@@ -450,15 +448,14 @@ def test_plan_is_well_formed_and_fits_when_any_split_fits(messages: list[Message
     conversations(),
     st.integers(0, 2),
     st.integers(50, 6000),
-    st.sampled_from([None, 700]),
     st.sampled_from(["user", "system"]),
 )
 def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
-    messages: list[Message], level: int, budget: int, clip: int | None, placement: str
+    messages: list[Message], level: int, budget: int, placement: str
 ) -> None:
     original = copy.deepcopy(messages)
     hashes = hashes_of(messages)
-    projection = ProjectionBuilder(summary_placement=placement, clip_chars=clip)  # type: ignore[arg-type]
+    projection = ProjectionBuilder(summary_placement=placement)  # type: ignore[arg-type]
     model = Model("summary of the work so far")
     engine = ContextCompactor(
         SummaryGenerator(model), COUNT, clock=lambda: 0.0, projection=projection, min_retain_rounds=3
@@ -472,7 +469,8 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
     if first is None:
         assert result.outcome == "skipped"
         return
-    assert_well_formed(projection.build(messages, first), had_system or placement == "system")
+    strict = role_error(messages) is None
+    assert_well_formed(projection.build(messages, first), had_system or placement == "system", strict)
     counts = engine.message_counts(messages, hashes)
     effective = budget >> level
     if any(tail_cost(messages, counts, i) <= effective for i in cuts_of(messages)):
@@ -486,4 +484,4 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
         assert again.checkpoint.retain_start_idx > first.retain_start_idx
         assert set(model.indices()) == set(range(first.retain_start_idx, again.checkpoint.retain_start_idx))
         assert model.prompts[0].startswith(f"<previous-summary>\n{model.answer}\n")
-        assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system")
+        assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system", strict)

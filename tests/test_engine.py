@@ -11,6 +11,7 @@ import pytest
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.messages import message_hash
+from proxy.context.projection import SUMMARY_END
 from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
 from proxy.context.tokens import chars_tokens
 from proxy.store.base import FactLog, SessionKey
@@ -60,10 +61,11 @@ def engine_over(store: FactLog, **overrides: Any) -> ContextEngine:
     return ContextEngine(history, settings, clock=lambda: 1000.0)
 
 
-async def prepare(engine: ContextEngine, messages: list[dict[str, Any]], complete: Any, key: SessionKey = KEY):
+async def prepare(engine: ContextEngine, messages: list[dict[str, Any]], complete: Any, key: SessionKey = KEY,
+                  tools: list[dict[str, Any]] | None = None):
     hashes = [message_hash(m) for m in messages]
     state = await engine.history.sync(key, messages, hashes)
-    return await engine.prepare(key, messages, hashes, state, model="m", tools=None, max_output=None,
+    return await engine.prepare(key, messages, hashes, state, model="m", tools=tools, max_output=None,
                                 complete=complete)
 
 
@@ -75,13 +77,16 @@ async def test_over_threshold_compacts_and_records_summary_then_checkpoint(store
     assert view.compacted == "proactive" and view.changed
     assert view.estimate.tokens <= view.threshold
     assert view.messages[0] == messages[0]
-    assert view.messages[1]["content"].endswith(full_summary("the summary"))
     facts = await read_log(store, KEY)
     assert [f.kind for f in facts[-2:]] == ["summary", "checkpoint"]
     assert [f.message for f in facts if f.kind == "message"] == messages, "compaction never alters messages"
     checkpoint = facts[-1].extra["checkpoint"]
     assert checkpoint["retain_start_idx"] == facts[-1].index
-    assert view.messages[2:] == messages[checkpoint["retain_start_idx"]:]
+    retained = messages[checkpoint["retain_start_idx"]:]
+    assert view.messages[1] == {"role": "user",
+                                "content": f"{facts[-2].message['content']}{SUMMARY_END}{retained[0]['content']}"}
+    assert facts[-2].message["content"].endswith(full_summary("the summary"))
+    assert view.messages[2:] == retained[1:]
 
 
 async def test_a_second_process_sees_the_checkpoint(store: FactLog) -> None:
@@ -109,6 +114,7 @@ async def test_one_compaction_at_a_time_across_engines(store: FactLog) -> None:
     assert first.calls >= 1 and second.calls == 0, "the waiting replica reused the running compaction"
     assert view_a.compacted == "proactive"
     assert view_b.checkpoint == view_a.checkpoint
+    assert view_b.compacted == "proactive", "the view it sent was compacted, by the other replica"
     facts = await read_log(store, KEY)
     assert [f.kind for f in facts].count("checkpoint") == 1
 
@@ -173,3 +179,21 @@ async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summ
     assert summariser.max_tokens == [max_output] * calls
     sizes = [chars_tokens(len("\n".join(m["content"] for m in prompt))) for prompt in summariser.prompts]
     assert max(sizes) <= max_input - PROMPT_OVERHEAD_TOKENS
+
+
+async def test_tool_definitions_count_when_a_checkpoint_exists(store: FactLog) -> None:
+    """The re-check after the lock left the tools out: with 1,200 tokens of schemas, views went over."""
+    engine = engine_over(store)
+    rng = random.Random(4)
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": prose(rng, 200)}}
+             for i in range(6)]
+    messages = conversation(14)
+    summariser = Summariser()
+    views = []
+    for i in range(14, 30):
+        messages += [{"role": "user", "content": f"question {i} " + prose(rng, 120)},
+                     {"role": "assistant", "content": f"answer {i} " + prose(rng, 120)}]
+        views.append(await prepare(engine, messages, summariser, tools=tools))
+    assert engine.policy(WINDOW).tools_tokens(tools) > 1_200
+    assert summariser.calls >= 3
+    assert [v.estimate.tokens for v in views if v.estimate.tokens > v.threshold] == []

@@ -6,15 +6,16 @@ import pytest
 
 from proxy.context.compactor import Checkpoint
 from proxy.context.projection import (
+    SUMMARY_END,
     SUMMARY_HEADER,
     ProjectionBuilder,
     build_model_view,
-    clip_message,
     clip_text,
     leading_system_count,
     round_start_for,
 )
 from proxy.types import Message
+from tests.fakeupstream import role_error
 
 
 def call(call_id: str) -> Message:
@@ -42,6 +43,11 @@ def checkpoint(retain: int, round_start: int | None = None, summary: str = "S") 
 SUMMARY = {"role": "user", "content": f"{SUMMARY_HEADER}\n\nS"}
 
 
+def led(message: Message) -> Message:
+    """``message`` with the summary leading it, as the default placement sends it."""
+    return {**message, "content": f"{SUMMARY_HEADER}\n\nS{SUMMARY_END}{message['content']}"}
+
+
 def test_leading_system_count() -> None:
     assert leading_system_count(CONVERSATION) == 1
     assert leading_system_count([{"role": "developer"}, {"role": "system"}, {"role": "user"}]) == 2
@@ -63,15 +69,51 @@ def test_without_checkpoint_the_view_is_the_conversation_itself() -> None:
     assert view is not CONVERSATION
 
 
-def test_checkpoint_at_a_round_boundary() -> None:
+def test_checkpoint_at_a_round_boundary_leads_the_first_retained_user_message() -> None:
+    before = copy.deepcopy(CONVERSATION)
     view = build_model_view(CONVERSATION, checkpoint(3))
-    assert view == [CONVERSATION[0], SUMMARY, *CONVERSATION[3:]]
-    assert view[2] is CONVERSATION[3]
+    assert view == [CONVERSATION[0], led(CONVERSATION[3]), *CONVERSATION[4:]]
+    end = "\n\n[ctxproxy] End of the summary. The user's message:\n\n"
+    assert view[1]["content"] == f"{SUMMARY_HEADER}\n\nS{end}second task"
+    assert all(a is b for a, b in zip(view[2:], CONVERSATION[4:], strict=True))
+    assert before == CONVERSATION
 
 
-def test_checkpoint_inside_a_round_reinserts_its_user_message() -> None:
+def test_checkpoint_inside_a_round_leads_its_reinserted_user_message() -> None:
     view = build_model_view(CONVERSATION, checkpoint(7, round_start=3))
-    assert view == [CONVERSATION[0], SUMMARY, CONVERSATION[3], *CONVERSATION[7:]]
+    assert view == [CONVERSATION[0], led(CONVERSATION[3]), *CONVERSATION[7:]]
+
+
+def test_a_user_message_of_parts_gets_the_summary_as_its_leading_part() -> None:
+    parts = [{"type": "text", "text": "look", "cache_control": {"type": "ephemeral"}}, {"type": "image_url"}]
+    messages = [CONVERSATION[0], {"role": "user", "content": parts}, CONVERSATION[2]]
+    view = build_model_view(messages, checkpoint(1))
+    assert view[1] == {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_HEADER}\n\nS{SUMMARY_END}"},
+                                                   *parts]}
+    assert view[1]["content"][1] is parts[0]
+
+
+def test_a_tail_that_starts_with_an_assistant_message_gets_a_summary_message_of_its_own() -> None:
+    messages = [CONVERSATION[0], CONVERSATION[2], *CONVERSATION[4:]]  # no user message before the split
+    view = build_model_view(messages, checkpoint(2))
+    assert view == [CONVERSATION[0], SUMMARY, *messages[2:]]
+    assert role_error(view) is None
+    assert build_model_view(CONVERSATION, checkpoint(10)) == [CONVERSATION[0], SUMMARY]  # nothing retained
+
+
+def test_the_summary_is_byte_identical_while_the_conversation_grows() -> None:
+    grown = [*CONVERSATION, {"role": "user", "content": "third task"}, {"role": "assistant", "content": "ok"}]
+    for placement in ("user", "system"):
+        shorter = build_model_view(CONVERSATION, checkpoint(7, round_start=3), summary_placement=placement)
+        longer = build_model_view(grown, checkpoint(7, round_start=3), summary_placement=placement)
+        assert longer[: len(shorter)] == shorter
+
+
+@pytest.mark.parametrize("placement", ["user", "system"])
+@pytest.mark.parametrize(("retain", "round_start"), [(0, None), (1, None), (3, None), (4, 3), (7, 3), (10, None)])
+def test_views_pass_a_strict_chat_template(placement: str, retain: int, round_start: int | None) -> None:
+    view = build_model_view(CONVERSATION, checkpoint(retain, round_start), summary_placement=placement)
+    assert role_error(view) is None
 
 
 def test_summary_in_the_system_message() -> None:
@@ -105,54 +147,11 @@ def test_clip_text_keeps_head_and_tail_and_names_the_index() -> None:
     assert clip_text(text, 100, 17) is text
 
 
-def test_only_tool_results_are_clipped() -> None:
-    long_user = {"role": "user", "content": "u" * 100}
-    assert clip_message(long_user, 0, 10) is long_user
-    tool = {"role": "tool", "tool_call_id": "a", "content": "abcdefghij" * 3}
-    assert clip_message(tool, 5, 10) == {
-        "role": "tool",
-        "tool_call_id": "a",
-        "content": "abcde\n[… 20 characters elided by ctxproxy; full text in the fact log, message index 5 …]\nfghij",
-    }
-    assert tool["content"] == "abcdefghij" * 3
-    assert clip_message(tool, 5, None) is tool
-
-
-def test_tool_results_given_as_text_parts_are_clipped_as_one_text() -> None:
-    tool = {
-        "role": "tool",
-        "tool_call_id": "a",
-        "content": [{"type": "text", "text": "ab"}, {"type": "text", "text": "cd"}],
-    }
-    assert clip_message(tool, 2, 2)["content"] == (
-        "a\n[… 2 characters elided by ctxproxy; full text in the fact log, message index 2 …]\nd"
-    )
-    assert clip_message(tool, 2, 4) is tool
-    image = {"role": "tool", "tool_call_id": "a", "content": [{"type": "image_url", "image_url": {}}]}
-    assert clip_message(image, 2, 1) is image
-
-
-def test_views_clip_oversized_tool_results_with_their_conversation_index() -> None:
-    before = copy.deepcopy(CONVERSATION)
-    for view in (
-        build_model_view(CONVERSATION, None, clip_chars=10),
-        build_model_view(CONVERSATION, checkpoint(4), clip_chars=10),
-    ):
-        clipped = [m for m in view if m.get("tool_call_id") == "a"]
-        assert clipped[0]["content"] == (
-            "AAAAA\n[… 40 characters elided by ctxproxy; full text in the fact log, message index 5 …]\nAAAAA"
-        )
-        assert next(m for m in view if m.get("tool_call_id") == "b") is CONVERSATION[6]
-    assert before == CONVERSATION
-
-
 def test_builder_validates_its_settings() -> None:
     with pytest.raises(ValueError):
         ProjectionBuilder(summary_placement="assistant")  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        ProjectionBuilder(clip_chars=0)
 
 
 def test_a_checkpoint_index_inside_the_system_block_keeps_the_system_block_once() -> None:
     view = build_model_view(CONVERSATION, checkpoint(0))
-    assert view == [CONVERSATION[0], SUMMARY, *CONVERSATION[1:]]
+    assert view == [CONVERSATION[0], led(CONVERSATION[1]), *CONVERSATION[2:]]

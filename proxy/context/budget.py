@@ -8,8 +8,8 @@ upstream rejection, a high one only an early compaction:
 
 - ``chars``: characters ÷ 3 of the view, tool definitions included (the seed);
 - ``usage``: the upstream's real ``prompt_tokens`` for the last call on the same
-  view base, plus characters ÷ 3 of what the view gained since (always on: it
-  is the only measured figure);
+  view base, plus what the view gained since, counted by the per-message
+  measure of the estimator (always on: it is the only measured figure);
 - ``tokenizer``: a tiktoken count (see ``tokens.py``).
 
 ``estimator`` picks ``chars`` (chars + usage), ``tokenizer`` (tokenizer + usage)
@@ -18,6 +18,10 @@ or ``max`` (all three). The default is ``tokenizer``: measured (docs/BENCHMARKS.
 about 48 %, and overcounts prose and code by 40-58 %; the tokenizer stays within
 5 % everywhere except Chinese on non-o200k tokenizers, where ``max`` does no
 better because characters ÷ 3 is lower still.
+
+Every figure includes the tool definitions (the model reads them as part of the
+prompt), and the limits leave the requested answer room: ``threshold`` is where
+compaction starts, ``hard_limit`` what the upstream would refuse.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import orjson
+
 from proxy.context.messages import message_hash, text_length
-from proxy.context.tokens import TokenCounter, chars_tokens, tools_chars
+from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter, chars_tokens, tools_chars
 from proxy.types import Message
 
 Estimator = Literal["chars", "tokenizer", "max"]
@@ -35,6 +41,11 @@ ESTIMATORS: tuple[str, ...] = get_args(Estimator)
 DEFAULT_ESTIMATOR: Estimator = "tokenizer"
 DEFAULT_CONTEXT_WINDOW = 128_000
 DEFAULT_COMPRESSION_THRESHOLD = 0.8
+#: Share of the threshold a view may take right after a compaction: the room left is what a steady
+#: run grows into before the next compaction (and the next new prompt prefix).
+POST_COMPACTION_SHARE = 0.6
+#: Room kept for the answer when a request reserves none (``max_tokens``): about one long answer.
+DEFAULT_ANSWER_RESERVE = 4_096
 #: Tokens the upstream adds to prime the reply (``<|start|>assistant<|message|>``).
 REPLY_PRIMING_TOKENS = 3
 
@@ -119,6 +130,55 @@ class ContextBudgetPolicy:
             return self.context_window - max_output_tokens
         return limit
 
+    def hard_limit(self, max_output_tokens: int | None = None) -> int:
+        """Prompt tokens the view must stay under: the window less the room kept for the answer.
+
+        The room is the request's ``max_tokens`` (OpenAI and vLLM refuse a prompt
+        it does not fit beside); without one, ``DEFAULT_ANSWER_RESERVE`` tokens,
+        at most the window above the threshold, so that a view cut to fit still
+        leaves the model room to answer. A reservation that fills the window is
+        left for the upstream to reject.
+        """
+        if max_output_tokens is not None:
+            reserve = max_output_tokens if max_output_tokens < self.context_window else 0
+        else:
+            share = self.context_window - int(self.context_window * self.compression_threshold)
+            reserve = min(DEFAULT_ANSWER_RESERVE, share)
+        return self.context_window - reserve
+
+    def tail_budget(self, current: Estimate, threshold: int, retain_budget: int, *, head: Sequence[Message],
+                    head_hashes: Sequence[str], summary: str | None, tools: Sequence[Any] | None) -> int:
+        """Tokens the retained tail may take: the compacted view then sits at ``POST_COMPACTION_SHARE`` of it.
+
+        ``threshold`` is the effective one: with window 8,000 and ``max_tokens``
+        5,500 it is 2,500 while 35 % of the window (``retain_budget``) is 2,800,
+        and a tail that large left every compacted view over the threshold: each
+        step compacted again. The view also carries the leading system messages
+        (``head``), the tool definitions and a summary (about as long as the last
+        one, ``summary``). When the upstream's ``usage`` counts more than the local
+        measure (``current``), the tail shrinks by that ratio: the next threshold
+        check believes the upstream.
+        """
+        fixed = self.tools_tokens(tools) + sum(map(self.message_tokens, head, head_hashes))
+        fixed += self.message_tokens({"role": "user", "content": summary}) if summary is not None else 0
+        local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
+        scale = max(1.0, current.tokens / local)
+        return max(1, min(retain_budget, int(threshold * POST_COMPACTION_SHARE / scale) - fixed))
+
+    def text_tokens(self, text: str) -> int:
+        """Tokens of a piece of text, by the estimator: what clipping measures a tool result in."""
+        chars = chars_tokens(len(text)) if self._uses_chars else 0
+        return max(chars, self.counter.text_tokens(text)) if self._uses_tokenizer else chars
+
+    def part_tokens(self, part: Any) -> int:
+        """Tokens of a non-text content part (an image, audio, a file), by the estimator."""
+        chars = chars_tokens(len(orjson.dumps(part))) if self._uses_chars else 0
+        return max(chars, NON_TEXT_PART_TOKENS) if self._uses_tokenizer else chars
+
+    def tools_tokens(self, tools: Sequence[Any] | None) -> int:
+        chars = chars_tokens(tools_chars(tools)) if self._uses_chars else 0
+        return max(chars, self.counter.tools_tokens(tools)) if self._uses_tokenizer else chars
+
     def message_tokens(self, message: Message, digest: str | None = None, /) -> int:
         """Per-message figure for planning a compaction, by the same estimator as ``estimate``."""
         chars = chars_tokens(text_length(message)) if self._uses_chars else 0
@@ -141,29 +201,49 @@ class ContextBudgetPolicy:
         those hashes as cache keys instead of hashing megabytes again. When
         ``source[0]`` is ``view`` itself, the hashes are taken by position.
         """
+        if source is not None and source[0] is view:
+            digests: Sequence[str | None] = source[1]
+        else:
+            known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
+            digests = [known.get(id(m)) for m in view]
         chars = None
         if self._uses_chars:
             chars = chars_tokens(sum(text_length(m) for m in view) + tools_chars(tools))
         tokenized = None
         if self._uses_tokenizer:
-            if source is not None and source[0] is view:
-                digests: Sequence[str | None] = source[1]
-            else:
-                known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
-                digests = [known.get(id(m)) for m in view]
             counted = self.counter.count_many(view, digests) + self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
-        measured = _usage_estimate(view, usage, view_key)
+        measured = self._usage_estimate(view, digests, usage, view_key)
         figures = [figure for figure in (chars, measured, tokenized) if figure is not None]
         return Estimate(max(figures, default=0), chars, measured, tokenized)
+
+    def _usage_estimate(self, view: Sequence[Message], digests: Sequence[str | None], usage: UsageSample | None,
+                        view_key: str) -> int | None:
+        """The upstream's count of the base, plus what was added since, measured like any message.
+
+        Characters ÷ 3 of a large tool result added since the last call more
+        than doubled the estimate (15,025 against a true 6,912 for 66,756
+        characters of prose); the tokenizer's counts are cached, so this costs
+        nothing the estimate has not already paid.
+        """
+        if usage is None or usage.view_key != view_key or not 0 < usage.view_length <= len(view):
+            return None
+        if message_hash(view[usage.view_length - 1]) != usage.last_hash:
+            return None
+        start = usage.view_length
+        added = sum(self.message_tokens(m, d) for m, d in zip(view[start:], digests[start:], strict=True))
+        return usage.prompt_tokens + added
 
     def should_compact(self, estimate: Estimate, max_output_tokens: int | None = None) -> bool:
         return estimate.tokens > self.threshold(max_output_tokens)
 
 
-def _usage_estimate(view: Sequence[Message], usage: UsageSample | None, view_key: str) -> int | None:
-    if usage is None or usage.view_key != view_key or not 0 < usage.view_length <= len(view):
-        return None
-    if message_hash(view[usage.view_length - 1]) != usage.last_hash:
-        return None
-    return usage.prompt_tokens + chars_tokens(sum(text_length(m) for m in view[usage.view_length :]))
+def retry_limit(hard_limit: int, refused_tokens: int) -> int:
+    """The prompt limit for a retry after the upstream refused a view estimated at ``refused_tokens``.
+
+    The limit (usually from the window the upstream stated) when it is below
+    what was refused; otherwise the estimate undercounts this upstream, and
+    each retry asks for a tenth less than the one refused, so retries make
+    progress even when the upstream states no figures.
+    """
+    return hard_limit if hard_limit < refused_tokens else refused_tokens - max(1, refused_tokens // 10)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import orjson
 
 from proxy.context.messages import chain_hash
-from proxy.context.projection import ProjectionBuilder, clip_message, leading_system_count, round_start_for
+from proxy.context.projection import ProjectionBuilder, leading_system_count, round_start_for
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
 from proxy.types import Message
@@ -29,10 +29,10 @@ from proxy.types import Message
 CompactionOutcome = Literal["ok", "failed", "timeout", "skipped"]
 
 DEFAULT_MIN_RETAIN_ROUNDS = 10
-#: Share of the window the retained tail may take: after compaction the view sits well under the
-#: threshold (0.8), so the next compaction is many steps away.
+#: Share of the window the retained tail may take at most.
 DEFAULT_RETAIN_FRACTION = 0.35
-#: A compaction that frees less than this share of the view is not worth its summary call.
+#: A compaction that frees less than this share of the view is not worth its summary call, unless
+#: the view is over the window: then any gain counts, and clipping takes care of the rest.
 DEFAULT_MIN_GAIN = 0.10
 CHECKPOINT_FORMAT = 1
 _UNSPLITTABLE_ROLES = frozenset({"tool", "function"})
@@ -40,17 +40,6 @@ _UNSPLITTABLE_ROLES = frozenset({"tool", "function"})
 
 def retain_budget_for(context_window: int, fraction: float = DEFAULT_RETAIN_FRACTION) -> int:
     return max(1, int(context_window * fraction))
-
-
-def clip_chars_for(retain_budget: int) -> int:
-    """Tool-result clip limit, in characters, for a tail budget in tokens: one character per token.
-
-    Measured (docs/BENCHMARKS.md), text runs 0.85 (Chinese, cl100k) to 4.8
-    (English) characters per token, so a result clipped to ``retain_budget``
-    characters takes at most about 1.2 budgets in the worst case and a fifth of
-    one for English, and a clip never hides text the window had room for.
-    """
-    return max(1, retain_budget)
 
 
 def prefix_hash(hashes: Sequence[str], end: int) -> str:
@@ -226,12 +215,7 @@ class ContextCompactor:
         return sum(self.count(m, known.get(id(m))) for m in view)
 
     def message_counts(self, messages: Sequence[Message], hashes: Sequence[str]) -> list[int]:
-        """Per-message tokens as the view shows them: clipped tool results count clipped."""
-        counts = []
-        for index, message in enumerate(messages):
-            shown = clip_message(message, index, self.projection.clip_chars)
-            counts.append(self.count(shown, hashes[index] if shown is message else None))
-        return counts
+        return [self.count(message, digest) for message, digest in zip(messages, hashes, strict=True)]
 
     async def compact(
         self,
@@ -243,13 +227,17 @@ class ContextCompactor:
         model: str,
         level: int = 0,
         instructions: str | None = None,
+        min_gain: float | None = None,
     ) -> CompactionResult:
         """Summarise what moves out of the verbatim tail into a new checkpoint.
 
         ``budget`` is the token budget of the retained tail; each ``level`` (the
         reactive path) halves it and the retained rounds. A ``previous``
         checkpoint whose prefix no longer matches ``hashes`` is ignored.
+        ``min_gain`` overrides the compactor's for this call (0 when the view is
+        over the window: any gain is then worth the call).
         """
+        gain = self.min_gain if min_gain is None else min_gain
         if len(hashes) != len(messages):
             raise ValueError(f"{len(hashes)} hashes for {len(messages)} messages")
         if previous is not None and not previous.matches(hashes):
@@ -267,8 +255,8 @@ class ContextCompactor:
         planned += counts[opener] if opener is not None else 0
         if previous is not None:
             planned += self.count({"role": "user", "content": previous.summary})
-        if before - planned < self.min_gain * before:
-            return CompactionResult("skipped", None, before, before, f"would free under {self.min_gain:.0%}")
+        if before - planned < gain * before or before <= planned:
+            return CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         result = await self.summarizer.summarise(
             previous.summary if previous is not None else None,
             messages[base:start],
@@ -288,6 +276,6 @@ class ContextCompactor:
             created_at=self.clock(),
         )
         after = self.view_tokens(self.projection.build(messages, checkpoint), known)
-        if before - after < self.min_gain * before:
-            return CompactionResult("skipped", None, before, after, f"summary left it over {1 - self.min_gain:.0%}")
+        if before - after < gain * before or before <= after:
+            return CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
         return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after)

@@ -1,4 +1,5 @@
-"""ContextEngine: the proactive path of the seed, per request: view, estimate, compact if over, view again.
+"""ContextEngine: the proactive path of the seed, per request: view, estimate, compact if over, view again,
+and clip tool results if even that view is over the window.
 
 It composes the parts (HistoryManager, ContextBudgetPolicy, ContextCompactor,
 SummaryGenerator, ProjectionBuilder) and owns what spans requests: the per-model
@@ -15,22 +16,22 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import orjson
 
 from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
+from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import (
     Checkpoint,
     CompactionBackoff,
     CompactionResult,
     ContextCompactor,
-    clip_chars_for,
     retain_budget_for,
 )
-from proxy.context.history import ConversationState, HistoryManager
-from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
+from proxy.context.history import ConversationState, HistoryManager, common_prefix
+from proxy.context.projection import ProjectionBuilder, SummaryPlacement, leading_system_count, summary_text
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.window import context_window_for
@@ -66,7 +67,11 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class PreparedView:
-    """What to send upstream. ``changed`` is False when it is the client's conversation as sent."""
+    """What to send upstream. ``changed`` is False when it is the client's conversation as sent.
+
+    ``threshold`` is where compaction starts, ``limit`` what the upstream would
+    refuse; ``clipped`` says tool results were cut to get under ``limit``.
+    """
 
     messages: list[Message]
     changed: bool
@@ -74,6 +79,14 @@ class PreparedView:
     checkpoint: Checkpoint | None
     compacted: Compacted
     threshold: int
+    limit: int
+    clipped: bool = False
+
+    @property
+    def view_key(self) -> str:
+        """Names the view's base for a later ``UsageSample``; a clipped view's count fits no other view."""
+        key = self.checkpoint.view_key if self.checkpoint is not None else ""
+        return f"{key}+clipped" if self.clipped else key
 
 
 def _usage_sample(state: ConversationState | None) -> UsageSample | None:
@@ -151,22 +164,36 @@ class ContextEngine:
             self._policies[window] = policy
         return policy
 
-    def projection(self, window: int) -> ProjectionBuilder:
-        clip = clip_chars_for(retain_budget_for(window, self.settings.retain_fraction))
-        return ProjectionBuilder(summary_placement=self.settings.summary_placement, clip_chars=clip)
+    def projection(self) -> ProjectionBuilder:
+        return ProjectionBuilder(summary_placement=self.settings.summary_placement)
 
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              window: int, tools: Sequence[Any] | None, max_output: int | None,
-             compacted: Compacted = "none") -> PreparedView:
-        """Build and estimate the view under the session's active checkpoint. Read-only."""
+             compacted: Compacted = "none", limit: int | None = None, fit: bool = True) -> PreparedView:
+        """Build and estimate the view under the session's active checkpoint. Read-only.
+
+        With ``fit``, a view over ``limit`` (default: what the upstream would
+        refuse) has tool results clipped until it fits (``proxy.context.clipping``).
+        """
         checkpoint = active_checkpoint(state, hashes)
-        view = self.projection(window).build(messages, checkpoint)
+        view = self.projection().build(messages, checkpoint)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
         estimate = policy.estimate(view, tools=tools, usage=_usage_sample(state),
                                    view_key=checkpoint.view_key if checkpoint else "",
                                    source=(view if not changed else messages, hashes))
-        return PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output))
+        limit = policy.hard_limit(max_output) if limit is None else limit
+        prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit)
+        if not fit or estimate.tokens <= limit:
+            return prepared
+        # Over the limit after compaction had its chance: rare, so whole-view work is fine here.
+        seqs = state.seqs[: common_prefix(state.hashes, hashes)] if state is not None else []
+        fitted = fit_by_clipping(view, estimate.tokens - limit, limit, policy, entry_namer(messages, seqs),
+                                 lambda clipped: policy.estimate(clipped, tools=tools, source=(messages, hashes)))
+        if fitted is None:
+            return prepared
+        return replace(prepared, messages=fitted[0], changed=True, estimate=fitted[1], clipped=True,
+                       compacted="proactive" if compacted == "none" else compacted)
 
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, model: str, tools: Sequence[Any] | None,
@@ -178,25 +205,33 @@ class ContextEngine:
         the conversation so that its checkpoint covers logged messages.
         """
         window = self.window_for(model)
-        prepared = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
-        if state is None or prepared.estimate.tokens <= prepared.threshold:
+        prepared = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output, fit=False)
+        if prepared.estimate.tokens <= prepared.threshold:
             return prepared
-        if not self.backoff.allowed(f"{key.tenant}:{key.session}"):
-            return prepared
+        if state is None or not self.backoff.allowed(f"{key.tenant}:{key.session}"):
+            return self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
         result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
-                                           complete=complete, window=window, threshold=prepared.threshold)
-        return self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output,
-                         compacted="proactive" if result.outcome == "ok" else "none")
+                                           complete=complete, window=window, threshold=prepared.threshold,
+                                           tools=tools, max_output=max_output,
+                                           over_limit=prepared.estimate.tokens > prepared.limit)
+        after = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
+        # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
+        if result.outcome == "ok" or (after.checkpoint is not None and after.checkpoint != prepared.checkpoint):
+            return replace(after, compacted="proactive")
+        return after
 
     async def compact(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str], *,
                       trigger: Trigger, model: str, complete: Complete, window: int, level: int = 0,
                       threshold: int | None = None, instructions: str | None = None,
+                      tools: Sequence[Any] | None = None, max_output: int | None = None, over_limit: bool = False,
                       ) -> tuple[CompactionResult, ConversationState | None]:
         """Compact under the session lock and record the checkpoint; the state is returned caught up.
 
         A request that finds another compaction running waits for it (up to the
         summary timeout) and then, if the view now fits, uses that compaction's
-        checkpoint instead of writing a second one.
+        checkpoint instead of writing a second one. ``tools`` and ``max_output``
+        are the request's: every measure counts them. ``over_limit`` (and any
+        reactive ``level``) lifts the minimum gain: a view over the window must shrink.
         """
         token = uuid.uuid4().hex
         ttl = self.lock_lease
@@ -212,15 +247,20 @@ class ContextEngine:
             try:
                 state = await self.history.state(key, refresh=True)
                 previous = active_checkpoint(state, hashes)
-                if threshold is not None and previous is not None and level == 0:
-                    fresh = self.view(messages, hashes, state, window=window, tools=None, max_output=None)
-                    if fresh.estimate.tokens <= threshold:  # another request compacted while we waited
-                        return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "already compacted"),
-                                             started), state
-                compactor = self._compactor(complete, window)
-                result = await compactor.compact(messages, hashes, previous, model=model, level=level,
-                                                 budget=retain_budget_for(window, self.settings.retain_fraction),
-                                                 instructions=instructions)
+                fresh = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output,
+                                  fit=False)
+                if (threshold is not None and previous is not None and level == 0
+                        and fresh.estimate.tokens <= threshold):  # another request compacted while we waited
+                    return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "already compacted"),
+                                         started), state
+                system = leading_system_count(messages)
+                budget = self.policy(window).tail_budget(
+                    fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
+                    head=messages[:system], head_hashes=hashes[:system], tools=tools,
+                    summary=summary_text(previous) if previous is not None else None)
+                result = await self._compactor(complete, window).compact(
+                    messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
+                    min_gain=0.0 if over_limit or level > 0 else None)
                 if result.outcome == "ok" and result.checkpoint is not None:
                     state = await self._record(key, result.checkpoint)
             finally:
@@ -245,7 +285,7 @@ class ContextEngine:
             complete, window if summary_model is None else self.window_for(summary_model),
             max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout)
         return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
-                                projection=self.projection(window), min_retain_rounds=self.settings.min_retain_rounds)
+                                projection=self.projection(), min_retain_rounds=self.settings.min_retain_rounds)
 
     @property
     def lock_lease(self) -> float:

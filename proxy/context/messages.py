@@ -107,7 +107,7 @@ def chain_hash(previous: str, message_digest: str) -> str:
 
 
 def text_length(message: Message) -> int:
-    """Characters of everything the model reads in a message (content, tool calls, names)."""
+    """Characters of everything the model may read in a message (content, tool calls, names, reasoning)."""
     total = 0
     content = message.get("content")
     if isinstance(content, str):
@@ -120,7 +120,7 @@ def text_length(message: Message) -> int:
     calls = message.get("tool_calls")
     if isinstance(calls, list):
         total += len(orjson.dumps(calls))
-    for field in ("name", "tool_call_id"):
+    for field in ("name", "tool_call_id", "reasoning_content", "reasoning"):
         value = message.get(field)
         if isinstance(value, str):
             total += len(value)

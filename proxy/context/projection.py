@@ -4,14 +4,27 @@ The view is rebuilt from the conversation and the active checkpoint on every
 call and never written back, so a checkpoint can be replaced and nothing is
 lost. It is read-only towards its inputs: messages that pass through unchanged
 are the caller's own objects (no copies on the hot path); a message that must
-change (a clipped tool result, the system message carrying the summary) is a
-new dict.
+change (the one carrying the summary) is a new dict.
 
-With a checkpoint the view is: leading system/developer messages, one summary
-message, the opening user message of the current round when the checkpoint
-split that round, then ``messages[retain_start_idx:]``. The compactor only
-splits before a user message or before an assistant message (never between a
-tool call and its results), which is what keeps the view well-formed.
+With a checkpoint the view is: leading system/developer messages, the summary,
+the opening user message of the current round when the checkpoint split that
+round, then ``messages[retain_start_idx:]``. The compactor only splits before a
+user message or before an assistant message (never between a tool call and its
+results), which is what keeps the view well-formed.
+
+Where the summary goes must also suit strict chat templates (Mistral, Gemma,
+Llama-2 style on vLLM answer 400 otherwise): no two user messages in a row and
+no system message after the first other one. So with placement ``user`` the
+summary leads the first retained user message (the round's opener, re-inserted,
+or the message at ``retain_start_idx``); only when the tail starts with an
+assistant message is it a user message of its own, which then alternates. With
+``system`` it is appended to the last leading system message. Either way the
+text is a function of the checkpoint and the conversation's own messages, so it
+stays byte-identical from one step to the next until the next compaction, and
+the upstream's prompt cache keeps hitting.
+
+Tool results are passed through whole here; when a view cannot fit the window
+they are clipped by ``proxy.context.clipping``.
 """
 
 from __future__ import annotations
@@ -26,6 +39,8 @@ if TYPE_CHECKING:
 
 SummaryPlacement = Literal["user", "system"]
 SYSTEM_ROLES = frozenset({"system", "developer"})
+#: Ends the summary where it leads a user message, so the model sees where the user's own words start.
+SUMMARY_END = "\n\n[ctxproxy] End of the summary. The user's message:\n\n"
 SUMMARY_HEADER = (
     "[ctxproxy] Summary of earlier work in this conversation. The messages it replaces were compacted "
     "to keep the conversation within the context window; the conversation continues after this summary."
@@ -67,25 +82,6 @@ def clip_text(text: str, max_chars: int, index: int) -> str:
     return f"{text[:head]}\n{marker}\n{text[len(text) - tail :] if tail else ''}"
 
 
-def clip_message(message: Message, index: int, max_chars: int | None) -> Message:
-    """``message`` itself, or a clipped copy when it is a tool result longer than ``max_chars``.
-
-    A tool result given as a list of text parts is joined and clipped as one
-    string; anything with non-text parts is left alone.
-    """
-    if max_chars is None or message.get("role") != "tool":
-        return message
-    content = message.get("content")
-    if isinstance(content, list):
-        texts = [part.get("text") for part in content if isinstance(part, dict)]
-        if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-            return message
-        content = "".join(t for t in texts if isinstance(t, str))
-    if not isinstance(content, str) or len(content) <= max_chars:
-        return message
-    return {**message, "content": clip_text(content, max_chars, index)}
-
-
 def summary_text(checkpoint: Checkpoint) -> str:
     return f"{SUMMARY_HEADER}\n\n{checkpoint.summary.strip()}"
 
@@ -103,37 +99,41 @@ def _with_summary_in_system(head: list[Message], text: str) -> list[Message]:
     return [*head[:-1], merged]
 
 
-class ProjectionBuilder:
-    """Builds model views with one placement of the summary and one clip limit for tool results."""
+def _with_summary_in_user(message: Message, text: str) -> Message:
+    """``message`` (a user message) with the summary as its leading part."""
+    content = message.get("content")
+    if isinstance(content, list):
+        return {**message, "content": [{"type": "text", "text": text + SUMMARY_END}, *content]}
+    if isinstance(content, str) and content:
+        return {**message, "content": text + SUMMARY_END + content}
+    return {**message, "content": text}
 
-    def __init__(self, *, summary_placement: SummaryPlacement = "user", clip_chars: int | None = None) -> None:
+
+class ProjectionBuilder:
+    """Builds model views with one placement of the summary."""
+
+    def __init__(self, *, summary_placement: SummaryPlacement = "user") -> None:
         if summary_placement not in ("user", "system"):
             raise ValueError(f"summary_placement must be 'user' or 'system', got {summary_placement!r}")
-        if clip_chars is not None and clip_chars <= 0:
-            raise ValueError(f"clip_chars must be positive, got {clip_chars}")
         self.summary_placement = summary_placement
-        self.clip_chars = clip_chars
-
-    def _tail(self, messages: Sequence[Message], start: int) -> list[Message]:
-        if self.clip_chars is None:
-            return list(messages[start:])
-        return [clip_message(m, i, self.clip_chars) for i, m in enumerate(messages[start:], start)]
 
     def build(self, messages: Sequence[Message], checkpoint: Checkpoint | None) -> list[Message]:
         if checkpoint is None:
-            return self._tail(messages, 0)
+            return list(messages)
         system_end = leading_system_count(messages)
-        head = list(messages[:system_end])
         text = summary_text(checkpoint)
-        if self.summary_placement == "system":
-            view = _with_summary_in_system(head, text)
-        else:
-            view = [*head, {"role": "user", "content": text}]
         round_start = checkpoint.round_start_idx
+        body: list[Message] = []
         if round_start is not None and system_end <= round_start < checkpoint.retain_start_idx:
-            view.append(messages[round_start])
-        view.extend(self._tail(messages, max(checkpoint.retain_start_idx, system_end)))
-        return view
+            body.append(messages[round_start])
+        body.extend(messages[max(checkpoint.retain_start_idx, system_end):])
+        if self.summary_placement == "system":
+            return [*_with_summary_in_system(list(messages[:system_end]), text), *body]
+        if body and body[0].get("role") == "user":
+            body[0] = _with_summary_in_user(body[0], text)
+        else:
+            body.insert(0, {"role": "user", "content": text})
+        return [*messages[:system_end], *body]
 
 
 def build_model_view(
@@ -141,7 +141,6 @@ def build_model_view(
     checkpoint: Checkpoint | None,
     *,
     summary_placement: SummaryPlacement = "user",
-    clip_chars: int | None = None,
 ) -> list[Message]:
     """The messages to send upstream for ``messages`` under ``checkpoint`` (see the module docstring)."""
-    return ProjectionBuilder(summary_placement=summary_placement, clip_chars=clip_chars).build(messages, checkpoint)
+    return ProjectionBuilder(summary_placement=summary_placement).build(messages, checkpoint)

@@ -36,6 +36,9 @@ CHARS_PER_TOKEN = 3
 MESSAGE_OVERHEAD_TOKENS = 4
 #: A flat guess for an image, audio or file part: its bytes say nothing about its token cost.
 NON_TEXT_PART_TOKENS = 1024
+#: Reasoning an assistant message carries and clients echo (DeepSeek, vLLM's reasoning parsers, OpenRouter).
+#: Not part of the message's identity (``message_hash``), but the upstream may read it, so it is counted.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 #: Preferred first: o200k_base is what current OpenAI models use and is closer for CJK.
 ENCODING_PREFERENCE = ("o200k_base", "cl100k_base")
 TOKENIZERS_SUBDIR = ("litellm_core_utils", "tokenizers")
@@ -79,11 +82,22 @@ def message_text(message: Message) -> tuple[str, int]:
                 pieces.extend(str(function.get(key) or "") for key in ("name", "arguments"))
             else:
                 pieces.append(orjson.dumps(call).decode())
-    for field in ("name", "tool_call_id"):
+    for field in ("name", "tool_call_id", *REASONING_FIELDS):
         value = message.get(field)
         if isinstance(value, str):
             pieces.append(value)
     return "\n".join(pieces), non_text
+
+
+def _cache_key(message: Message, digest: str) -> str:
+    """The count's cache key: the hash, told apart by the reasoning's length when the message carries some.
+
+    The hash leaves reasoning out (clients drop it when echoing), the count must
+    not: the same message with and without its reasoning differ in size.
+    """
+    if "reasoning_content" in message or "reasoning" in message:
+        return f"{digest}+r{sum(len(str(message.get(f) or '')) for f in REASONING_FIELDS)}"
+    return digest
 
 
 def bundled_encoding_name(directory: Path) -> str | None:
@@ -151,7 +165,7 @@ class TokenCounter:
         return value
 
     def message_tokens(self, message: Message, digest: str | None = None, /) -> int:
-        key = digest if digest is not None else message_hash(message)
+        key = _cache_key(message, digest if digest is not None else message_hash(message))
         cached = self._cached(key)
         if cached is not None:
             return cached
@@ -169,7 +183,7 @@ class TokenCounter:
         cache = self._cache
         total = 0
         for message, digest in zip(messages, digests, strict=True):
-            value = cache.get(digest) if digest is not None else None
+            value = cache.get(_cache_key(message, digest)) if digest is not None else None
             total += value if value is not None else self.message_tokens(message, digest)
         return total
 

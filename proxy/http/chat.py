@@ -19,7 +19,7 @@ import orjson
 from aiohttp import web
 
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
-from proxy.context.budget import requested_output_tokens
+from proxy.context.budget import requested_output_tokens, retry_limit
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.history import ConversationState
 from proxy.context.messages import message_hash
@@ -88,7 +88,7 @@ class ChatTurn:
         history = self.request.app[history_key]
         messages, hashes = self.chat.messages, self.hashes
         last = view.messages[-1]
-        view_info = {"key": view.checkpoint.view_key if view.checkpoint else "", "length": len(view.messages),
+        view_info = {"key": view.view_key, "length": len(view.messages),
                      "last": hashes[-1] if last is messages[-1] else message_hash(last)}
 
         async def sink(reply: Message | None, usage: dict[str, Any] | None, complete: bool) -> None:
@@ -114,28 +114,38 @@ class ChatTurn:
         return {HEADER_SESSION: self.key.session, HEADER_COMPACTED: view.compacted,
                 HEADER_VIEW_TOKENS: str(view.estimate.tokens), HEADER_OVERHEAD: f"{overhead:.2f}"}
 
-    async def rescue(self, overflow: Overflow) -> PreparedView | None:
+    async def rescue(self, overflow: Overflow, refused: PreparedView) -> PreparedView | None:
         """Compact harder after a too-long refusal; the new view, or None when nothing can be done.
 
         Each attempt is one level harder: the compactor halves the retained tail
-        and its rounds per level, down to the split-inside-a-round minimum.
+        and its rounds per level, down to the split-inside-a-round minimum. The
+        retry must also come in under what was refused (``retry_limit``), with
+        tool results clipped if that is what it takes, so a view that compaction
+        cannot shrink (one huge result in the last step) still gets through.
         """
         self.attempts += 1
         attempt = self.attempts
-        if self.state is None or attempt > self.settings.reactive_retries:
+        if attempt > self.settings.reactive_retries:
             return None
         model = self.chat.model or ""
         if overflow.limit_tokens is not None:
             self.engine.learn_window(model, overflow.limit_tokens)
         window = self.engine.window_for(model)
-        result, state = await self.engine.compact(self.key, self.chat.messages, self.hashes, trigger="reactive",
-                                                  model=model, complete=self.summarise, window=window, level=attempt)
-        if result.outcome != "ok":
+        max_output = requested_output_tokens(self.chat.payload)
+        compacted = False
+        if self.state is not None:  # without a state the store is down: no compaction, clipping still helps
+            result, state = await self.engine.compact(self.key, self.chat.messages, self.hashes, trigger="reactive",
+                                                      model=model, complete=self.summarise, window=window,
+                                                      level=attempt, tools=self.tools, max_output=max_output)
+            compacted = result.outcome == "ok"
+            self.state = state if state is not None else self.state
+        limit = retry_limit(self.engine.policy(window).hard_limit(max_output), refused.estimate.tokens)
+        view = self.engine.view(self.chat.messages, self.hashes, self.state, window=window, tools=self.tools,
+                                max_output=max_output, compacted="reactive", limit=limit)
+        if not compacted and not view.estimate.tokens < refused.estimate.tokens:
             self.metrics.reactive_retries.labels(outcome="failed").inc()
             return None
-        self.state = state
-        return self.engine.view(self.chat.messages, self.hashes, state, window=window, tools=self.tools,
-                                max_output=requested_output_tokens(self.chat.payload), compacted="reactive")
+        return view
 
     async def summarise(self, messages: list[Message], max_tokens: int) -> SummaryAnswer:
         """The summary call, as the caller; its headers are built only when a compaction needs them."""
@@ -226,7 +236,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
                 if view.compacted == "reactive":
                     metrics.reactive_retries.labels(outcome="ok").inc()
                 return outcome
-            retry = await turn.rescue(outcome)  # the refused response is closed: no connection held meanwhile
+            retry = await turn.rescue(outcome, view)  # the refused response is closed: no connection held meanwhile
             if retry is None:
                 return _refuse(turn, view, started)
             view = retry
