@@ -29,7 +29,8 @@ from proxy.context.compactor import (
     clip_chars_for,
     retain_budget_for,
 )
-from proxy.context.history import ConversationState, HistoryManager
+from proxy.context.history import HistoryManager
+from proxy.context.lineage import ConversationState
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.summarizer import Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter

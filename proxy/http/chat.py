@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.context.budget import requested_output_tokens
 from proxy.context.engine import ContextEngine, PreparedView
-from proxy.context.history import ConversationState
+from proxy.context.lineage import ConversationState
 from proxy.context.messages import message_hash
 from proxy.errors import ProxyError, StoreError
 from proxy.http.body import ChatRequest, parse_chat, read_body
