@@ -32,7 +32,10 @@ surfaces as ``StoreUnavailable``, instead of half-applying a batch.
 Failure handling: short socket timeouts make a dead Redis fail fast; a
 connection error is retried a few times with a backoff totalling well under a
 second, which is what reconnects transparently after a Redis restart. Timeouts
-are not retried (each would cost another socket timeout). Every redis-py and
+are not retried (each would cost another socket timeout). Connections come
+from a blocking pool (``?max_connections=N``, ``DEFAULT_MAX_CONNECTIONS``): with
+all of them busy a command waits up to ``POOL_WAIT`` for one instead of failing
+at once, as redis-py's default pool does. Every redis-py and
 socket error becomes ``StoreUnavailable`` in ``map_redis_errors``.
 
 Redis Cluster (``?cluster=1``, verified against a real 3-primary cluster in
