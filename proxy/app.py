@@ -1,7 +1,8 @@
 """``create_app(settings)``: routes and resource lifecycles, opening nothing until the app starts.
 
 Each resource has its own single-yield cleanup context, in dependency order:
-the upstream HTTP client, then the store (and the HistoryManager over it).
+the upstream HTTP client, then the store (and the HistoryManager over it, whose
+background retries are cancelled before the store closes).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[settings_key], app[metrics_key]
     store = await open_store(settings.store)
     app[store_key] = store
-    history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended)
+    history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
+                             on_error=metrics.store_errors.inc)
     app[history_key] = history
     app[engine_key] = ContextEngine(history, engine_settings(settings), observer=metrics.compaction_done)
     if settings.estimator != "chars":
@@ -47,7 +49,10 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await store.aclose()
+        try:
+            await history.aclose()  # background retries of pending replies use the store: stop them first
+        finally:
+            await store.aclose()
 
 
 def engine_settings(settings: Settings) -> EngineSettings:

@@ -4,27 +4,28 @@ The admin API and the ``ctxproxy sessions`` commands share this module so that
 both show the same thing. Two rules shape it:
 
 - A log is only ever read in pages (``pages``), and the transcript renders one
-  fact at a time (``Transcript``), so a 100,000-entry log streams out in
-  constant memory. Only the view needs the whole lineage in memory, because the
-  view is built from it.
+  fact at a time (``Transcript``), so a 100,000-entry log streams out without
+  holding its messages (the transcript keeps the lineage's hashes only). Only
+  the view needs the whole lineage in memory, because the view is built from
+  it, and never the other branches of the log's tree.
 - The view is what the next request would send upstream if the client resent
-  the logged conversation: the lineage and the engine's ``ConversationState``
-  are folded from the *same* facts (``replay``), so a request appending while
-  we read cannot leave the messages and the checkpoint out of step.
+  the conversation at the log's head: the lineage and the engine's
+  ``ConversationState`` are folded from the *same* facts (``replay``), so a
+  request appending while we read cannot leave the messages and the
+  checkpoint out of step.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from proxy.context.engine import ContextEngine, PreparedView
-from proxy.context.history import ConversationState
-from proxy.context.messages import message_hash
+from proxy.context.lineage import ConversationState
 from proxy.context.projection import SYSTEM_ROLES
 from proxy.context.tokens import TokenCounter
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
@@ -39,14 +40,16 @@ TOOL_RESULT_CHARS = 500
 # -- reading -------------------------------------------------------------------------------------
 
 
-async def pages(store: FactLog, key: SessionKey, page: int = PAGE) -> AsyncGenerator[list[StoredFact], None]:
-    """The session's facts, oldest first, ``page`` at a time; nothing for an unknown session."""
+async def pages(store: FactLog, key: SessionKey, page: int = PAGE,
+                through: int | None = None) -> AsyncGenerator[list[StoredFact], None]:
+    """The session's facts, oldest first, ``page`` at a time (up to seq ``through``); nothing for an unknown session."""
     after = -1
-    while True:
-        facts = await store.read(key, after=after, limit=page)
+    while through is None or after < through:
+        limit = page if through is None else min(page, through - after)
+        facts = await store.read(key, after=after, limit=limit)
         if facts:
             yield facts
-        if len(facts) < page:
+        if len(facts) < limit:
             return
         after = facts[-1].seq
 
@@ -78,32 +81,38 @@ def _plain(obj: object) -> object:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Lineage:
-    """The conversation a log describes now (messages by index, cut back at rewinds) and its engine state."""
+    """The conversation a log's head describes (each message's predecessor followed back) and its engine state."""
 
-    messages: list[Message] = field(default_factory=list)
-    hashes: list[str] = field(default_factory=list)
-    state: ConversationState = field(default_factory=ConversationState)
-    facts: int = 0
-
-    def apply(self, fact: StoredFact) -> None:
-        self.facts += 1
-        self.state.apply(fact)
-        if fact.kind == "rewind" and fact.index is not None:
-            del self.messages[fact.index:], self.hashes[fact.index:]
-        elif fact.kind == "message" and fact.message is not None:
-            message = dict(fact.message)
-            self.messages.append(message)
-            self.hashes.append(fact.hash if fact.hash is not None else message_hash(message))
+    messages: list[Message]
+    hashes: list[str]
+    state: ConversationState
+    #: Facts in the log when it was read (0: no such session).
+    facts: int
 
 
 async def replay(store: FactLog, key: SessionKey) -> Lineage:
-    lineage = Lineage()
+    """Fold the log into the engine's state, then read the head lineage's messages in a second pass.
+
+    A log is a tree, and any later rewind may return to any branch, so one
+    pass would have to hold every branch's messages; two passes hold only the
+    lineage's. The second stops at the last fact the first folded, so a
+    request appending meanwhile cannot put the messages and the checkpoint out
+    of step.
+    """
+    state = ConversationState()
     async for page in pages(store, key):
         for fact in page:
-            lineage.apply(fact)
-    return lineage
+            state.apply(fact)
+    wanted = {seq: position for position, seq in enumerate(state.seqs)}
+    messages: list[Message] = [{} for _ in wanted]
+    async for page in pages(store, key, through=state.next_seq - 1):
+        for fact in page:
+            position = wanted.get(fact.seq)
+            if position is not None:
+                messages[position] = dict(fact.message or {})
+    return Lineage(messages, list(state.hashes), state, state.next_seq)
 
 
 @dataclass(frozen=True)
@@ -200,19 +209,21 @@ def _role_label(message: Mapping[str, Any]) -> str:
 class Transcript:
     """Renders a log one fact at a time, in seq order, as Markdown-ish blocks.
 
-    It keeps only the lineage's roles (to say which messages a checkpoint
-    summarised: the leading system messages never are), so memory grows by one
-    short string per message, never by the messages themselves.
+    It folds the facts into a ``ConversationState`` (hashes and seqs, a few
+    hundred bytes per message, never the messages themselves) to follow the
+    lineage across rewinds, and remembers which messages lead their lineage
+    with system messages only: a checkpoint never summarises those.
     """
 
     def __init__(self, counter: TokenCounter | None = None) -> None:
         self.counter = counter if counter is not None else TokenCounter()
-        self.roles: list[str] = []
+        self.state = ConversationState()
+        self._system_lead: set[int] = set()
 
     def fact(self, fact: StoredFact) -> str:
+        self.state.apply(fact)
         if fact.kind == "rewind":
-            del self.roles[fact.index or 0:]
-            return f"── rewind to message {fact.index} ──"
+            return _rewind_line(fact)
         if fact.kind == "checkpoint":
             return self._checkpoint(fact.extra.get("checkpoint"))
         message = fact.message or {}
@@ -220,7 +231,10 @@ class Transcript:
         when = iso_time(fact.ts)
         if fact.kind == "summary":
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
-        self.roles.append(str(message.get("role")))
+        seqs = self.state.seqs
+        if (seqs and seqs[-1] == fact.seq and message.get("role") in SYSTEM_ROLES
+                and (len(seqs) == 1 or seqs[-2] in self._system_lead)):
+            self._system_lead.add(fact.seq)
         partial = " · partial reply" if fact.extra.get("partial") else ""
         return (f"### #{fact.index} {_role_label(message)} · {fact.source} · {tokens:,} tokens · {when}{partial}\n"
                 f"{message_body(message)}")
@@ -229,13 +243,23 @@ class Transcript:
         if not isinstance(payload, Mapping):
             return "── checkpoint (unreadable) ──"
         start = int(payload.get("retain_start_idx", 0))
+        seqs = self.state.seqs
         first = 0
-        while first < min(start, len(self.roles)) and self.roles[first] in SYSTEM_ROLES:
+        while first < min(start, len(seqs)) and seqs[first] in self._system_lead:
             first += 1
         # A typographic range (en dash), as people write one.
         span = f"messages {first}–{start - 1}" if start - 1 > first else f"message {first}"  # noqa: RUF001
         before, after = int(payload.get("tokens_before", 0)), int(payload.get("tokens_after", 0))
         return f"── checkpoint: {span} summarised ({before:,} → {after:,} tokens) ──"
+
+
+def _rewind_line(fact: StoredFact) -> str:
+    """Where the lineage goes on: after the entry ``from_seq`` names, from the start, or (an old log) by position."""
+    if "from_seq" not in fact.extra:
+        return f"── rewind to message {fact.index} ──"
+    from_seq = fact.extra["from_seq"]
+    after = "from the start" if from_seq is None else f"after entry {from_seq}"
+    return f"── rewind to message {fact.index}, {after} ──"
 
 
 def render_view(view: SessionView, key: SessionKey, counter: TokenCounter | None = None) -> str:

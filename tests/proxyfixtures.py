@@ -86,17 +86,40 @@ async def read_log(store: FactLog, key: SessionKey) -> list[StoredFact]:
 
 
 def replay(facts: list[StoredFact]) -> list[dict[str, Any]]:
-    """The conversation a log describes: messages by index, cut back at each rewind."""
-    conversation: list[dict[str, Any]] = []
+    """The conversation at a log's head, following each message's predecessor back (the contract's tree).
+
+    A message continues the head; a rewind moves the head to the message entry
+    its ``from_seq`` names (``None``: the start), or, in a log written before
+    rewinds named one, to the message at ``index - 1`` of the current lineage.
+    Every message's and rewind's ``index`` must be its position on its lineage.
+    """
+    parent: dict[int, int | None] = {}
+    depth: dict[int | None, int] = {None: 0}
+    message: dict[int, dict[str, Any]] = {}
+
+    def path(head: int | None) -> list[int]:
+        seqs: list[int] = []
+        while head is not None:
+            seqs.append(head)
+            head = parent[head]
+        return seqs[::-1]
+
+    head: int | None = None
     for fact in facts:
         if fact.kind == "rewind":
             assert fact.index is not None
-            del conversation[fact.index:]
+            if "from_seq" in fact.extra:
+                head = fact.extra["from_seq"]
+                assert head is None or head in message, f"rewind {fact.seq} names no message entry"
+            else:
+                head = path(head)[fact.index - 1] if fact.index else None
+            assert fact.index == depth[head], (fact.seq, fact.index, depth[head])
         elif fact.kind == "message":
-            assert fact.index == len(conversation), (fact.index, len(conversation))
+            assert fact.index == depth[head], (fact.seq, fact.index, depth[head])
             assert fact.message is not None
-            conversation.append(dict(fact.message))
-    return conversation
+            parent[fact.seq], depth[fact.seq], message[fact.seq] = head, depth[head] + 1, dict(fact.message)
+            head = fact.seq
+    return [message[seq] for seq in path(head)]
 
 
 def same_conversation(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

@@ -258,3 +258,35 @@ def test_transport_limits_are_flags_and_environment_variables(flag: str, field: 
     assert flag in help_text and env in help_text
     assert getattr(Settings.from_env({env: raw}), field) == value
     assert getattr(Settings.from_env({env: "1"}, **{field: value}), field) == value, "the flag wins"
+
+
+TITLE_SYSTEM: dict[str, Any] = {"role": "system", "content": "You write titles."}
+TITLE_USER: dict[str, Any] = {"role": "user", "content": "Title for: Fix the failing test."}
+TITLE: dict[str, Any] = {"role": "assistant", "content": "Failing test fix"}
+NEXT: dict[str, Any] = {"role": "user", "content": "Now run the linter."}
+
+
+def tree_log() -> list[NewFact]:
+    """The main run, a title call branching from the start, and the main run again (CONTRACT: a tree of lineages)."""
+    return [
+        *small_log()[:4], message(4, FINAL, "upstream"), *small_log()[7:],  # seqs 0-6: main run and its checkpoint
+        NewFact(kind="rewind", index=0, source="client", extra={"from_seq": None}),
+        message(0, TITLE_SYSTEM), message(1, TITLE_USER), message(2, TITLE, "upstream"),  # seqs 7-10
+        NewFact(kind="rewind", index=5, source="client", extra={"from_seq": 4}),
+        message(5, NEXT),  # seqs 11-12
+    ]
+
+
+def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript(store_url: str) -> None:
+    write(store_url, SessionKey(TENANT, "tree"), tree_log())
+    view = orjson.loads(run("sessions", "view", "tree", "--json", "--store", store_url).output)
+    assert view["messages"] == [SYSTEM, SUMMARY_MESSAGE, USER, FINAL, NEXT]
+    assert view["checkpoint"] == checkpoint()
+    text = run("sessions", "log", "tree", "--store", store_url).output
+    assert "── rewind to message 0, from the start ──" in text
+    assert "── rewind to message 5, after entry 4 ──" in text
+    assert "── checkpoint: messages 1–3 summarised (12,345 → 3,210 tokens) ──" in text  # noqa: RUF001
+    entries = [orjson.loads(line) for line in run("sessions", "log", "tree", "--json", "--store",
+                                                   store_url).output.splitlines()]
+    assert [(e["seq"], e["index"], e["from_seq"]) for e in entries if e["kind"] == "rewind"] == [(7, 0, None),
+                                                                                                 (11, 5, 4)]

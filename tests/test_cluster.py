@@ -125,6 +125,20 @@ async def test_a_sessions_keys_share_one_slot_and_live_on_its_node(cluster_store
         assert {found[name] for name in names} == {owner(cluster_store, key).port}
 
 
+async def test_commands_wait_their_turn_past_the_connection_limit(redis_cluster: RedisClusterProcess) -> None:
+    """redis-py's cluster client fails past ``max_connections`` to a node; the store makes commands wait instead."""
+    store = RedisFactLog.from_url(redis_cluster.url + "&max_connections=2")
+    try:
+        await store.client.flushdb()
+        await fill(store, KEYS)
+        reads = await asyncio.gather(*(store.read(key) for key in KEYS for _ in range(5)))
+        assert [len(facts) for facts in reads] == [2] * 5 * len(KEYS)
+        assert isinstance(store.client, RedisCluster)
+        assert max(len(node._connections) for node in store.client.get_nodes()) <= 2
+    finally:
+        await store.aclose()
+
+
 async def test_sessions_spread_over_slots_and_primaries(cluster_store: RedisFactLog,
                                                         redis_cluster: RedisClusterProcess) -> None:
     await fill(cluster_store, KEYS)

@@ -143,7 +143,8 @@ async def test_three_failures_pause_proactive_compaction(store: FactLog) -> None
     assert failing.calls == 3
 
 
-async def test_rewind_into_the_covered_prefix_retires_the_checkpoint(store: FactLog) -> None:
+async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and_a_return_does(
+        store: FactLog) -> None:
     engine = engine_over(store)
     messages = conversation(20)
     await prepare(engine, messages, Summariser())
@@ -154,8 +155,13 @@ async def test_rewind_into_the_covered_prefix_retires_the_checkpoint(store: Fact
     view = engine.view(edited, hashes, state, window=WINDOW, tools=None, max_output=None)
     assert view.messages == edited and not view.changed
     facts = await read_log(store, KEY)
-    assert facts[-2].kind == "rewind" and facts[-2].index == 1
+    assert facts[-2].kind == "rewind" and (facts[-2].index, facts[-2].extra["from_seq"]) == (1, 0)
     assert facts[-1].message == edited[1]
+    # Back to the original conversation: its checkpoint applies again, before anything is logged.
+    original = [message_hash(m) for m in messages]
+    back = engine.view(messages, original, state, window=WINDOW, tools=None, max_output=None)
+    assert back.changed and back.checkpoint == active_checkpoint(await engine.history.sync(KEY, messages, original))
+    assert len(await read_log(store, KEY)) == len(facts) + 1, "the return is one rewind"
 
 
 # ---- item 11.10: the summary call is sized for the summary model's own window ------------------------------------

@@ -1,15 +1,19 @@
-"""HistoryManager's pure parts: prefix planning, hash reuse, checkpoint validity for an unlogged request."""
+"""HistoryManager's pure parts: planning into the tree of lineages, hash reuse, checkpoint validity, folding."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.context.history import ConversationState, HistoryManager, common_prefix, plan_sync
+from proxy.context.history import HistoryManager
+from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.messages import chain_hash, message_hash
-from proxy.store.base import SessionKey, StoredFact
+from proxy.context.planning import plan_sync
+from proxy.store.base import NewFact, SessionKey, StoredFact
+from tests.proxyfixtures import replay
 
 message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"]),
                                  "content": st.text(max_size=20)})
@@ -55,8 +59,10 @@ def test_checkpoint_applies_to_a_request_that_extends_the_lineage_only() -> None
     assert state.checkpoint_for([*hashes, "h4"]) is not None  # new messages, not yet logged
     assert state.checkpoint_for(["h0", "h1", "x"]) is not None  # diverges after the covered prefix
     assert state.checkpoint_for(["h0", "edited", "h2"]) is None  # edits what the summary covers
-    state.apply(_fact(5, "rewind", 1))
-    assert state.checkpoint is None and state.checkpoints == []
+    state.apply(_fact(5, "rewind", 1, from_seq=0))
+    assert state.checkpoint is None, "the lineage no longer holds the covered prefix"
+    state.apply(_fact(6, "rewind", 4, from_seq=3))
+    assert state.checkpoint is not None, "back on the covered lineage, the checkpoint serves again"
 
 
 def test_plan_sync_rewinds_then_appends_and_marks_upstream() -> None:
@@ -65,6 +71,106 @@ def test_plan_sync_rewinds_then_appends_and_marks_upstream() -> None:
         state.apply(_fact(i, "message", i, hash=digest))
     messages = [{"role": "user", "content": x} for x in "abxy"]
     facts = plan_sync(state, messages, ["a", "b", "x", "y"], 3, {}, {"usage": {"prompt_tokens": 1}})
-    assert [(f.kind, f.index, f.source) for f in facts] == [
-        ("rewind", 2, "client"), ("message", 2, "client"), ("message", 3, "upstream")]
+    assert [(f.kind, f.index, f.source, f.extra.get("from_seq")) for f in facts] == [
+        ("rewind", 2, "client", 1), ("message", 2, "client", None), ("message", 3, "upstream", None)]
     assert facts[-1].extra == {"usage": {"prompt_tokens": 1}}
+
+
+def _stored(state: ConversationState, facts: list[NewFact]) -> list[StoredFact]:
+    """What a store would return for appending ``facts`` after ``state``."""
+    return [StoredFact(id=str(state.next_seq + i), seq=state.next_seq + i, kind=f.kind, index=f.index,
+                       source=f.source, message=f.message, ts=0.0, hash=f.hash, extra=f.extra)
+            for i, f in enumerate(facts)]
+
+
+def _sync(state: ConversationState, log: list[StoredFact], conversation: list[dict[str, Any]],
+          upstream_from: int | None = None) -> list[NewFact]:
+    hashes = [message_hash(m) for m in conversation]
+    facts = plan_sync(state, conversation, hashes, len(conversation) if upstream_from is None else upstream_from,
+                      {}, {})
+    for fact in _stored(state, facts):
+        state.apply(fact)
+        log.append(fact)
+    return facts
+
+
+def _user(*texts: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": t} for t in texts]
+
+
+@settings(max_examples=150)
+@given(st.lists(st.lists(st.sampled_from("abc"), max_size=6), min_size=1, max_size=12))
+def test_any_sequence_of_conversations_logs_each_path_once_and_replays_to_the_last(
+        conversations: list[list[str]]) -> None:
+    state, log = ConversationState(), []
+    for texts in conversations:
+        _sync(state, log, _user(*texts))
+    assert replay(log) == _user(*conversations[-1])
+    assert state.hashes == [message_hash(m) for m in _user(*conversations[-1])]
+    paths = {tuple(texts[:n]) for texts in conversations for n in range(1, len(texts) + 1)}
+    assert len([f for f in log if f.kind == "message"]) == len(paths), "no message is logged twice"
+    rebuilt = ConversationState()
+    for fact in log:
+        rebuilt.apply(fact)
+    assert (rebuilt.hashes, rebuilt.seqs) == (state.hashes, state.seqs), "folding the log gives the same state"
+
+
+def test_returning_to_a_known_branch_costs_one_rewind() -> None:
+    state, log = ConversationState(), []
+    main = _user("sys", "task", "step 1", "step 2")
+    _sync(state, log, main)
+    _sync(state, log, _user("title?", "name it"))
+    facts = _sync(state, log, [*main, *_user("step 3")])
+    assert [(f.kind, f.index, f.extra.get("from_seq")) for f in facts] == [("rewind", 4, 3), ("message", 4, None)]
+    assert state.seqs == [0, 1, 2, 3, 8]
+    assert state.locate([message_hash(m) for m in _user("title?", "name it", "more")]) == (2, 6)
+
+
+def test_a_rewind_without_from_seq_continues_from_its_index_on_the_current_lineage() -> None:
+    state = ConversationState()
+    for i, digest in enumerate(["h0", "h1", "h2"]):
+        state.apply(_fact(i, "message", i, hash=digest))
+    state.apply(_fact(3, "rewind", 1))  # a log written before rewinds named their entry
+    state.apply(_fact(4, "message", 1, hash="x1"))
+    assert (state.hashes, state.seqs) == (["h0", "x1"], [0, 4])
+    assert replay([_fact(i, "message", i, hash=f"h{i}") for i in range(3)]
+                  + [_fact(3, "rewind", 1), _fact(4, "message", 1, hash="x1")]) == [
+        {"role": "user", "content": "0"}, {"role": "user", "content": "4"}]
+
+
+def test_folding_is_idempotent_and_refuses_gaps() -> None:
+    state = ConversationState()
+    fact = _fact(0, "message", 0, hash="h0")
+    state.apply(fact)
+    state.apply(fact)  # a catch-up and an append's own result may both deliver it
+    assert (state.hashes, state.next_seq) == (["h0"], 1)
+    with pytest.raises(ValueError, match="gap"):
+        state.apply(_fact(2, "message", 1, hash="h2"))
+
+
+def test_a_checkpoint_serves_its_lineage_while_another_is_current() -> None:
+    state, log = ConversationState(), []
+    main = _user("sys", "task", "step 1", "step 2")
+    _sync(state, log, main)
+    hashes = [message_hash(m) for m in main]
+    state.apply(_stored(state, [NewFact(kind="checkpoint", index=3, source="proxy", extra={"checkpoint": {
+        "retain_start_idx": 3, "prefix_hash": state.prefixes[2]}})])[0])
+    _sync(state, log, _user("title?"))
+    assert state.checkpoint is None
+    assert state.checkpoint_for([*hashes, message_hash(_user("step 3")[0])]) is not None
+    assert state.checkpoint_for([*hashes[:2], message_hash(_user("other")[0])]) is None
+
+
+def test_last_usage_follows_the_lineage() -> None:
+    state, log = ConversationState(), []
+    main = [*_user("task"), {"role": "assistant", "content": "done"}]
+    facts = plan_sync(state, main, [message_hash(m) for m in main], 1, {},
+                      {"usage": {"prompt_tokens": 9}, "view": {"length": 1}})
+    for fact in _stored(state, facts):
+        state.apply(fact)
+        log.append(fact)
+    assert state.last_usage == {"prompt_tokens": 9} and state.last_view == {"length": 1}
+    _sync(state, log, _user("title?"))
+    assert state.last_usage is None and state.last_view is None, "the other lineage measured nothing"
+    _sync(state, log, [*main, *_user("next")])
+    assert state.last_usage == {"prompt_tokens": 9}, "back on the lineage, its last measurement applies again"

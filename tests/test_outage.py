@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.keys import store_key
+from proxy.context.history import HistoryManager
+from proxy.errors import StoreUnavailable
+from proxy.keys import history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
+from proxy.store.redis import RedisFactLog
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.redisproc import RedisProcess, free_port
 
@@ -71,6 +77,95 @@ async def test_redis_stop_and_restart_mid_conversation_loses_nothing(aiohttp_cli
         assert same_conversation(replay(facts), messages[:-1])
         # Replies given during the outage were kept in memory and logged as the upstream's, not the client's.
         assert [f.source for f in facts if f.message and f.message["role"] == "assistant"] == ["upstream"] * 8
+    finally:
+        if redis.proc is not None:
+            redis.stop()
+
+
+async def test_a_missed_reply_is_logged_in_the_background_once_the_store_is_back(tmp_path) -> None:
+    """The client never comes back with the reply: the retry logs it, counting each failed attempt."""
+    redis = RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes", "--appendfsync", "always"])
+    redis.start()
+    store = RedisFactLog.from_url(redis.url)
+    failed = asyncio.Event()
+    failures: list[int] = []
+
+    def on_error() -> None:
+        failures.append(1)
+        failed.set()
+
+    history = HistoryManager(store, clock=time.time, on_error=on_error)
+    key = SessionKey("t", "background")
+    conversation = [{"role": "user", "content": "begin"}, {"role": "assistant", "content": "first"},
+                    {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "second"}]
+    try:
+        await history.sync(key, conversation[:2], upstream_from=1)
+        redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await history.sync(key, conversation, upstream_from=3)
+        retry = history.retry_of(key)
+        assert retry is not None
+        await asyncio.wait_for(failed.wait(), 30)  # a retry ran while the store was down, and was counted
+        redis.start()
+        await asyncio.wait_for(retry, 30)
+        facts = await read_log(store, key)
+        assert same_conversation(replay(facts), conversation)
+        assert [f.source for f in facts] == ["client", "upstream", "client", "upstream"]
+        assert len(failures) >= 1 and history.retry_of(key) is None
+    finally:
+        await history.aclose()
+        await store.aclose()
+        if redis.proc is not None:
+            redis.stop()
+
+
+async def test_a_reply_retried_on_another_branch_leaves_the_head_where_the_client_is(tmp_path) -> None:
+    """The client moved on without the reply: it is logged on its own branch, and the head comes back."""
+    redis = RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes", "--appendfsync", "always"])
+    redis.start()
+    store = RedisFactLog.from_url(redis.url)
+    history = HistoryManager(store, clock=time.time)
+    key = SessionKey("t", "elsewhere")
+    main = [{"role": "user", "content": "begin"}, {"role": "assistant", "content": "first"}]
+    side = [{"role": "system", "content": "Write a title."}, {"role": "user", "content": "begin"}]
+    try:
+        await history.sync(key, main, upstream_from=1)
+        redis.stop()
+        with pytest.raises(StoreUnavailable):
+            await history.sync(key, [*main, {"role": "user", "content": "more"}, {"role": "assistant",
+                                                                                   "content": "lost?"}],
+                               upstream_from=3)
+        retry = history.retry_of(key)
+        assert retry is not None
+        redis.start()
+        await history.sync(key, side)  # the client's next request is another conversation
+        await asyncio.wait_for(retry, 30)
+        facts = await read_log(store, key)
+        assert same_conversation(replay(facts), side), "the head is the conversation the client last sent"
+        assert [(f.kind, f.source, f.index) for f in facts[2:]] == [
+            ("rewind", "client", 0), ("message", "client", 0), ("message", "client", 1),
+            ("rewind", "proxy", 2), ("message", "client", 2), ("message", "upstream", 3), ("rewind", "proxy", 2)]
+        assert [f.extra.get("from_seq") for f in facts if f.kind == "rewind"] == [None, 1, 4]
+    finally:
+        await history.aclose()
+        await store.aclose()
+        if redis.proc is not None:
+            redis.stop()
+
+
+async def test_shutdown_cancels_the_background_retry(aiohttp_client, upstream, tmp_path) -> None:
+    redis = RedisProcess(free_port(), tmp_path / "redis")
+    redis.start()
+    try:
+        proxy = await aiohttp_client(create_app(Settings(upstream=str(upstream.make_url("/v1")), store=redis.url)))
+        redis.stop()
+        await step(proxy, [{"role": "user", "content": "begin"}], stream=False)
+        history = proxy.app[history_key]
+        retry = history.retry_of(SessionKey(tenant_of("sk-outage"), "outage"))
+        assert retry is not None and not retry.done()
+        await proxy.close()  # the app's cleanup
+        assert retry.cancelled()
+        assert history.retry_of(SessionKey(tenant_of("sk-outage"), "outage")) is None
     finally:
         if redis.proc is not None:
             redis.stop()

@@ -16,7 +16,7 @@ from redis.crc import key_slot
 
 from proxy.errors import ConflictError, StoreUnavailable, UnencodableFact
 from proxy.store import FactLog, NewFact, SessionInfo, SessionKey, StoredFact, codec, open_store
-from proxy.store.redis import RedisFactLog
+from proxy.store.redis import DEFAULT_MAX_CONNECTIONS, RedisFactLog
 from proxy.store.sqlite import MIGRATIONS, SqliteFactLog
 from tests.redisproc import RedisProcess, free_port
 
@@ -315,6 +315,32 @@ async def test_redis_refuses_when_meta_and_stream_disagree(redis_store: RedisFac
     with pytest.raises(StoreUnavailable, match="ends at 2-0"):
         await redis_store.append(KEY, 0, [msg(5), msg(6)], TS)
     assert [f.seq for f in await redis_store.read(KEY)] == [0, 1]
+
+
+async def test_redis_commands_wait_for_a_pooled_connection_instead_of_failing(redis_url: str) -> None:
+    store = RedisFactLog.from_url(redis_url + "?max_connections=2")
+    try:
+        await store.client.flushdb()
+        await store.append(KEY, 0, [msg(i) for i in range(5)], TS)
+        reads = await asyncio.gather(*(store.read(KEY) for _ in range(50)))
+        assert [len(facts) for facts in reads] == [5] * 50
+        assert store.client.connection_pool.max_connections == 2
+    finally:
+        await store.aclose()
+
+
+async def test_redis_pool_size_comes_from_the_url() -> None:
+    default = RedisFactLog.from_url("redis://127.0.0.1:1/0")
+    sized = RedisFactLog.from_url("redis://127.0.0.1:1/0?max_connections=300&cluster=0")
+    try:
+        assert default.client.connection_pool.max_connections == DEFAULT_MAX_CONNECTIONS
+        assert sized.client.connection_pool.max_connections == 300
+    finally:
+        await default.aclose()
+        await sized.aclose()
+    for bad in ("0", "-1", "many", ""):
+        with pytest.raises(ValueError, match="max_connections"):
+            RedisFactLog.from_url(f"redis://127.0.0.1:1/0?max_connections={bad}")
 
 
 async def test_redis_restart_keeps_log_and_reconnects(tmp_path: Path) -> None:

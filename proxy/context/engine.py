@@ -30,7 +30,8 @@ from proxy.context.compactor import (
     ContextCompactor,
     retain_budget_for,
 )
-from proxy.context.history import ConversationState, HistoryManager, common_prefix
+from proxy.context.history import HistoryManager
+from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, leading_system_count, summary_text
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter

@@ -1,148 +1,68 @@
-"""HistoryManager: keeps the fact log in step with the conversation the client resends.
+"""HistoryManager: keeps the fact log in step with the conversations the client resends.
 
 Chat Completions is stateless, so every request carries the whole history as
-the client sees it. ``sync`` compares it, hash by hash, with the lineage the log
-already holds (``ConversationState``, a fold over the log's facts): the common
-prefix is recognised, a divergence becomes a ``rewind`` fact, and only what is
-new is appended. Work per request therefore grows with what is new, plus one
-hash per message the client sent.
+the client sees it. ``sync`` locates it in the session's tree of lineages
+(``ConversationState``, a fold over the log's facts): what the log holds is
+recognised, a move to another branch becomes one ``rewind`` fact, and only
+what is new is appended. Work per request therefore grows with what is new,
+plus one hash per message the client sent.
 
-The state is cached per session in this process and caught up from the log
-(``read(after=...)``) whenever an append meets a ``ConflictError``: another
-request or replica wrote first. That is the whole multi-replica protocol.
+Writers. Within this process a session has one writer at a time (a lock per
+session), so concurrent requests of one session (an agent fanning out
+sub-tasks under one id) append one after the other, each planning on the state
+the previous one left, and never conflict with each other. Between processes
+and replicas the store arbitrates: an append is conditional on the log's
+length, and the loser gets a ``ConflictError``, catches up
+(``read(after=...)``), plans again and retries, with jittered backoff, until
+``CONFLICT_DEADLINE``. That is the whole multi-replica protocol.
 
 When the store fails, the upstream's reply is the only message that exists
-nowhere else; it is kept in memory (bounded) and logged, with its upstream
-source, when the client echoes it back on the next request.
+nowhere else: it is kept in memory (``proxy.context.pending``, bounded) and a
+background task per session retries logging it, with backoff, for
+``RETRY_FOR`` seconds; the client echoing it first settles it too. Each failed
+retry is reported to ``on_error`` (the store-error counter). ``aclose`` cancels
+the retries at shutdown.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
-from proxy.context.messages import chain_hash, message_hash
+from proxy.context.lineage import ConversationState
+from proxy.context.messages import message_hash
+from proxy.context.pending import PendingReplies, PendingReply, pending_replies
+from proxy.context.planning import plan_pending, plan_sync
 from proxy.errors import ConflictError, StoreError
-from proxy.store.base import FactLog, NewFact, SessionKey, Source, StoredFact
+from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
 from proxy.types import Message
 
 logger = logging.getLogger(__name__)
 
-MAX_CONFLICT_RETRIES = 8
+#: How long an append keeps retrying when other processes keep writing the same session first.
+CONFLICT_DEADLINE = 5.0
+#: Cap of the jittered backoff between conflict retries.
+CONFLICT_BACKOFF = 0.1
+#: Background retry of pending replies: first delay, cap of the doubling delay, and how long to keep trying.
+RETRY_FIRST = 0.25
+RETRY_CAP = 5.0
+RETRY_FOR = 600.0
 
 
 @dataclass
-class ConversationState:
-    """The current lineage of one session, derived from its facts; never stored on its own."""
+class _Writer:
+    """The lock that makes one request at a time append to a session in this process, and how many want it."""
 
-    next_seq: int = 0
-    hashes: list[str] = field(default_factory=list)
-    #: ``prefixes[i]`` is the chain hash of ``hashes[: i + 1]``.
-    prefixes: list[str] = field(default_factory=list)
-    #: Seq of the fact that logged each message of the lineage (names log entries in views).
-    seqs: list[int] = field(default_factory=list)
-    #: Checkpoints still valid for the lineage, oldest first (raw ``checkpoint`` payloads).
-    checkpoints: list[Mapping[str, Any]] = field(default_factory=list)
-    #: The last upstream ``usage`` seen, the view it measured (key, length, last hash) and its lineage index.
-    last_usage: Mapping[str, Any] | None = None
-    last_view: Mapping[str, Any] | None = None
-    last_usage_len: int = 0
-
-    def apply(self, fact: StoredFact) -> None:
-        """Fold one fact into the state. Facts must arrive in seq order."""
-        self.next_seq = fact.seq + 1
-        if fact.kind == "message" and fact.hash is not None:
-            self._push(fact.hash, fact.seq)
-            usage = fact.extra.get("usage")
-            if fact.source == "upstream" and isinstance(usage, Mapping):
-                view = fact.extra.get("view")
-                self.last_usage, self.last_view = usage, view if isinstance(view, Mapping) else None
-                self.last_usage_len = len(self.hashes) - 1
-        elif fact.kind == "rewind" and fact.index is not None:
-            self.truncate(fact.index)
-        elif fact.kind == "checkpoint":
-            payload = fact.extra.get("checkpoint")
-            if isinstance(payload, Mapping):
-                self.checkpoints.append(payload)
-
-    def _push(self, digest: str, seq: int) -> None:
-        self.prefixes.append(chain_hash(self.prefixes[-1] if self.prefixes else "", digest))
-        self.hashes.append(digest)
-        self.seqs.append(seq)
-
-    def truncate(self, length: int) -> None:
-        """Cut the lineage to ``length`` messages; checkpoints covering a cut prefix retire."""
-        del self.hashes[length:], self.prefixes[length:], self.seqs[length:]
-        self.checkpoints = [c for c in self.checkpoints if int(c.get("retain_start_idx", 0)) <= length]
-        if self.last_usage_len >= length:
-            self.last_usage, self.last_view, self.last_usage_len = None, None, 0
-
-    @property
-    def checkpoint(self) -> Mapping[str, Any] | None:
-        """The newest checkpoint whose covered prefix is still the lineage's."""
-        return self.checkpoint_for(self.hashes)
-
-    def checkpoint_for(self, hashes: Sequence[str]) -> Mapping[str, Any] | None:
-        """The newest checkpoint whose covered prefix is both the lineage's and ``hashes``'s.
-
-        Lets a request use the session's checkpoint before its own new messages
-        are logged: only the prefix the checkpoint covers has to agree.
-        """
-        shared = common_prefix(self.hashes, hashes) if hashes is not self.hashes else len(hashes)
-        for payload in reversed(self.checkpoints):
-            idx = int(payload.get("retain_start_idx", 0))
-            if idx == 0 or (idx <= shared and self.prefixes[idx - 1] == payload.get("prefix_hash")):
-                return dict(payload)
-        return None
-
-
-def common_prefix(known: Sequence[str], incoming: Sequence[str]) -> int:
-    """Length of the longest common prefix of two hash lists."""
-    n = min(len(known), len(incoming))
-    if known[:n] == incoming[:n]:
-        return n
-    lo, hi = 0, n  # binary search: a prefix of equal lists is equal
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if known[:mid] == incoming[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def plan_sync(
-    state: ConversationState,
-    messages: Sequence[Message],
-    hashes: Sequence[str],
-    upstream_from: int,
-    pending: Mapping[str, Message],
-    extra_upstream: Mapping[str, Any],
-) -> list[NewFact]:
-    """The facts that make the log's lineage equal ``messages``: maybe a rewind, then what is new.
-
-    Messages at ``upstream_from`` and beyond came from the upstream in this request;
-    a new client message whose hash matches a reply kept in ``pending`` is logged
-    as that reply, with its upstream source.
-    """
-    keep = common_prefix(state.hashes, hashes)
-    facts: list[NewFact] = []
-    if keep < len(state.hashes):
-        facts.append(NewFact(kind="rewind", index=keep, source="client"))
-    for i in range(keep, len(messages)):
-        digest = hashes[i]
-        source: Source = "client"
-        message = messages[i]
-        extra: Mapping[str, Any] = {}
-        if i >= upstream_from:
-            source, extra = "upstream", extra_upstream
-        elif digest in pending:
-            source, message = "upstream", pending[digest]
-        facts.append(NewFact(kind="message", index=i, source=source, message=message, hash=digest, extra=extra))
-    return facts
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0
 
 
 class HistoryManager:
@@ -156,6 +76,7 @@ class HistoryManager:
         max_sessions: int = 10_000,
         max_pending: int = 1_000,
         on_append: Callable[[Sequence[StoredFact]], None] | None = None,
+        on_error: Callable[[], None] | None = None,
         recent_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.log = log
@@ -164,18 +85,25 @@ class HistoryManager:
         self._recent_bytes = recent_bytes
         self._clock = clock
         self._on_append = on_append
+        self._on_error = on_error
         self._states: OrderedDict[SessionKey, ConversationState] = OrderedDict()
-        self._pending: OrderedDict[SessionKey, dict[str, Message]] = OrderedDict()
         self._max_sessions = max_sessions
-        self._max_pending = max_pending
+        self._pending = PendingReplies(max_pending)
+        self._writers: dict[SessionKey, _Writer] = {}
+        self._retries: dict[SessionKey, asyncio.Task[None]] = {}
+        self._closed = False
 
     async def state(self, key: SessionKey, *, refresh: bool = False) -> ConversationState:
         """The session's state, caught up with the log when ``refresh`` or not yet cached."""
         state = self._states.get(key)
         if state is None:
-            state = ConversationState()
-            refresh = True
-        if refresh:
+            fresh = ConversationState()
+            await self._catch_up(key, fresh)
+            # Concurrent first requests of a session each load it; keep whichever state is furthest along.
+            state = self._states.get(key)
+            if state is None or state.next_seq < fresh.next_seq:
+                state = fresh
+        elif refresh:
             await self._catch_up(key, state)
         self._remember(key, state)
         return state
@@ -239,43 +167,71 @@ class HistoryManager:
         upstream_from: int | None = None,
         extra_upstream: Mapping[str, Any] | None = None,
     ) -> ConversationState:
-        """Make the log's lineage equal ``messages`` and return the state.
+        """Make the log's head ``messages`` and return the state.
 
         Raises ``StoreError`` when the store fails; replies from the upstream in
-        ``messages`` are then kept in memory for the next request to log.
+        ``messages`` are then kept in memory and retried in the background.
         """
         digests = list(hashes) if hashes is not None else [message_hash(m) for m in messages]
         upstream_from = len(messages) if upstream_from is None else upstream_from
-        pending = self._pending.get(key, {})
+        extra = extra_upstream or {}
         try:
             state = await self._append(
-                key, lambda state: plan_sync(state, messages, digests, upstream_from, pending, extra_upstream or {})
+                key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra)
             )
         except StoreError:
-            self._keep_pending(key, messages[upstream_from:], digests[upstream_from:])
+            self._keep_pending(key, pending_replies(self._states.get(key), messages, digests, upstream_from, extra))
             raise
-        self._settle_pending(key, digests)
+        if self._pending.of(key):
+            self._pending.settle(key, digests)
         return state
 
     async def append_proxy_facts(self, key: SessionKey, facts: Sequence[NewFact]) -> ConversationState:
         """Append proxy-made facts (summary, checkpoint) at the end of the log, whatever came before."""
         return await self._append(key, lambda state: list(facts))
 
+    @asynccontextmanager
+    async def _writer(self, key: SessionKey) -> AsyncIterator[None]:
+        """The session's one writer in this process; the lock is dropped when nobody holds or awaits it."""
+        writer = self._writers.get(key)
+        if writer is None:
+            writer = self._writers[key] = _Writer()
+        writer.users += 1
+        try:
+            async with writer.lock:
+                yield
+        finally:
+            writer.users -= 1
+            if writer.users == 0:
+                del self._writers[key]
+
     async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]]) -> ConversationState:
-        """Append what ``plan`` makes of the session's state; on a conflict, catch up and plan again."""
-        state = await self.state(key)
-        for _ in range(MAX_CONFLICT_RETRIES):
-            facts = plan(state)
-            if not facts:
+        """Append what ``plan`` makes of the session's state, as the session's one writer in this process.
+
+        A conflict means another process wrote first: catch up, plan again and
+        retry, backing off with jitter from the second retry on, until
+        ``CONFLICT_DEADLINE``; then the ``ConflictError`` goes to the caller.
+        """
+        async with self._writer(key):
+            state = await self.state(key)
+            deadline = time.monotonic() + CONFLICT_DEADLINE
+            retries = 0
+            while True:
+                facts = plan(state)
+                if not facts:
+                    return state
+                try:
+                    stored = await self.log.append(key, state.next_seq, facts, self._clock())
+                except ConflictError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    await self._catch_up(key, state)
+                    if retries:
+                        await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.002 * 2**retries)))
+                    retries += 1
+                    continue
+                self._applied(state, stored)
                 return state
-            try:
-                stored = await self.log.append(key, state.next_seq, facts, self._clock())
-            except ConflictError:
-                await self._catch_up(key, state)
-                continue
-            self._applied(state, stored)
-            return state
-        raise ConflictError("too many concurrent writers for one session", actual_seq=state.next_seq)
 
     def _applied(self, state: ConversationState, stored: Sequence[StoredFact]) -> None:
         for fact in stored:
@@ -283,26 +239,47 @@ class HistoryManager:
         if self._on_append is not None:
             self._on_append(stored)
 
-    def _keep_pending(self, key: SessionKey, replies: Sequence[Message], digests: Sequence[str]) -> None:
-        if not replies:
+    def _keep_pending(self, key: SessionKey, records: Sequence[PendingReply]) -> None:
+        if not records:
             return
-        bucket = self._pending.setdefault(key, {})
-        bucket.update(zip(digests, replies, strict=True))
-        self._pending.move_to_end(key)
-        while len(self._pending) > self._max_pending:
-            self._pending.popitem(last=False)
-        logger.warning("store failed; keeping %d upstream repl(ies) in memory for the next request", len(replies))
+        self._pending.keep(key, records)
+        logger.warning("store failed; keeping %d upstream repl(ies) in memory and retrying", len(records))
+        if key not in self._retries and not self._closed:
+            self._retries[key] = asyncio.get_running_loop().create_task(self._retry_pending(key))
 
-    def _settle_pending(self, key: SessionKey, digests: Sequence[str]) -> None:
-        bucket = self._pending.get(key)
-        if not bucket:
-            return
-        logged = set(digests)
-        for digest in [d for d in bucket if d in logged]:
-            del bucket[digest]
-        if not bucket:
-            del self._pending[key]
+    async def _retry_pending(self, key: SessionKey) -> None:
+        """Log the session's pending replies in the background, with doubling delays, for ``RETRY_FOR`` seconds."""
+        delay, deadline = RETRY_FIRST, time.monotonic() + RETRY_FOR
+        try:
+            while self._pending.of(key):
+                await asyncio.sleep(delay)
+                try:
+                    for record in list(self._pending.of(key).values()):
+                        await self._append(key, partial(plan_pending, record=record))
+                        self._pending.settle(key, [record.digest])
+                except StoreError as exc:
+                    if self._on_error is not None:
+                        self._on_error()
+                    if time.monotonic() >= deadline:
+                        logger.warning("gave up retrying %d pending repl(ies) of session %s (%s); they stay in "
+                                       "memory until the client resends them", len(self._pending.of(key)),
+                                       key.session, exc)
+                        return
+                    delay = min(delay * 2, RETRY_CAP)
+        finally:
+            self._retries.pop(key, None)
 
-    @property
-    def pending_count(self) -> int:
-        return sum(len(b) for b in self._pending.values())
+    def retry_of(self, key: SessionKey) -> asyncio.Task[None] | None:
+        """The background retry of the session's pending replies, while one runs."""
+        return self._retries.get(key)
+
+    async def aclose(self) -> None:
+        """Cancel the background retries (at shutdown); replies still pending are reported and dropped."""
+        self._closed = True
+        tasks = list(self._retries.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._retries.clear()  # a task cancelled before it first ran never reached its own cleanup
+        if len(self._pending):
+            logger.warning("shutting down with %d upstream repl(ies) not logged", len(self._pending))

@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.context.budget import requested_output_tokens, retry_limit
 from proxy.context.engine import ContextEngine, PreparedView
-from proxy.context.history import ConversationState
+from proxy.context.lineage import ConversationState
 from proxy.context.messages import message_hash
 from proxy.context.summarizer import SummaryAnswer
 from proxy.errors import ProxyError, StoreError

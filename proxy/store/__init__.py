@@ -1,6 +1,7 @@
 """Fact log backends, chosen by the scheme of the ``--store`` URL.
 
-- ``redis://…`` / ``rediss://…`` (``?cluster=1`` for Redis Cluster) → ``RedisFactLog``;
+- ``redis://…`` / ``rediss://…`` (``?cluster=1`` for Redis Cluster, ``?max_connections=N`` for the
+  size of its blocking connection pool) → ``RedisFactLog``;
 - ``sqlite:///<path>`` → ``SqliteFactLog``. Everything after the three slashes
   is the path, as in SQLAlchemy: ``sqlite:///facts.db`` is relative to the
   working directory, ``sqlite:////var/lib/ctxproxy/facts.db`` (four slashes) is

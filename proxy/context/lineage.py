@@ -1,0 +1,246 @@
+"""ConversationState: a session's log folded into a tree of lineages, with the current lineage spelled out.
+
+A session's log is a tree (CONTRACT, "The fact log"): each ``message`` entry
+continues the head, the message before it; a ``rewind`` moves the head to the
+message entry its ``from_seq`` names (``null``: the start), so a side request
+(opencode's title call), a retry or a return to an earlier branch costs one
+entry and logs nothing twice. pi's session files, entries with parent ids, are
+the model; here the parent is implied by log order, so a message entry carries
+no extra field. A rewind written before lineages were a tree has no
+``from_seq``: it continues from the message at ``index - 1`` of the lineage
+current at that point, which is what it meant then.
+
+The state keeps the current lineage as flat lists (``hashes``, ``prefixes``,
+``seqs``: what planning and views read) plus a compact index of every message
+ever logged, by seq: its parent, its position, its hash and its prefix hash
+(the chain hash of the path to it, which names the whole path), and a map from
+prefix hash to seq. A request is recognised by walking that map from where it
+leaves the current lineage, one hash per message, so extending the lineage
+costs what is new and returning to a branch costs that branch's length; the
+log is never read for it. Strings are shared between the lineage and the
+index, so a message costs about 100 bytes of index on top of the lineage
+(states are cached for up to 10,000 sessions).
+
+Checkpoints are kept whatever the lineage does: ``checkpoint_for`` serves one
+to every conversation whose prefix hash it matches.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.context.messages import chain_hash
+from proxy.store.base import StoredFact
+
+#: The head before the first message: a rewind with ``from_seq: null`` returns there.
+ROOT = -1
+#: Parent slot of a fact that is not a message.
+NOT_A_MESSAGE = -2
+#: Upstream ``usage`` figures remembered per session, newest last; enough to survive a few lineage switches.
+USAGES_KEPT = 4
+
+
+def common_prefix(known: Sequence[str], incoming: Sequence[str]) -> int:
+    """Length of the longest common prefix of two hash lists."""
+    n = min(len(known), len(incoming))
+    if known[:n] == incoming[:n]:
+        return n
+    lo, hi = 0, n  # binary search: a prefix of equal lists is equal
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if known[:mid] == incoming[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class ConversationState:
+    """The tree of lineages of one session, derived from its facts; never stored on its own."""
+
+    next_seq: int = 0
+    #: The current lineage: message hashes, ``prefixes[i]`` the chain hash of ``hashes[: i + 1]``, and the seq
+    #: of the fact that logged each message (names log entries in views).
+    hashes: list[str] = field(default_factory=list)
+    prefixes: list[str] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    #: Every checkpoint of the session, oldest first (raw ``checkpoint`` payloads); each serves the lineages
+    #: whose prefix hash it matches.
+    checkpoints: list[Mapping[str, Any]] = field(default_factory=list)
+    # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
+    _parents: array[int] = field(default_factory=lambda: array("q"))
+    _depths: array[int] = field(default_factory=lambda: array("i"))
+    _node_hashes: list[str | None] = field(default_factory=list)
+    _node_prefixes: list[str | None] = field(default_factory=list)
+    _by_prefix: dict[str, int] = field(default_factory=dict)
+    #: (seq of the reply, its ``usage``, the view it measured), newest last.
+    _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None]] = field(default_factory=list)
+
+    @property
+    def head(self) -> int:
+        """Seq of the current lineage's last message, ``ROOT`` before any."""
+        return self.seqs[-1] if self.seqs else ROOT
+
+    def apply(self, fact: StoredFact) -> None:
+        """Fold one fact into the state. Facts arrive in seq order; one already folded is ignored.
+
+        A catch-up read and an append's own result may both deliver the same
+        fact, so folding is idempotent by seq.
+        """
+        if fact.seq < self.next_seq:
+            return
+        if fact.seq != self.next_seq:
+            raise ValueError(f"fact {fact.seq} folded after {self.next_seq - 1}: the log has a gap")
+        self.next_seq = fact.seq + 1
+        if fact.kind == "message" and fact.hash is not None:
+            self._add_node(fact.seq, fact.hash)
+            usage = fact.extra.get("usage")
+            if fact.source == "upstream" and isinstance(usage, Mapping):
+                view = fact.extra.get("view")
+                self._usages = [*self._usages[1 - USAGES_KEPT:], (fact.seq, usage,
+                                                                  view if isinstance(view, Mapping) else None)]
+            return
+        self._parents.append(NOT_A_MESSAGE)
+        self._depths.append(-1)
+        self._node_hashes.append(None)
+        self._node_prefixes.append(None)
+        if fact.kind == "rewind":
+            self._switch(self._rewind_target(fact))
+        elif fact.kind == "checkpoint":
+            payload = fact.extra.get("checkpoint")
+            if isinstance(payload, Mapping):
+                self.checkpoints.append(payload)
+
+    def _add_node(self, seq: int, digest: str) -> None:
+        prefix = chain_hash(self.prefixes[-1] if self.prefixes else "", digest)
+        self._parents.append(self.head)
+        self._depths.append(len(self.seqs))
+        self._node_hashes.append(digest)
+        self._node_prefixes.append(prefix)
+        self._by_prefix[prefix] = seq
+        self.hashes.append(digest)
+        self.prefixes.append(prefix)
+        self.seqs.append(seq)
+
+    def _is_message(self, seq: int) -> bool:
+        return 0 <= seq < len(self._parents) and self._parents[seq] != NOT_A_MESSAGE
+
+    def _rewind_target(self, fact: StoredFact) -> int:
+        from_seq = fact.extra.get("from_seq", NOT_A_MESSAGE)
+        if from_seq is None:
+            return ROOT
+        if type(from_seq) is int and self._is_message(from_seq):
+            return from_seq
+        # Written before the log was a tree (or unreadable): the message before ``index`` on the current lineage.
+        index = min(max(fact.index or 0, 0), len(self.seqs))
+        return self.seqs[index - 1] if index else ROOT
+
+    def _on_lineage(self, seq: int) -> bool:
+        depth = self._depths[seq]
+        return depth < len(self.seqs) and self.seqs[depth] == seq
+
+    def _switch(self, target: int) -> None:
+        """Make the lineage end at message ``target``: cut back to where its path joins, then follow the path."""
+        path: list[int] = []
+        node = target
+        while node != ROOT and not self._on_lineage(node):
+            path.append(node)
+            node = self._parents[node]
+        keep = self._depths[node] + 1 if node != ROOT else 0
+        del self.hashes[keep:], self.prefixes[keep:], self.seqs[keep:]
+        for seq in reversed(path):
+            digest, prefix = self._node_hashes[seq], self._node_prefixes[seq]
+            assert digest is not None and prefix is not None  # a node on a path is a message
+            self.hashes.append(digest)
+            self.prefixes.append(prefix)
+            self.seqs.append(seq)
+
+    def locate(self, hashes: Sequence[str]) -> tuple[int, int]:
+        """How much of the conversation ``hashes`` the log holds, and the seq of its last logged message.
+
+        The common prefix with the current lineage is found by comparison; from
+        there the tree is walked by prefix hash, so a return to a known branch
+        is recognised without reading anything.
+        """
+        shared = common_prefix(self.hashes, hashes)
+        branch = self.known_prefixes(hashes, shared)
+        if branch:
+            return shared + len(branch), self._by_prefix[branch[-1]]
+        return shared, self.seqs[shared - 1] if shared else ROOT
+
+    def known_prefixes(self, hashes: Sequence[str], start: int, base: int | None = None) -> list[str]:
+        """Prefix hashes of ``hashes[start:]`` for as long as the log holds that path.
+
+        The path starts after message ``base`` (default: the current lineage's
+        message at ``start - 1``); ``ROOT`` starts it at the beginning.
+        """
+        if base is None:
+            base = self.seqs[start - 1] if start else ROOT
+        prefix = (self._node_prefixes[base] or "") if base != ROOT else ""
+        out: list[str] = []
+        for digest in hashes[start:]:
+            prefix = chain_hash(prefix, digest)
+            if prefix not in self._by_prefix:
+                break
+            out.append(prefix)
+        return out
+
+    def seq_of_prefix(self, prefix: str) -> int:
+        return self._by_prefix[prefix]
+
+    @property
+    def last_usage(self) -> Mapping[str, Any] | None:
+        """The newest upstream ``usage`` measured on the current lineage (a reply on another branch does not count)."""
+        found = self._last_usage()
+        return found[1] if found is not None else None
+
+    @property
+    def last_view(self) -> Mapping[str, Any] | None:
+        """The view (key, length, last hash) ``last_usage`` measured."""
+        found = self._last_usage()
+        return found[2] if found is not None else None
+
+    def _last_usage(self) -> tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None:
+        for entry in self._usages[::-1]:
+            if self._on_lineage(entry[0]):
+                return entry
+        return None
+
+    @property
+    def checkpoint(self) -> Mapping[str, Any] | None:
+        """The newest checkpoint whose covered prefix is the current lineage's."""
+        return self.checkpoint_for(self.hashes)
+
+    def checkpoint_for(self, hashes: Sequence[str]) -> Mapping[str, Any] | None:
+        """The newest checkpoint whose covered prefix is ``hashes``'s, on whatever lineage it was made.
+
+        Lets a request use the session's checkpoint before its own new messages
+        are logged, and a lineage keep its checkpoint while another one was
+        current: only the prefix the checkpoint covers has to agree, and its
+        prefix hash proves that. Beyond the current lineage the request's
+        prefix hashes come from the tree walk, computed only if a checkpoint
+        needs them.
+        """
+        if not self.checkpoints:
+            return None
+        shared = len(hashes) if hashes is self.hashes else common_prefix(self.hashes, hashes)
+        branch: list[str] | None = None
+        for payload in reversed(self.checkpoints):
+            idx = int(payload.get("retain_start_idx", 0))
+            if idx == 0:
+                return dict(payload)
+            if idx <= shared:
+                prefix = self.prefixes[idx - 1]
+            else:
+                if branch is None:
+                    branch = self.known_prefixes(hashes, shared)
+                if idx - shared > len(branch):
+                    continue
+                prefix = branch[idx - shared - 1]
+            if prefix == payload.get("prefix_hash"):
+                return dict(payload)
+        return None

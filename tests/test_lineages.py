@@ -1,0 +1,126 @@
+"""One session, several conversations: the log is a tree of lineages, and checkpoints follow their lineage.
+
+opencode sends its title-generation call (another system prompt, no tools)
+under the run's own session header; agents fan out or switch between
+histories. Returning to a known branch must cost one ``rewind`` entry and
+re-log nothing, and a checkpoint must keep serving the lineage it covers.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import orjson
+
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.store.base import SessionKey, StoredFact
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import ProxyFactory, read_log, replay, same_conversation
+from tests.test_compaction_e2e import prose
+
+API_KEY = "sk-lineages"
+TENANT = tenant_of(API_KEY)
+WINDOW = 4000
+TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
+ROLLING = "<previous-summary>"
+
+
+async def send(proxy: Any, session: str, messages: list[dict[str, Any]], tools: bool = True) -> tuple[str, Any]:
+    """``X-Ctxproxy-Compacted`` and the reply."""
+    body: dict[str, Any] = {"model": "gpt-4o", "messages": messages}
+    if tools:
+        body["tools"] = TOOLS
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
+                            headers={"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session})
+    raw = await resp.read()
+    assert resp.status == 200, raw[:300]
+    return resp.headers["X-Ctxproxy-Compacted"], orjson.loads(raw)["choices"][0]["message"]
+
+
+def call(n: int) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function", "function": {
+        "name": "read_file", "arguments": orjson.dumps({"n": n}).decode()}}]}
+
+
+def result(n: int, rng: random.Random) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": f"call_{n}", "content": f"file {n}: " + prose(rng, 120)}
+
+
+async def step(proxy: Any, fake: FakeUpstream, session: str, messages: list[dict[str, Any]], n: int,
+               rng: random.Random) -> str:
+    """One tool step of an agent: the model calls a tool, the client appends its result."""
+    fake.script.append(Reply(tool_calls=call(n)["tool_calls"]))
+    compacted, reply = await send(proxy, session, messages)
+    messages += [reply, result(n, rng)]
+    return compacted
+
+
+def entries(facts: list[StoredFact], kind: str) -> list[StoredFact]:
+    return [f for f in facts if f.kind == kind]
+
+
+async def test_a_title_call_mid_run_leaves_the_main_checkpoint_in_use(make_proxy: ProxyFactory,
+                                                                      fake: FakeUpstream) -> None:
+    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2)
+    rng = random.Random(3)
+    main: list[dict[str, Any]] = [{"role": "system", "content": "You are opencode, an agent for coding tasks."},
+                                  {"role": "user", "content": "Refactor the parser module."}]
+    n = 0
+    while await step(proxy, fake, "run", main, n, rng) != "proactive":
+        n += 1
+        assert n < 30, "the main run never compacted"
+    summaries = len(fake.summary_requests)
+
+    title = [{"role": "system", "content": "You are a title generator. Reply with a title of at most 50 characters."},
+             {"role": "user", "content": "Generate a title for this conversation: Refactor the parser module."}]
+    _, title_reply = await send(proxy, "run", title, tools=False)
+
+    resent = len(main)
+    assert await step(proxy, fake, "run", main, n + 1, rng) == "none"
+    assert len(fake.summary_requests) == summaries
+    assert len(fake.requests[-1]["messages"]) < resent, "the main lineage's checkpoint is still in use"
+    while len(fake.summary_requests) == summaries:
+        n += 1
+        await step(proxy, fake, "run", main, n + 1, rng)
+        assert n < 60, "the main run never compacted again"
+    assert ROLLING in fake.summary_requests[-1]["messages"][-1]["content"], "the next compaction is a rolling update"
+
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "run"))
+    side, back = entries(facts, "rewind")
+    assert (side.index, side.extra.get("from_seq")) == (0, None), "the title call branches from the start"
+    main_head = entries(facts[:side.seq], "message")[-1]
+    assert (back.index, back.extra.get("from_seq")) == (main_head.index + 1, main_head.seq), "one entry to return"
+    logged = [f.hash for f in entries(facts, "message")]
+    assert len(logged) == len(set(logged)) == len(main) - 1 + len(title) + 1, "nothing was logged twice"
+    assert same_conversation(replay(facts), main[:-1])
+    assert title_reply in [f.message for f in entries(facts, "message")]
+
+
+async def test_two_lineages_alternating_cost_one_entry_per_switch(make_proxy: ProxyFactory,
+                                                                  fake: FakeUpstream) -> None:
+    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2)
+    rng = random.Random(5)
+    lineages: list[list[dict[str, Any]]] = []
+    for name in ("A", "B"):
+        history: list[dict[str, Any]] = [{"role": "system", "content": f"You are agent {name}."},
+                                         {"role": "user", "content": f"Audit repository {name}."}]
+        for n in range(24):  # resumed with a history over the threshold: the first request compacts
+            history += [call(n), result(n, rng)]
+        lineages.append(history)
+    summaries_by_lineage = [0, 0]
+    for request in range(12):
+        which = request % 2
+        before = len(fake.summary_requests)
+        await step(proxy, fake, "alternating", lineages[which], 100 + request, rng)
+        summaries_by_lineage[which] += len(fake.summary_requests) - before
+
+    assert max(summaries_by_lineage) <= 2, summaries_by_lineage
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "alternating"))
+    sent = sum(len(history) - 1 for history in lineages)  # the two share no prefix; each last result is unsent
+    kinds = Counter(f.kind for f in facts)
+    # Only new messages, one rewind per switch, and one compaction (summary + checkpoint) per lineage.
+    assert kinds == {"message": sent, "rewind": 11, "summary": 2, "checkpoint": 2}
+    assert same_conversation(replay(facts), lineages[1][:-1])
