@@ -15,13 +15,15 @@ both show the same thing. Two rules shape it:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
+from proxy.blocks import message_blocks, role_label
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.history import ConversationState
 from proxy.context.messages import message_hash
@@ -64,7 +66,9 @@ async def session_infos(store: FactLog) -> list[SessionInfo]:
 
 
 def info_json(info: SessionInfo) -> dict[str, Any]:
-    return asdict(info)
+    """The contract's five fields (``entries`` is for readers of the log, not part of the listing)."""
+    return {"tenant": info.tenant, "session": info.session, "messages": info.messages,
+            "checkpoints": info.checkpoints, "updated_at": info.updated_at}
 
 
 def fact_line(fact: StoredFact) -> bytes:
@@ -98,11 +102,15 @@ class Lineage:
             self.hashes.append(fact.hash if fact.hash is not None else message_hash(message))
 
 
-async def replay(store: FactLog, key: SessionKey) -> Lineage:
+async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -> Lineage:
+    """The lineage after the whole log, or after entry ``until`` (the conversation as it stood then)."""
     lineage = Lineage()
-    async for page in pages(store, key):
-        for fact in page:
-            lineage.apply(fact)
+    async with contextlib.aclosing(pages(store, key)) as log:
+        async for page in log:
+            for fact in page:
+                if until is not None and fact.seq > until:
+                    return lineage
+                lineage.apply(fact)
     return lineage
 
 
@@ -157,44 +165,15 @@ def clip(text: str, limit: int | None) -> str:
     return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
 
 
-def content_text(content: Any) -> str:
-    """The readable text of a ``content`` field; non-text parts show as ``[type]``."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                parts.append(f"[{part.get('type', 'part') if isinstance(part, Mapping) else 'part'}]")
-        return "\n".join(parts)
-    return orjson.dumps(content).decode()
-
-
 def message_body(message: Mapping[str, Any]) -> str:
     """Content (tool results clipped), then one ``→ name(arguments)`` line per tool call (arguments clipped)."""
-    role = message.get("role")
-    limit = TOOL_RESULT_CHARS if role in ("tool", "function") else None
-    lines = [clip(content_text(message.get("content")), limit)] if message.get("content") else []
-    calls = message.get("tool_calls")
-    legacy = message.get("function_call")
-    functions = [c.get("function") for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
-    if isinstance(legacy, Mapping):
-        functions.append(legacy)
-    for function in functions:
-        if isinstance(function, Mapping):
-            arguments = " ".join(str(function.get("arguments") or "").split())
-            lines.append(f"→ {function.get('name')}({clip(arguments, ARGUMENTS_CHARS)})")
+    lines = []
+    for block in message_blocks(message):
+        if block.kind == "call":
+            lines.append(f"→ {block.name}({clip(' '.join(block.text.split()), ARGUMENTS_CHARS)})")
+        else:
+            lines.append(clip(block.text, TOOL_RESULT_CHARS if block.kind == "result" else None))
     return "\n".join(lines) if lines else "(empty)"
-
-
-def _role_label(message: Mapping[str, Any]) -> str:
-    role = str(message.get("role"))
-    tag = message.get("tool_call_id") or message.get("name")
-    return f"{role} ({tag})" if isinstance(tag, str) and tag else role
 
 
 class Transcript:
@@ -222,7 +201,7 @@ class Transcript:
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
         self.roles.append(str(message.get("role")))
         partial = " · partial reply" if fact.extra.get("partial") else ""
-        return (f"### #{fact.index} {_role_label(message)} · {fact.source} · {tokens:,} tokens · {when}{partial}\n"
+        return (f"### #{fact.index} {role_label(message)} · {fact.source} · {tokens:,} tokens · {when}{partial}\n"
                 f"{message_body(message)}")
 
     def _checkpoint(self, payload: Any) -> str:
@@ -251,5 +230,5 @@ def render_view(view: SessionView, key: SessionKey, counter: TokenCounter | None
     blocks = [f"# View of session {key.session} (tenant {key.tenant})", figures + "."]
     for position, message in enumerate(prepared.messages):
         tokens = counter.message_tokens(message)
-        blocks.append(f"### [{position}] {_role_label(message)} · {tokens:,} tokens\n{message_body(message)}")
+        blocks.append(f"### [{position}] {role_label(message)} · {tokens:,} tokens\n{message_body(message)}")
     return "\n\n".join(blocks)
