@@ -137,7 +137,8 @@ def main() -> None:
         f"{table}\n\n"
         "The first look reads the whole log and folds it (token counts of every message, in a worker thread); "
         "later looks and live polls only catch up with what was appended. The timeline draws at most 400 slots "
-        "and the log shows 200 entries a page, so the page's size hardly grows with the session.\n"
+        "and the log shows 100 entries a page, so the page's size hardly grows with the session. On a shared "
+        "2-core machine the first-look figures vary by a factor of two to three between runs.\n"
     )
     print(section)
     if args.write:

@@ -102,6 +102,27 @@ async def test_a_cached_fold_catches_up_with_what_was_appended(store: FactLog) -
         assert t is not held and [p.seq for p in t.points] == [1, 3]  # evicted (size 1), folded afresh
 
 
+async def test_a_fold_whose_log_was_replaced_is_folded_afresh(redis_store) -> None:
+    """A Redis that lost its data and got a new log of the same length: the cached figures must not stay."""
+    cache = TimelineCache()
+
+    def log(reply: str, prompt: int) -> list[NewFact]:
+        return [NewFact(kind="message", index=0, source="client", message=msg("user", "q"), hash="h0"),
+                NewFact(kind="message", index=1, source="upstream", message=msg("assistant", reply), hash=reply,
+                        extra={"usage": {"prompt_tokens": prompt}})]
+
+    await redis_store.append(KEY, 0, log("a", 9), ts=1.0)
+    async with cache.fold(redis_store, KEY) as t:
+        assert [p.seen for p in t.points] == [9]
+    await redis_store.client.flushdb()
+    await redis_store.append(KEY, 0, log("b", 42), ts=2.0)
+    async with cache.fold(redis_store, KEY) as t:
+        assert [p.seen for p in t.points] == [42] and t.next_seq == 2
+    await redis_store.client.flushdb()
+    async with cache.fold(redis_store, KEY) as t:
+        assert t.next_seq == 0 and t.points == []
+
+
 def test_origins_of_view_messages() -> None:
     tool = {"role": "tool", "tool_call_id": "c", "content": "x" * 500}
     m = [msg("system", "sys"), msg("user", "old"), msg("assistant", "old answer"), msg("user", "now"),

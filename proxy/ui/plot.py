@@ -124,9 +124,10 @@ def timeline_svg(points: Sequence[Point], marks: Sequence[MarkLine], *, window: 
         mx = x(mark.position / size)
         near_end = mx > WIDTH - RIGHT - 90  # label on the line's left, inside the plot
         label = f'x="{mx - 3:.1f}" text-anchor="end"' if near_end else f'x="{mx + 3:.1f}"'
+        row = TOP + (10 if mark.outcome == "ok" else 24)  # failures' labels a row lower: they sit beside a retry
         out.append(f'<g class="mark outcome-{e(mark.outcome)}"><title>{e(mark.title)}</title>'
                    f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{TOP}" y2="{TOP + height}"/>'
-                   f'<text {label} y="{TOP + 10}">{e(mark.label)}</text></g>')
+                   f'<text {label} y="{row}">{e(mark.label)}</text></g>')
     last = points[-1].n + 1
     out.append(f'<text class="axis" x="{LEFT}" y="{HEIGHT - 8}">request 1</text>'
                f'<text class="axis" x="{WIDTH - RIGHT}" y="{HEIGHT - 8}" text-anchor="end">request {last}</text>'

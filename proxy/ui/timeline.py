@@ -8,7 +8,8 @@ the view from the same prefix sums and the checkpoint its ``view.key`` names).
 
 The log is append-only, so a fold is never redone: ``TimelineCache`` keeps the
 folds of the few sessions people are looking at and catches each up with what
-was appended since (what a live page polls for). Folding runs in a worker
+was appended since (what a live page polls for); a log that no longer holds the
+last entry folded (a store that lost data) is folded afresh. Folding runs in a worker
 thread, so a first look at a long session does not stall the proxy's requests.
 Replay semantics are ``render.Lineage``'s; this module only follows it.
 """
@@ -98,6 +99,8 @@ class Timeline:
         self.kinds: Counter[str] = Counter()
         self.next_seq = 0
         self.updated_at = 0.0
+        #: The last entry folded (id, time, hash): a log that no longer has it is not the one folded.
+        self.last: tuple[str, float, str | None] = ("", 0.0, None)
 
     def extend(self, facts: Sequence[StoredFact]) -> None:
         for fact in facts:
@@ -105,7 +108,7 @@ class Timeline:
 
     def apply(self, fact: StoredFact) -> None:
         self.lineage.apply(fact)
-        self.next_seq, self.updated_at = fact.seq + 1, fact.ts
+        self.next_seq, self.updated_at, self.last = fact.seq + 1, fact.ts, (fact.id, fact.ts, fact.hash)
         self.kinds[fact.kind] += 1
         if fact.kind in ("message", "rewind"):
             self._follow(fast=fact.kind == "message")
@@ -184,7 +187,15 @@ class TimelineCache:
         lock, timeline = entry
         async with lock:
             while True:
-                facts = await store.read(key, after=timeline.next_seq - 1, limit=PAGE)
+                known = timeline.next_seq
+                facts = await store.read(key, after=known - 2, limit=PAGE + 1 if known else PAGE)
+                if known:  # the read starts at the last entry folded, to check it is still there
+                    first = facts[0] if facts else None
+                    if first is None or first.seq != known - 1 or (first.id, first.ts, first.hash) != timeline.last:
+                        timeline = Timeline()  # a store that lost or replaced the log: fold it afresh
+                        self._folds[key] = (lock, timeline)
+                        continue
+                    facts = facts[1:]
                 if facts:
                     await asyncio.to_thread(timeline.extend, facts)
                 if len(facts) < PAGE:
