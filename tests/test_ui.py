@@ -230,6 +230,9 @@ async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_p
     assert html.count('<g class="mark outcome-ok">') == len(checkpoints)
     assert f'data-requests="{len(replies)}" data-slots="{len(replies)}"' in html
     assert html.count("proactive compaction in ") == len(checkpoints)  # this process made them: trigger and time
+    tool_outputs = [f for f in facts if f.message is not None and f.message.get("role") == "tool"]
+    assert len(re.findall(r'<div class="result"><details class="long"><summary>tool output \(call_\d+\): [0-9,]+ '
+                          r"characters, 1 lines", html)) == len(tool_outputs) == 10  # long outputs collapsed
     for n, reply in enumerate(replies):  # what the model saw is the upstream's own count
         assert f"request {n + 1} · entry #{reply.seq} · " in html
         assert f"model saw {reply.extra['usage']['prompt_tokens']:,} tokens" in html
