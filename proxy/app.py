@@ -14,16 +14,29 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from proxy.compactions import RecentCompactions
+from proxy.context.compactor import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
-from proxy.http import admin, chat, health, passthrough
+from proxy.http import admin, chat, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
 from proxy.http.middleware import error_middleware, remember_prepared
-from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
+from proxy.keys import (
+    client_key,
+    compactions_key,
+    engine_key,
+    history_key,
+    metrics_key,
+    settings_key,
+    store_key,
+    timelines_key,
+)
 from proxy.metrics import Metrics
 from proxy.settings import Settings
 from proxy.store import open_store
+from proxy.store.base import SessionKey
+from proxy.ui.timeline import TimelineCache
 
 
 async def _upstream_client(app: web.Application) -> AsyncIterator[None]:
@@ -43,7 +56,13 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
                              on_error=metrics.store_errors.inc)
     app[history_key] = history
-    app[engine_key] = ContextEngine(history, engine_settings(settings), observer=metrics.compaction_done)
+    compactions = app[compactions_key]
+
+    def observe(key: SessionKey, trigger: str, result: CompactionResult, seconds: float) -> None:
+        metrics.compaction_done(trigger, result, seconds)
+        compactions.record(key, trigger, result, seconds)
+
+    app[engine_key] = ContextEngine(history, engine_settings(settings), observer=observe)
     if settings.estimator != "chars":
         await asyncio.to_thread(bundled_encoding)  # ~0.5 s: paid at startup, not by the first request
     try:
@@ -71,6 +90,8 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
     app.on_response_prepare.append(remember_prepared)
+    app[compactions_key] = RecentCompactions(clock=time.time)
+    app[timelines_key] = TimelineCache()
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 
@@ -81,4 +102,5 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
         app.router.add_post(prefix + "/v1/chat/completions", chat.chat_completions)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
     admin.add_routes(app.router)
+    ui.add_routes(app.router)
     return app

@@ -7,11 +7,13 @@ from typing import TYPE_CHECKING
 from aiohttp import ClientSession, web
 
 if TYPE_CHECKING:
+    from proxy.compactions import RecentCompactions
     from proxy.context.engine import ContextEngine
     from proxy.context.history import HistoryManager
     from proxy.metrics import Metrics
     from proxy.settings import Settings
     from proxy.store.base import FactLog
+    from proxy.ui.timeline import TimelineCache
 
 settings_key: web.AppKey[Settings] = web.AppKey("settings")
 metrics_key: web.AppKey[Metrics] = web.AppKey("metrics")
@@ -19,3 +21,5 @@ client_key: web.AppKey[ClientSession] = web.AppKey("client", ClientSession)
 store_key: web.AppKey[FactLog] = web.AppKey("store")
 history_key: web.AppKey[HistoryManager] = web.AppKey("history")
 engine_key: web.AppKey[ContextEngine] = web.AppKey("engine")
+compactions_key: web.AppKey[RecentCompactions] = web.AppKey("compactions")
+timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")

@@ -18,12 +18,13 @@ both show the same thing. Two rules shape it:
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
+from proxy.blocks import message_blocks, role_label
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.lineage import ConversationState
 from proxy.context.projection import SYSTEM_ROLES
@@ -67,7 +68,9 @@ async def session_infos(store: FactLog) -> list[SessionInfo]:
 
 
 def info_json(info: SessionInfo) -> dict[str, Any]:
-    return asdict(info)
+    """The contract's five fields (``entries`` is for readers of the log, not part of the listing)."""
+    return {"tenant": info.tenant, "session": info.session, "messages": info.messages,
+            "checkpoints": info.checkpoints, "updated_at": info.updated_at}
 
 
 def fact_line(fact: StoredFact) -> bytes:
@@ -81,19 +84,41 @@ def _plain(obj: object) -> object:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
-@dataclass(frozen=True)
+@dataclass
 class Lineage:
-    """The conversation a log's head describes (each message's predecessor followed back) and its engine state."""
+    """The conversation a log's head describes (each message's predecessor followed back) and its engine state.
 
-    messages: list[Message]
-    hashes: list[str]
-    state: ConversationState
-    #: Facts in the log when it was read (0: no such session).
-    facts: int
+    Folded fact by fact (``apply``), as the inspector does to follow a live
+    session, it keeps every message it met, since a later rewind may return to
+    any branch; ``replay`` reads a log in two passes and keeps only the head's.
+    """
+
+    state: ConversationState = field(default_factory=ConversationState)
+    #: Facts folded (0: no such session).
+    facts: int = 0
+    _by_seq: dict[int, Message] = field(default_factory=dict, repr=False)
+    _messages: list[Message] | None = field(default=None, repr=False)
+
+    def apply(self, fact: StoredFact) -> None:
+        self.facts += 1
+        self.state.apply(fact)
+        self._messages = None
+        if fact.kind == "message" and fact.message is not None:
+            self._by_seq[fact.seq] = dict(fact.message)
+
+    @property
+    def messages(self) -> list[Message]:
+        if self._messages is None:
+            self._messages = [self._by_seq[seq] for seq in self.state.seqs]
+        return self._messages
+
+    @property
+    def hashes(self) -> list[str]:
+        return self.state.hashes
 
 
-async def replay(store: FactLog, key: SessionKey) -> Lineage:
-    """Fold the log into the engine's state, then read the head lineage's messages in a second pass.
+async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -> Lineage:
+    """The lineage after the whole log, or after entry ``until`` (the conversation as it stood then).
 
     A log is a tree, and any later rewind may return to any branch, so one
     pass would have to hold every branch's messages; two passes hold only the
@@ -102,17 +127,16 @@ async def replay(store: FactLog, key: SessionKey) -> Lineage:
     of step.
     """
     state = ConversationState()
-    async for page in pages(store, key):
+    async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
-    wanted = {seq: position for position, seq in enumerate(state.seqs)}
-    messages: list[Message] = [{} for _ in wanted]
+    lineage = Lineage(state, state.next_seq)
+    wanted = set(state.seqs)
     async for page in pages(store, key, through=state.next_seq - 1):
         for fact in page:
-            position = wanted.get(fact.seq)
-            if position is not None:
-                messages[position] = dict(fact.message or {})
-    return Lineage(messages, list(state.hashes), state, state.next_seq)
+            if fact.seq in wanted:
+                lineage._by_seq[fact.seq] = dict(fact.message or {})
+    return lineage
 
 
 @dataclass(frozen=True)
@@ -166,44 +190,15 @@ def clip(text: str, limit: int | None) -> str:
     return f"{text[:limit]}… [{len(text) - limit:,} more characters]"
 
 
-def content_text(content: Any) -> str:
-    """The readable text of a ``content`` field; non-text parts show as ``[type]``."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            else:
-                parts.append(f"[{part.get('type', 'part') if isinstance(part, Mapping) else 'part'}]")
-        return "\n".join(parts)
-    return orjson.dumps(content).decode()
-
-
 def message_body(message: Mapping[str, Any]) -> str:
     """Content (tool results clipped), then one ``→ name(arguments)`` line per tool call (arguments clipped)."""
-    role = message.get("role")
-    limit = TOOL_RESULT_CHARS if role in ("tool", "function") else None
-    lines = [clip(content_text(message.get("content")), limit)] if message.get("content") else []
-    calls = message.get("tool_calls")
-    legacy = message.get("function_call")
-    functions = [c.get("function") for c in calls if isinstance(c, Mapping)] if isinstance(calls, list) else []
-    if isinstance(legacy, Mapping):
-        functions.append(legacy)
-    for function in functions:
-        if isinstance(function, Mapping):
-            arguments = " ".join(str(function.get("arguments") or "").split())
-            lines.append(f"→ {function.get('name')}({clip(arguments, ARGUMENTS_CHARS)})")
+    lines = []
+    for block in message_blocks(message):
+        if block.kind == "call":
+            lines.append(f"→ {block.name}({clip(' '.join(block.text.split()), ARGUMENTS_CHARS)})")
+        else:
+            lines.append(clip(block.text, TOOL_RESULT_CHARS if block.kind == "result" else None))
     return "\n".join(lines) if lines else "(empty)"
-
-
-def _role_label(message: Mapping[str, Any]) -> str:
-    role = str(message.get("role"))
-    tag = message.get("tool_call_id") or message.get("name")
-    return f"{role} ({tag})" if isinstance(tag, str) and tag else role
 
 
 class Transcript:
@@ -236,7 +231,7 @@ class Transcript:
                 and (len(seqs) == 1 or seqs[-2] in self._system_lead)):
             self._system_lead.add(fact.seq)
         partial = " · partial reply" if fact.extra.get("partial") else ""
-        return (f"### #{fact.index} {_role_label(message)} · {fact.source} · {tokens:,} tokens · {when}{partial}\n"
+        return (f"### #{fact.index} {role_label(message)} · {fact.source} · {tokens:,} tokens · {when}{partial}\n"
                 f"{message_body(message)}")
 
     def _checkpoint(self, payload: Any) -> str:
@@ -275,5 +270,5 @@ def render_view(view: SessionView, key: SessionKey, counter: TokenCounter | None
     blocks = [f"# View of session {key.session} (tenant {key.tenant})", figures + "."]
     for position, message in enumerate(prepared.messages):
         tokens = counter.message_tokens(message)
-        blocks.append(f"### [{position}] {_role_label(message)} · {tokens:,} tokens\n{message_body(message)}")
+        blocks.append(f"### [{position}] {role_label(message)} · {tokens:,} tokens\n{message_body(message)}")
     return "\n\n".join(blocks)

@@ -130,8 +130,10 @@ async def test_sessions_lists_counts(store: FactLog) -> None:
     await store.append(SessionKey("tenant-b", "run-1"), 0, [msg(0)], TS + 7)
     infos = sorted([s async for s in store.sessions()], key=lambda s: (s.tenant, s.session))
     assert infos == [
-        SessionInfo(tenant="tenant-a", session="run-1", messages=2, checkpoints=1, updated_at=TS + 5),
-        SessionInfo(tenant="tenant-b", session="run-1", messages=1, checkpoints=0, updated_at=TS + 7),
+        SessionInfo(tenant="tenant-a", session="run-1", messages=2, checkpoints=1, updated_at=TS + 5,
+                    entries=4),
+        SessionInfo(tenant="tenant-b", session="run-1", messages=1, checkpoints=0, updated_at=TS + 7,
+                    entries=1),
     ]
 
 

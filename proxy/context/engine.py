@@ -44,7 +44,8 @@ logger = logging.getLogger(__name__)
 
 Trigger = Literal["proactive", "reactive", "manual"]
 Compacted = Literal["none", "proactive", "reactive"]
-CompactionObserver = Callable[[Trigger, CompactionResult, float], None]
+#: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
+CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 LOCK_NAME = "compact"
 DEFAULT_WINDOW = 128_000
 
@@ -243,7 +244,8 @@ class ContextEngine:
             state = await self.history.sync(key, messages, hashes)
             if not await self._acquire(key, token, ttl):
                 state = await self.history.state(key, refresh=True)
-                return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "lock busy"), started), state
+                return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
+                                     started), state
             heartbeat = asyncio.create_task(self._renew(key, token, ttl))
             try:
                 state = await self.history.state(key, refresh=True)
@@ -252,8 +254,8 @@ class ContextEngine:
                                   fit=False)
                 if (threshold is not None and previous is not None and level == 0
                         and fresh.estimate.tokens <= threshold):  # another request compacted while we waited
-                    return self._observe(trigger, CompactionResult("skipped", None, 0, 0, "already compacted"),
-                                         started), state
+                    skipped = CompactionResult("skipped", None, 0, 0, "already compacted")
+                    return self._observe(key, trigger, skipped, started), state
                 system = leading_system_count(messages)
                 budget = self.policy(window).tail_budget(
                     fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
@@ -273,7 +275,7 @@ class ContextEngine:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)
         self.backoff.record(f"{key.tenant}:{key.session}", result.outcome)
-        return self._observe(trigger, result, started), state
+        return self._observe(key, trigger, result, started), state
 
     def _compactor(self, complete: Complete, window: int) -> ContextCompactor:
         """``window`` is the request model's; the summary call is sized for the summary model's own."""
@@ -322,10 +324,11 @@ class ContextEngine:
                          extra={"checkpoint": orjson.loads(checkpoint.to_json())})
         return await self.history.append_proxy_facts(key, [summary, record])
 
-    def _observe(self, trigger: Trigger, result: CompactionResult, started: float) -> CompactionResult:
+    def _observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
+                 started: float) -> CompactionResult:
         elapsed = time.perf_counter() - started
         logger.info("compaction session trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", trigger, result.outcome,
                     result.tokens_before, result.tokens_after, elapsed, result.detail)
         if self.observer is not None:
-            self.observer(trigger, result, elapsed)
+            self.observer(key, trigger, result, elapsed)
         return result

@@ -65,6 +65,8 @@ class SessionInfo:
     messages: int
     checkpoints: int
     updated_at: float
+    #: Entries in the log (its next seq): lets a reader fetch the tail without reading the whole log.
+    entries: int = 0
 
 
 class FactLog(abc.ABC):

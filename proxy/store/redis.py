@@ -293,6 +293,7 @@ class RedisFactLog(FactLog):
                     messages=int(meta.get("messages", 0)),
                     checkpoints=int(meta.get("checkpoints", 0)),
                     updated_at=float(meta.get("updated_at", 0.0)),
+                    entries=int(meta.get("next_seq", 0)),
                 )
 
     async def try_lock(self, key: SessionKey, name: str, token: str, ttl: float) -> bool:

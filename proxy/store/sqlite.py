@@ -182,7 +182,7 @@ def _read(conn: sqlite3.Connection, key: SessionKey, after: int, limit: int | No
 
 def _sessions_page(conn: sqlite3.Connection, after: tuple[str, str]) -> list[SessionInfo]:
     rows = conn.execute(
-        """SELECT tenant, session, messages, checkpoints, updated_at FROM sessions
+        """SELECT tenant, session, messages, checkpoints, updated_at, next_seq FROM sessions
            WHERE (tenant, session) > (?, ?) ORDER BY tenant, session LIMIT ?""",
         (*after, SESSIONS_PAGE),
     ).fetchall()

@@ -1,0 +1,157 @@
+"""What the session inspector costs: a session page of 2,000 and of 10,000 log entries, time and bytes.
+
+    python3 -m bench.ui [--write]
+
+Writes agent sessions straight into a SQLite store in a temporary directory
+(user turns, tool calls, tool outputs of 1-3 KB, upstream replies with usage
+and view, a checkpoint every 150 entries), then, through the real app over
+HTTP on 127.0.0.1 and signed in with the cookie, times:
+- the session page cold (the first look: the whole log read and folded, then rendered);
+- the session page warm (the fold cached: only rendering, and the log page read);
+- a live poll with nothing new, and the view of the last request (the log replayed to it, the view rebuilt).
+Each cold figure is the median over several copies of the session (a copy is folded once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import create_app
+from proxy.context.compactor import Checkpoint, prefix_hash
+from proxy.context.messages import message_hash
+from proxy.settings import Secret, Settings
+from proxy.store.base import NewFact, SessionKey
+from proxy.store.sqlite import SqliteFactLog
+
+TOKEN = "bench-admin-token"
+WORDS = "the parser reads a config file then the handler retries the request when the socket closes early".split()
+COPIES = 5
+
+
+def agent_facts(rng: random.Random, entries: int) -> list[NewFact]:
+    """An agent's log: per step a tool call (upstream, with usage), its output; a checkpoint now and then."""
+    facts: list[NewFact] = []
+    messages: list[dict[str, Any]] = []
+    hashes: list[str] = []
+    view_key, prompt = "", 0
+
+    def add(message: dict[str, Any], source: str, extra: dict[str, Any] | None = None) -> None:
+        digest = message_hash(message)
+        facts.append(NewFact(kind="message", index=len(messages), source=source,  # type: ignore[arg-type]
+                             message=message, hash=digest, extra=extra or {}))
+        messages.append(message)
+        hashes.append(digest)
+
+    add({"role": "system", "content": "You are a coding agent. " * 40}, "client")
+    add({"role": "user", "content": "Fix the flaky test in the retry module."}, "client")
+    n = 0
+    while len(facts) < entries:
+        n += 1
+        prompt += 900
+        call = {"role": "assistant", "content": None, "tool_calls": [{"id": f"call_{n}", "type": "function",
+                "function": {"name": "read_file", "arguments": orjson.dumps({"path": f"src/m{n}.py"}).decode()}}]}
+        add(call, "upstream", {"usage": {"prompt_tokens": prompt, "completion_tokens": 20,
+                                         "prompt_tokens_details": {"cached_tokens": prompt * 3 // 4}},
+                               "view": {"key": view_key, "length": 10, "last": hashes[-1]}})
+        body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(150, 450)))
+        add({"role": "tool", "tool_call_id": f"call_{n}", "content": body}, "client")
+        if n % 75 == 0:
+            retain = len(messages) - 20
+            checkpoint = Checkpoint("## 1. Goals\nFix the flaky test.\n" + body[:2000], retain,
+                                    prefix_hash(hashes, retain), None, prompt, prompt // 5, "m", time.time())
+            facts.append(NewFact(kind="summary", index=retain, source="proxy",
+                                 message={"role": "user", "content": checkpoint.summary}))
+            facts.append(NewFact(kind="checkpoint", index=retain, source="proxy",
+                                 extra={"checkpoint": orjson.loads(checkpoint.to_json())}))
+            view_key, prompt = checkpoint.view_key, prompt // 5
+    return facts[:entries]
+
+
+async def timed(client: TestClient[Any, Any], path: str) -> tuple[float, int]:
+    started = time.perf_counter()
+    resp = await client.get(path)
+    body = await resp.read()
+    elapsed = time.perf_counter() - started
+    if resp.status != 200:
+        raise SystemExit(f"{path}: {resp.status} {body[:200]!r}")
+    return elapsed, len(body)
+
+
+async def measure(entries: int) -> dict[str, float]:
+    rng = random.Random(entries)
+    facts = agent_facts(rng, entries)
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/facts.db"
+        store = await SqliteFactLog.open(Path(tmp) / "facts.db")
+        for copy in range(COPIES):
+            for start in range(0, len(facts), 500):
+                await store.append(SessionKey("bench", f"s{copy}"), start, facts[start:start + 500], time.time())
+        await store.aclose()
+        settings = Settings(store=url, admin_token=Secret(TOKEN), context_window=128_000)
+        async with TestClient(TestServer(create_app(settings))) as client:
+            resp = await client.post("/ui/signin", data={"token": TOKEN}, allow_redirects=False)
+            if resp.status != 303:
+                raise SystemExit("sign-in failed")
+            cold, warm = [], []
+            size = 0
+            for copy in range(COPIES):
+                seconds, size = await timed(client, f"/ui/sessions/bench/s{copy}")
+                cold.append(seconds)
+                warm.append((await timed(client, f"/ui/sessions/bench/s{copy}"))[0])
+            poll = [(await timed(client, f"/ui/sessions/bench/s0/live?since={entries}&tail=1"))[0] for _ in range(20)]
+            last = max(i for i, f in enumerate(facts) if f.source == "upstream")
+            request = [await timed(client, f"/ui/sessions/bench/s0/requests/{last}?fragment=1") for _ in range(5)]
+            requests = sum(1 for f in facts if f.source == "upstream")
+    return {"entries": entries, "requests": requests, "cold_ms": statistics.median(cold) * 1000,
+            "warm_ms": statistics.median(warm) * 1000, "poll_ms": statistics.median(poll) * 1000,
+            "request_ms": statistics.median(s for s, _ in request) * 1000, "page_kb": size / 1024,
+            "request_kb": request[0][1] / 1024}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--write", action="store_true", help="replace the section in docs/BENCHMARKS.md")
+    args = parser.parse_args()
+    rows = [asyncio.run(measure(n)) for n in (2_000, 10_000)]
+    table = "\n".join(
+        f"| {r['entries']:,.0f} ({r['requests']:,.0f} requests) | {r['cold_ms']:.0f} ms | {r['warm_ms']:.0f} ms | "
+        f"{r['page_kb']:.0f} KB | {r['poll_ms']:.1f} ms | {r['request_ms']:.0f} ms ({r['request_kb']:.0f} KB) |"
+        for r in rows)
+    section = (
+        "## Session inspector (issue 15)\n\n"
+        f"`python3 -m bench.ui --write`: agent sessions written into a SQLite store, pages fetched over HTTP "
+        f"on 127.0.0.1, signed in; medians; {platform.python_version()}, {platform.machine()}.\n\n"
+        "| log entries | session page, first look (target < 1 s at 2,000) | again (fold cached) | page size | "
+        "live poll, nothing new | last request's view |\n|---|---:|---:|---:|---:|---:|\n"
+        f"{table}\n\n"
+        "The first look reads the whole log and folds it (token counts of every message, in a worker thread); "
+        "later looks and live polls only catch up with what was appended. The timeline draws at most 400 slots "
+        "and the log shows 100 entries a page, so the page's size hardly grows with the session. On a shared "
+        "2-core machine the first-look figures vary by a factor of two to three between runs.\n"
+    )
+    print(section)
+    if args.write:
+        path = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
+        text = path.read_text()
+        start = text.find("## Session inspector")
+        if start < 0:
+            text = text.rstrip("\n") + "\n\n" + section
+        else:
+            end = text.find("\n## ", start + 1)
+            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The inspector's pages: the frame, sign-in, the sessions table, a session, one entry.
+
+Everything from the log or the URL goes through ``markup.e``; the templates
+only place HTML built here. Pages carry no inline script or style (the CSP
+forbids both): behaviour is ``/ui/static/ui.js``, reading ``data-`` attributes.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import quote, urlencode
+
+import orjson
+
+from proxy.blocks import content_text
+from proxy.compactions import CompactionEvent
+from proxy.render import fact_line, iso_time
+from proxy.store.base import SessionInfo, SessionKey, StoredFact
+from proxy.ui import template
+from proxy.ui.markup import e, entry_html, message_html, text_html
+from proxy.ui.plot import MarkLine, short, timeline_svg
+from proxy.ui.timeline import Point, Timeline
+
+SIGNOUT = ('<form class="signout" method="post" action="/ui/signout">'
+           '<button type="submit">Sign out</button></form>')
+
+
+def layout(title: str, body: str, *, signed_in: bool = True, live: dict[str, str] | None = None) -> str:
+    attrs = "".join(f' data-{name}="{e(value)}"' for name, value in (live or {}).items())
+    return template("page.html").substitute(title=e(title), nav=SIGNOUT if signed_in else "", main_attrs=attrs,
+                                            body=body)
+
+
+def signin_page(next_path: str, error: str = "") -> str:
+    message = f'<p class="note warn">{e(error)}</p>' if error else ""
+    return layout("Sign in", template("signin.html").substitute(next=e(next_path), error=message), signed_in=False)
+
+
+def message_page(title: str, text: str) -> str:
+    return layout(title, f"<h1>{e(title)}</h1><p>{e(text)}</p>")
+
+
+@dataclass(frozen=True)
+class Links:
+    """URLs of one session's pages; ``model`` (the window's model) is carried along."""
+
+    key: SessionKey
+    model: str = ""
+
+    def _url(self, tail: str = "", **query: object) -> str:
+        base = f"/ui/sessions/{quote(self.key.tenant, safe='')}/{quote(self.key.session, safe='')}{tail}"
+        params = {k: str(v) for k, v in {**query, "model": self.model}.items() if v not in (None, "")}
+        return f"{base}?{urlencode(params)}" if params else base
+
+    def session(self, page: int | None = None) -> str:
+        return self._url(page=page)
+
+    def request(self, seq: int) -> str:
+        return self._url(f"/requests/{seq}")
+
+    def entry(self, seq: int) -> str:
+        return self._url(f"/entries/{seq}")
+
+    def live(self) -> str:
+        return self._url("/live")
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    info: SessionInfo
+    latest: int | None
+    totals: dict[tuple[str, str], int]
+
+
+def _totals(totals: dict[tuple[str, str], int]) -> str:
+    return ", ".join(f"{trigger} {outcome}: {n}" for (trigger, outcome), n in sorted(totals.items())) or "—"
+
+
+def _meter(value: int | None, window: int) -> str:
+    if value is None:
+        return "—"
+    return f'<meter min="0" max="{window}" value="{min(value, window)}"></meter> {value:,} / {window:,}'
+
+
+def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, threshold: int, model: str) -> str:
+    head = "".join(f'<th data-type="{kind}"><button type="button">{e(name)}</button></th>' for name, kind in (
+        ("tenant", "text"), ("session", "text"), ("entries", "num"), ("messages", "num"), ("checkpoints", "num"),
+        ("compactions seen by this process", "text"), ("last activity", "num"), ("latest view", "num")))
+    body = []
+    for row in rows:
+        i = row.info
+        link = Links(SessionKey(i.tenant, i.session), model).session()
+        body.append(
+            f'<tr><td>{e(i.tenant)}</td><td><a href="{e(link)}">{e(i.session)}</a></td>'
+            f'<td data-sort="{i.entries}">{i.entries:,}</td><td data-sort="{i.messages}">{i.messages:,}</td>'
+            f'<td data-sort="{i.checkpoints}">{i.checkpoints:,}</td><td>{e(_totals(row.totals))}</td>'
+            f'<td data-sort="{i.updated_at}">{e(iso_time(i.updated_at))}</td>'
+            f'<td data-sort="{row.latest if row.latest is not None else -1}">{_meter(row.latest, window)}</td></tr>')
+    shown = f"{total:,} session{'s' if total != 1 else ''}"
+    if total > len(rows):
+        shown += f"; the {len(rows):,} most recently active shown"
+    intro = (f"<h1>Sessions</h1><p>{e(shown)}. The latest view is the upstream's prompt tokens for the session's "
+             f"last request, against a {window:,}-token window (compaction above {threshold:,}; "
+             "<code>?model=</code> picks the model whose window applies).</p>")
+    table = (f'<input id="filter" type="search" placeholder="Filter by text" aria-label="Filter sessions">'
+             f'<table class="sessions sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
+    return layout("Sessions", intro + (table if rows else "<p>No sessions yet.</p>"))
+
+
+def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[MarkLine]:
+    """A line per checkpoint (with its trigger and time when this process made it), and per failed attempt."""
+    events = list(events)
+    made = {ev.view_key: ev for ev in events if ev.outcome == "ok" and ev.view_key}
+    lines = []
+    for m in timeline.marks:
+        ev = made.get(m.view_key)
+        how = f"{ev.trigger} compaction in {ev.seconds:.1f} s" if ev is not None else "compaction"
+        lines.append(MarkLine(m.position, "ok", f"{short(m.tokens_before)}→{short(m.tokens_after)}",
+                              f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} summarised, "  # noqa: RUF001
+                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens"))
+    times = [p.ts for p in timeline.points]
+    for ev in events:
+        if ev.outcome != "ok":
+            lines.append(MarkLine(bisect.bisect_right(times, ev.ts), ev.outcome, ev.outcome,
+                                  f"{ev.trigger} compaction {ev.outcome} after {ev.seconds:.1f} s: {ev.detail}"))
+    return lines
+
+
+def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], window: int,
+                 threshold: int) -> str:
+    k = t.kinds
+    latest: Point | None = t.points[-1] if t.points else None
+    seen = "—"
+    if latest is not None:
+        seen = (f"{_meter(latest.seen, window)} tokens" + ("" if latest.measured else " (estimated)")
+                + f"; compaction above {threshold:,}")
+    totals: dict[tuple[str, str], int] = {}
+    for ev in events:
+        totals[(ev.trigger, ev.outcome)] = totals.get((ev.trigger, ev.outcome), 0) + 1
+    rows = (("Log", f"{t.next_seq:,} entries: {k['message']:,} messages, {k['rewind']:,} rewinds, "
+                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints"),
+            ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
+            ("Upstream requests", f"{len(t.points):,}"),
+            ("Compaction attempts seen by this process", _totals(totals)),
+            ("Last activity", iso_time(t.updated_at)))
+    items = "".join(f"<dt>{e(name)}</dt><dd>{e(value)}</dd>" for name, value in rows)
+    return (f'<h1>Session {e(key.session)} <small>tenant {e(key.tenant)}</small></h1><dl class="facts">{items}'
+            f"<dt>Latest view</dt><dd>{seen}</dd></dl>")
+
+
+LEGEND = ('<p class="legend"><span class="key bar"></span> model saw (hollow: estimated) '
+          '<span class="key cached"></span> of which cached <span class="key sent"></span> client sent '
+          '<span class="key window"></span> window <span class="key trigger"></span> compaction trigger '
+          '<span class="key mark"></span> compaction. Click a request to see what the model saw.</p>')
+
+
+def timeline_html(t: Timeline, events: Sequence[CompactionEvent], links: Links, window: int, threshold: int) -> str:
+    svg = timeline_svg(t.points, mark_lines(t, events), window=window, threshold=threshold,
+                       href=lambda p: links.request(p.seq))
+    return svg + (LEGEND if t.points else "")
+
+
+def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links) -> str:
+    marks = {m.seq: m for m in t.marks}
+    out = []
+    for fact in facts:
+        tokens = t.counter.message_tokens(dict(fact.message), fact.hash) if fact.message else None
+        request = links.request(fact.seq) if fact.kind == "message" and fact.source == "upstream" else None
+        out.append(entry_html(fact, tokens=tokens, mark=marks.get(fact.seq), entry_url=links.entry(fact.seq),
+                              request_url=request))
+    return "".join(out)
+
+
+def _pager(page: int, pages: int, links: Links) -> str:
+    if pages <= 1:
+        return ""
+    cells = [f'<a href="{e(links.session(p))}">{label}</a>' if p != page and 0 <= p < pages else f"<span>{label}</span>"
+             for p, label in ((0, "first"), (page - 1, "previous"), (page + 1, "next"), (pages - 1, "last"))]
+    return f'<nav class="pager">page {page + 1} of {pages}: {" · ".join(cells)}</nav>'
+
+
+def session_page(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], facts: Sequence[StoredFact], *,
+                 page: int, pages: int, links: Links, window: int, threshold: int) -> str:
+    tail = page == pages - 1
+    live = {"live": links.live(), "since": str(t.next_seq), "tail": "1" if tail else "0"}
+    start = facts[0].seq if facts else 0
+    body = (f'<section id="summary">{summary_html(key, t, events, window, threshold)}</section>'
+            f'<section id="timeline">{timeline_html(t, events, links, window, threshold)}</section>'
+            '<section id="request-panel" aria-live="polite"></section>'
+            f'<section id="log-section"><h2>Log</h2>{_pager(page, pages, links)}'
+            f'<ol id="log" class="log" start="{start}">{log_items(facts, t, links)}</ol>'
+            f"{_pager(page, pages, links)}</section>")
+    return layout(f"{key.session} ({key.tenant})", body, live=live)
+
+
+def entry_page(key: SessionKey, fact: StoredFact, links: Links) -> str:
+    message = fact.message or {}
+    shown = (message_html(message, limit=None) if fact.kind == "message"
+             else text_html(content_text(message.get("content")), label="text", limit=None, collapse=False))
+    raw = orjson.dumps(orjson.loads(fact_line(fact)), option=orjson.OPT_INDENT_2).decode()
+    body = (f'<p><a href="{e(links.session())}">← session {e(key.session)}</a></p>'
+            f"<h1>Entry #{fact.seq}: {e(fact.kind)} from {e(fact.source)}</h1>{shown}"
+            f"<details><summary>The entry as JSON</summary><pre>{e(raw)}</pre></details>")
+    return layout(f"Entry #{fact.seq} of {key.session}", body)
+
+
+def request_page(key: SessionKey, seq: int, section: str, links: Links) -> str:
+    back = f'<p><a href="{e(links.session())}">← session {e(key.session)}</a></p>'
+    return layout(f"Request at entry #{seq} of {key.session}", back + section)

@@ -1,0 +1,178 @@
+"""One upstream request rebuilt: the view as it went upstream, beside the conversation the client sent.
+
+The view is the engine's own projection of the lineage at that request under
+the checkpoint its logged ``view.key`` names, so it is what the proxy sent as
+long as the settings that shape a view (the window, for the clip limit) are
+the same; the logged view's length and last message tell, and the page says
+when they differ. Where each view message came from is read off the
+projection's output rather than re-derived: a message passed through is the
+lineage's own object, a clipped one carries the projection's elision marker
+(which names its index), and anything else is the summary.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from proxy.blocks import content_text, role_label
+from proxy.context.compactor import Checkpoint
+from proxy.context.messages import message_hash
+from proxy.context.projection import ELISION_MARKER, SYSTEM_ROLES, ProjectionBuilder
+from proxy.context.tokens import TokenCounter
+from proxy.render import iso_time, replay
+from proxy.store.base import FactLog, SessionKey
+from proxy.types import Message
+from proxy.ui.markup import e, message_html, message_preview
+from proxy.ui.timeline import Point
+
+OriginKind = Literal["verbatim", "clipped", "summary"]
+ELIDED = re.compile(re.escape(ELISION_MARKER).replace(r"\{count\}", "([0-9]+)").replace(r"\{index\}", "([0-9]+)"))
+#: Rows of one run of summarised messages shown in the history column (the first and last halves).
+MAX_RUN_ROWS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a view message came from: lineage message ``index`` as is, clipped, or the summary."""
+
+    kind: OriginKind
+    index: int | None
+    elided: int = 0
+
+
+def origins(view: Sequence[Message], messages: Sequence[Message]) -> list[Origin]:
+    positions = {id(m): i for i, m in enumerate(messages)}
+    out = []
+    for position, message in enumerate(view):
+        index = positions.get(id(message))
+        match = ELIDED.search(content_text(message.get("content"))) if index is None else None
+        if index is not None:
+            out.append(Origin("verbatim", index))
+        elif match is not None:
+            out.append(Origin("clipped", int(match.group(2)), int(match.group(1))))
+        elif message.get("role") in SYSTEM_ROLES and position < len(messages):
+            out.append(Origin("summary", position))  # the system message the summary was appended to
+        else:
+            out.append(Origin("summary", None))
+    return out
+
+
+@dataclass(frozen=True)
+class RequestView:
+    point: Point
+    messages: Sequence[Message]
+    seqs: Sequence[int]
+    view: list[Message]
+    checkpoint: Checkpoint | None
+    logged_view: Mapping[str, Any]
+    reply: Mapping[str, Any]
+
+    def matches(self) -> bool:
+        """Whether the rebuilt view has the logged view's length and last message."""
+        if not self.view:
+            return False
+        return (self.logged_view.get("length") == len(self.view)
+                and self.logged_view.get("last") == message_hash(self.view[-1]))
+
+
+async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Checkpoint | None,
+                  projection: ProjectionBuilder) -> RequestView:
+    """Request ``point`` again: the lineage as it stood at its reply, projected under ``checkpoint``."""
+    lineage = await replay(store, key, until=point.seq)
+    reply = (await store.read(key, after=point.seq - 1, limit=1))[0]
+    messages = lineage.messages[:point.index]
+    logged = reply.extra.get("view")
+    return RequestView(point, messages, lineage.state.seqs, projection.build(messages, checkpoint), checkpoint,
+                       logged if isinstance(logged, Mapping) else {}, reply.message or {})
+
+
+def _figures(r: RequestView) -> str:
+    p = r.point
+    seen = f"model saw {p.seen:,} tokens" + ("" if p.measured else " (estimated: no usage in the reply)")
+    if p.cached is not None:
+        seen += f", {p.cached:,} from the prompt cache"
+    text = f"Client sent {p.index:,} messages, {p.sent:,} tokens · view of {len(r.view):,} messages · {seen}"
+    if r.checkpoint is not None:
+        text += (f" · checkpoint: messages before [{r.checkpoint.retain_start_idx}] summarised "
+                 f"({r.checkpoint.tokens_before:,} → {r.checkpoint.tokens_after:,} tokens)")
+    note = "" if r.matches() else (
+        '<p class="note warn">This rebuilt view differs from the logged one (length '
+        f'{e(r.logged_view.get("length", "unknown"))}): the window or the settings that shape a view have changed '
+        "since, or pass <code>?model=</code>.</p>")
+    return f'<p class="figures">{e(text)}</p>{note}'
+
+
+def _view_rows(r: RequestView, kinds: list[Origin], counter: TokenCounter, entry: Callable[[int], str]) -> str:
+    rows = []
+    summarised = _summarised_span(r, kinds)
+    for message, origin in zip(r.view, kinds, strict=True):
+        tokens = f"{counter.message_tokens(message):,} tokens"
+        at = f"[{origin.index}] " if origin.index is not None else ""
+        badge = ""
+        if origin.kind == "summary":
+            badge = f'<span class="badge summary">summary · stands in for {e(summarised)}</span>'
+        elif origin.kind == "clipped" and origin.index is not None:
+            link = entry(r.seqs[origin.index]) if origin.index < len(r.seqs) else ""
+            badge = (f'<span class="badge clipped">clipped · {origin.elided:,} characters elided</span> '
+                     + (f'<a href="{e(link)}">whole output</a>' if link else ""))
+        rows.append(f'<li class="vm {origin.kind}"><div class="head">{e(at)}<b>{e(role_label(message))}</b> '
+                    f"{e(tokens)} {badge}</div>{message_html(message)}</li>")
+    return "".join(rows)
+
+
+def _summarised_span(r: RequestView, kinds: list[Origin]) -> str:
+    kept = {o.index for o in kinds if o.index is not None}
+    gone = [i for i in range(len(r.messages)) if i not in kept]
+    if not gone:
+        return "nothing"
+    return f"messages {gone[0]}–{gone[-1]} ({len(gone):,})" if len(gone) > 1 else f"message {gone[0]}"  # noqa: RUF001
+
+
+def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], str]) -> str:
+    status = dict.fromkeys(range(len(r.messages)), "elided")
+    for origin in kinds:
+        if origin.index is not None:
+            status[origin.index] = "verbatim" if origin.kind != "clipped" else "clipped"
+
+    def row(i: int) -> str:
+        link = entry(r.seqs[i]) if i < len(r.seqs) else ""
+        seq = f'<a class="seq" href="{e(link)}">#{r.seqs[i]}</a> ' if link else ""
+        return (f'<li class="hm {status[i]}"><div class="head">{seq}[{i}] <b>{e(role_label(r.messages[i]))}</b>'
+                f"</div><p>{e(message_preview(r.messages[i]))}</p></li>")
+
+    rows, i = [], 0
+    while i < len(r.messages):
+        if status[i] != "elided":
+            rows.append(row(i))
+            i += 1
+            continue
+        end = i
+        while end < len(r.messages) and status[end] == "elided":
+            end += 1
+        shown = list(range(i, end))
+        if len(shown) > MAX_RUN_ROWS:
+            half = MAX_RUN_ROWS // 2
+            shown = [*shown[:half], -1, *shown[-half:]]
+        inner = "".join(row(j) if j >= 0 else f'<li class="gap">… {end - i - MAX_RUN_ROWS:,} more</li>'
+                        for j in shown)
+        span = f"messages {i}–{end - 1}" if end - i > 1 else f"message {i}"  # noqa: RUF001
+        rows.append(f'<li class="hm elided run"><details><summary>{e(span)} summarised ({end - i:,}): '
+                    f"the summary stands in for them</summary><ol>{inner}</ol></details></li>")
+        i = end
+    return "".join(rows)
+
+
+def request_html(r: RequestView, counter: TokenCounter, *, entry: Callable[[int], str]) -> str:
+    """The request's section: figures, the view and the history side by side, and the reply."""
+    kinds = origins(r.view, r.messages)
+    p = r.point
+    return (f'<section class="request" id="request-view" data-seq="{p.seq}">'
+            f"<h2>Request {p.n + 1} · entry #{p.seq} · {e(iso_time(p.ts))}</h2>{_figures(r)}"
+            '<div class="columns"><div class="col"><h3>As sent upstream</h3>'
+            f'<ol class="view">{_view_rows(r, kinds, counter, entry)}</ol></div>'
+            '<div class="col"><h3>The conversation the client sent</h3>'
+            f'<ol class="history">{_history_rows(r, kinds, entry)}</ol></div></div>'
+            f'<h3>The reply</h3><div class="reply">{message_html(r.reply)}</div></section>')

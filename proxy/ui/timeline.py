@@ -1,0 +1,203 @@
+"""A session's log folded for the inspector: one point per upstream request, one mark per checkpoint.
+
+A point is an upstream reply in the log (a ``message`` entry from the
+upstream): the request that produced it sent ``messages[:index]`` of the
+lineage, so what the client sent is a prefix sum of message tokens, and what
+the model saw is the upstream's own ``usage`` (or, without one, an estimate of
+the view from the same prefix sums and the checkpoint its ``view.key`` names).
+
+The log is append-only, so a fold is never redone: ``TimelineCache`` keeps the
+folds of the few sessions people are looking at and catches each up with what
+was appended since (what a live page polls for); a log that no longer holds the
+last entry folded (a store that lost data) is folded afresh. Folding runs in a worker
+thread, so a first look at a long session does not stall the proxy's requests.
+Replay semantics are ``render.Lineage``'s; this module only follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from proxy.context.compactor import Checkpoint
+from proxy.context.lineage import common_prefix
+from proxy.context.projection import leading_system_count, summary_text
+from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from proxy.render import PAGE, Lineage
+from proxy.store.base import FactLog, SessionKey, StoredFact
+
+#: Folds kept: each holds its session's lineage, so only a handful.
+MAX_CACHED = 4
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One upstream request."""
+
+    n: int
+    seq: int
+    #: Position of the reply in its lineage: the request carried the ``index`` messages before it.
+    index: int
+    ts: float
+    sent: int
+    #: The upstream's prompt tokens when ``measured``, else the estimate of the view.
+    seen: int
+    measured: bool
+    cached: int | None
+    view_key: str
+    view_length: int | None
+    partial: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One checkpoint: it stands in for messages ``first`` … ``retain_start - 1`` from point ``position`` on."""
+
+    seq: int
+    ts: float
+    position: int
+    first: int
+    retain_start: int
+    tokens_before: int
+    tokens_after: int
+    view_key: str
+
+
+def usage_figures(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
+    """(prompt tokens, of which cached) from a Chat, Responses or Anthropic ``usage``; None where absent."""
+
+    def number(value: object) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def detail(name: str) -> int | None:
+        details = usage.get(name)
+        return number(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+
+    if "prompt_tokens" in usage:
+        return number(usage.get("prompt_tokens")), detail("prompt_tokens_details")
+    read, created = number(usage.get("cache_read_input_tokens")), number(usage.get("cache_creation_input_tokens"))
+    prompt = number(usage.get("input_tokens"))
+    if read is not None or created is not None:  # Anthropic: input_tokens excludes the cached parts
+        return (prompt or 0) + (read or 0) + (created or 0), read
+    return prompt, detail("input_tokens_details")
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.lineage = Lineage()
+        self.counter = TokenCounter(maxsize=10_000)
+        #: ``prefix[i]``: tokens of the lineage's first ``i`` messages, taken over ``_hashes``.
+        self.prefix = [0]
+        self._hashes: list[str] = []
+        self.points: list[Point] = []
+        self.marks: list[Mark] = []
+        self.checkpoints: dict[str, Checkpoint] = {}
+        self._summary_tokens: dict[str, int] = {}
+        self.kinds: Counter[str] = Counter()
+        self.next_seq = 0
+        self.updated_at = 0.0
+        #: The last entry folded (id, time, hash): a log that no longer has it is not the one folded.
+        self.last: tuple[str, float, str | None] = ("", 0.0, None)
+
+    def extend(self, facts: Sequence[StoredFact]) -> None:
+        for fact in facts:
+            self.apply(fact)
+
+    def apply(self, fact: StoredFact) -> None:
+        self.lineage.apply(fact)
+        self.next_seq, self.updated_at, self.last = fact.seq + 1, fact.ts, (fact.id, fact.ts, fact.hash)
+        self.kinds[fact.kind] += 1
+        if fact.kind in ("message", "rewind"):
+            self._follow(fast=fact.kind == "message")
+        if fact.kind == "checkpoint":
+            self._mark(fact)
+        elif fact.kind == "message" and fact.source == "upstream":
+            self._point(fact)
+
+    def message_tokens(self, index: int) -> int:
+        return self.prefix[index + 1] - self.prefix[index]
+
+    def _follow(self, *, fast: bool) -> None:
+        """Bring the prefix sums to the lineage: one more message, or (after a rewind) whatever changed."""
+        hashes, known = self.lineage.hashes, self._hashes
+        keep = len(known) if fast and len(hashes) == len(known) + 1 else common_prefix(known, hashes)
+        del known[keep:], self.prefix[keep + 1:]
+        for i in range(keep, len(hashes)):
+            known.append(hashes[i])
+            self.prefix.append(self.prefix[-1] + self.counter.message_tokens(self.lineage.messages[i], hashes[i]))
+
+    def _mark(self, fact: StoredFact) -> None:
+        payload = fact.extra.get("checkpoint")
+        try:
+            checkpoint = Checkpoint.from_json(payload if isinstance(payload, Mapping) else {})
+        except ValueError:
+            return
+        self.checkpoints[checkpoint.view_key] = checkpoint
+        self.marks.append(Mark(fact.seq, fact.ts, len(self.points), leading_system_count(self.lineage.messages),
+                               checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
+                               checkpoint.view_key))
+
+    def _point(self, fact: StoredFact) -> None:
+        index = len(self.lineage.messages) - 1
+        view = fact.extra.get("view")
+        view = view if isinstance(view, Mapping) else {}
+        key, length = str(view.get("key") or ""), view.get("length")
+        usage = fact.extra.get("usage")
+        prompt, cached = usage_figures(usage) if isinstance(usage, Mapping) else (None, None)
+        seen = prompt if prompt is not None else self._estimate(index, key)
+        self.points.append(Point(len(self.points), fact.seq, index, fact.ts, self.prefix[index], seen,
+                                 prompt is not None, cached, key, length if isinstance(length, int) else None,
+                                 bool(fact.extra.get("partial"))))
+
+    def _estimate(self, index: int, view_key: str) -> int:
+        """The view's tokens from the prefix sums: system, summary, the split round's opener, the tail."""
+        checkpoint = self.checkpoints.get(view_key)
+        if checkpoint is None:
+            return self.prefix[index]
+        system_end = min(leading_system_count(self.lineage.messages), index)
+        start = min(max(checkpoint.retain_start_idx, system_end), index)
+        summary = self._summary_tokens.get(view_key)
+        if summary is None:
+            summary = self.counter.text_tokens(summary_text(checkpoint)) + MESSAGE_OVERHEAD_TOKENS
+            self._summary_tokens[view_key] = summary
+        opener = checkpoint.round_start_idx
+        reinserted = self.message_tokens(opener) if opener is not None and system_end <= opener < start else 0
+        return self.prefix[system_end] + summary + reinserted + self.prefix[index] - self.prefix[start]
+
+
+class TimelineCache:
+    """The folds of recently viewed sessions (LRU), each caught up under its own lock before use."""
+
+    def __init__(self, size: int = MAX_CACHED) -> None:
+        self.size = size
+        self._folds: OrderedDict[SessionKey, tuple[asyncio.Lock, Timeline]] = OrderedDict()
+
+    @contextlib.asynccontextmanager
+    async def fold(self, store: FactLog, key: SessionKey) -> AsyncIterator[Timeline]:
+        """The session's fold, caught up with its log and held (no one else extends it) until the block ends."""
+        entry = self._folds.get(key)
+        if entry is None:
+            entry = self._folds[key] = (asyncio.Lock(), Timeline())
+            while len(self._folds) > self.size:
+                self._folds.popitem(last=False)
+        self._folds.move_to_end(key)
+        lock, timeline = entry
+        async with lock:
+            while True:
+                known = timeline.next_seq
+                facts = await store.read(key, after=known - 2, limit=PAGE + 1 if known else PAGE)
+                if known:  # the read starts at the last entry folded, to check it is still there
+                    first = facts[0] if facts else None
+                    if first is None or first.seq != known - 1 or (first.id, first.ts, first.hash) != timeline.last:
+                        timeline = Timeline()  # a store that lost or replaced the log: fold it afresh
+                        self._folds[key] = (lock, timeline)
+                        continue
+                    facts = facts[1:]
+                if facts:
+                    await asyncio.to_thread(timeline.extend, facts)
+                if len(facts) < PAGE:
+                    break
+            yield timeline

@@ -1,0 +1,194 @@
+"""The inspector in a real browser: Debian's headless Chromium driven by Selenium, against the proxy in this process.
+
+Selenium's calls block, and the proxy under test runs on this test's event
+loop, so every browser call goes through ``Browser.run`` (a worker thread).
+The browser and its driver are the system's (``/usr/bin/chromium``,
+``/usr/bin/chromedriver``, installed by ``.ci/run``); naming the driver's path
+keeps Selenium Manager from looking for, or downloading, anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from proxy.keys import store_key
+from proxy.store.base import SessionKey
+from tests.proxyfixtures import read_log
+from tests.test_ui import POISON, TENANT, TOKEN, agent_session, session_path, step, ui_proxy
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+#: Seconds a wait for the page may take: a poll of the live page is every 2 s.
+WAIT = 20
+
+T = TypeVar("T")
+
+
+class Browser:
+    def __init__(self, driver: WebDriver) -> None:
+        self.driver = driver
+
+    async def run(self, call: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(call, *args)
+
+    async def open(self, url: str) -> None:
+        await self.run(self.driver.get, url)
+
+    async def script(self, source: str, *args: Any) -> Any:
+        return await self.run(self.driver.execute_script, source, *args)
+
+    async def count(self, selector: str) -> int:
+        return int(await self.script("return document.querySelectorAll(arguments[0]).length", selector))
+
+    async def text(self, selector: str) -> str:
+        return str(await self.script("return document.querySelector(arguments[0]).textContent", selector))
+
+    async def until(self, condition: Callable[[WebDriver], Any]) -> Any:
+        return await self.run(WebDriverWait(self.driver, WAIT).until, condition)
+
+    async def sign_in(self, base: str, token: str) -> None:
+        await self.open(base + "/ui")
+        await self.run((await self.find(By.ID, "token")).send_keys, token)
+        await self.submit("form.signin button")
+
+    async def find(self, by: str, value: str) -> Any:
+        return await self.run(self.driver.find_element, by, value)
+
+    async def submit(self, selector: str) -> None:
+        """Click a form's button and wait for the page it leads to."""
+        button = await self.find(By.CSS_SELECTOR, selector)
+        await self.run(button.click)
+        await self.until(expected_conditions.staleness_of(button))
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    chrome = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield chrome
+    finally:
+        chrome.quit()
+
+
+@pytest.fixture
+def browser(driver: WebDriver) -> Browser:
+    """The module's browser with no cookies (each test's proxy has its own port, but cookies ignore ports)."""
+    driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+    driver.get_log("browser")  # drop what earlier tests logged
+    return Browser(driver)
+
+
+@pytest.fixture(params=["sqlite"])
+def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """One store is enough here: the stores' part is tested over HTTP in test_ui.py."""
+    return f"sqlite:///{tmp_path}/facts.db"
+
+
+def base_url(proxy: Any) -> str:
+    return str(proxy.make_url("")).rstrip("/")
+
+
+async def test_the_inspector_needs_the_admin_token(make_proxy, browser: Browser) -> None:
+    proxy = await ui_proxy(make_proxy)
+    base = base_url(proxy)
+    await browser.open(base + "/ui")
+    assert browser.driver.current_url == base + "/ui/signin?next=%2Fui"
+    assert await browser.count("table.sessions") == 0
+    await browser.sign_in(base, "not-the-token")
+    assert "That is not the admin token." in await browser.text("form.signin")
+    await browser.sign_in(base, TOKEN)
+    assert browser.driver.current_url == base + "/ui"
+    assert "No sessions yet." in await browser.text("main")
+    assert await browser.script("return document.cookie") == ""  # HttpOnly: no script can read it
+    await browser.submit("form.signout button")
+    await browser.open(base + "/ui")
+    assert browser.driver.current_url == base + "/ui/signin?next=%2Fui"
+
+
+async def test_a_session_page_plots_each_request_and_opens_what_the_model_saw(make_proxy, fake,
+                                                                              browser: Browser) -> None:
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    await agent_session(proxy, fake, "run", 8, poison_round=6)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "run"))
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+    checkpoints = [f for f in facts if f.kind == "checkpoint"]
+    assert len(checkpoints) >= 2
+    base = base_url(proxy)
+    await browser.sign_in(base, TOKEN)
+    await browser.open(base + session_path("run"))
+
+    assert await browser.count("svg.timeline a.point") == len(replies) == 16
+    assert await browser.count("svg.timeline g.mark.outcome-ok") == len(checkpoints)
+    assert await browser.count("svg.timeline line.window") == await browser.count("svg.timeline line.trigger") == 1
+
+    # The poisoned tool output is text on the page, and none of it ran.
+    outputs = await browser.script(
+        "return Array.from(document.querySelectorAll('#log li.source-client .result')).map(n => n.textContent)")
+    assert sum(POISON in text for text in outputs) == 1
+    assert await browser.script("return window.__pwned === undefined && document.querySelectorAll("
+                                "'main script, main img').length === 0")
+
+    last = await browser.find(By.CSS_SELECTOR, "svg.timeline a.point:last-of-type")
+    await browser.run(last.click)
+    await browser.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#request-panel section.request"))
+    assert await browser.script("return document.querySelector('#request-panel section').dataset.seq") == str(
+        replies[-1].seq)
+    assert await browser.count("#request-panel ol.view li.vm.summary") == 1
+    assert "summary · stands in for messages 1–" in await browser.text(  # noqa: RUF001
+        "#request-panel ol.view li.vm.summary .badge")
+    assert await browser.count("#request-panel ol.history li.hm.elided.run") == 1
+    assert await browser.count("#request-panel ol.view li.vm.clipped") >= 1
+    assert await browser.count("svg.timeline a.point.selected") == 1
+    assert await browser.script("return window.__pwned === undefined")
+
+    logs = await browser.run(browser.driver.get_log, "browser")
+    assert not [entry for entry in logs if "Content Security Policy" in entry["message"]], logs
+
+
+async def test_the_session_page_follows_new_requests(make_proxy, fake, browser: Browser) -> None:
+    proxy = await ui_proxy(make_proxy)
+    messages = await agent_session(proxy, fake, "live", 1)
+    base = base_url(proxy)
+    await browser.sign_in(base, TOKEN)
+    await browser.open(base + session_path("live"))
+    assert await browser.count("svg.timeline a.point") == 2
+    entries = await browser.count("#log li.entry")
+
+    messages.append({"role": "user", "content": "And one more thing."})
+    await step(proxy, messages, "live")
+    await browser.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.timeline a.point")) == 3)
+    assert await browser.count("#log li.entry") == entries + 2
+    assert "And one more thing." in await browser.text("#log li.entry:nth-last-child(2)")
+
+
+async def test_the_sessions_table_sorts_and_filters(make_proxy, fake, browser: Browser) -> None:
+    proxy = await ui_proxy(make_proxy)
+    for name, rounds in (("alpha-run", 1), ("beta-run", 3)):
+        await agent_session(proxy, fake, name, rounds)
+    base = base_url(proxy)
+    await browser.sign_in(base, TOKEN)
+    names = "return Array.from(document.querySelectorAll('table.sessions tbody tr')).filter(r => !r.hidden)" \
+            ".map(r => r.cells[1].textContent)"
+    assert await browser.script(names) == ["beta-run", "alpha-run"]  # most recently active first
+    header = await browser.find(By.XPATH, "//th[button='entries']/button")
+    await browser.run(header.click)
+    assert await browser.script(names) == ["alpha-run", "beta-run"]
+    await browser.run(header.click)
+    assert await browser.script(names) == ["beta-run", "alpha-run"]
+    await browser.run((await browser.find(By.ID, "filter")).send_keys, "ALPHA")
+    assert await browser.script(names) == ["alpha-run"]
