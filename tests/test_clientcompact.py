@@ -108,7 +108,8 @@ def codex_request(*tail: dict[str, Any], **fields: Any) -> dict[str, Any]:
 
 def test_claude_code_captured_shape_is_recognised() -> None:
     """The prompt after the tool results of its message, tools offered, a system entry after it."""
-    payload = claude_request([TOOL_RESULT, {"type": "text", "text": claude_prompt()}])
+    prompt = {"type": "text", "text": claude_prompt(), "cache_control": {"type": "ephemeral"}}
+    payload = claude_request([TOOL_RESULT, prompt])
     found = recognise("messages", payload)
     assert found == CompactionRequest(kind="claude_code", index=2, block=1, instructions=None, scope="all",
                                       analysis=True)
@@ -309,8 +310,9 @@ def test_claude_code_text_is_analysis_then_summary() -> None:
 def test_claude_code_answer_as_a_body() -> None:
     answer = render(CompactionRequest("claude_code", 2, 1), ENV, stream=False, summary=SUMMARY)
     assert answer.content_type == "application/json"
+    assert answer.items == [{"role": "assistant", "content": [{"type": "text", "text": claude_code_text(SUMMARY)}]}]
     assert orjson.loads(answer.body) == {
-        "id": "resp_1", "type": "message", "role": "assistant", "model": "m-1",
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m-1",
         "content": [{"type": "text", "text": claude_code_text(SUMMARY)}], "stop_reason": "end_turn",
         "stop_sequence": None,
         "usage": {"input_tokens": 1200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
@@ -321,12 +323,14 @@ def test_claude_code_answer_as_a_body() -> None:
 def test_claude_code_answer_as_a_stream() -> None:
     answer = render(CompactionRequest("claude_code", 2, 1, analysis=False), ENV, stream=True, summary=SUMMARY)
     assert answer.content_type == "text/event-stream"
+    assert answer.items == [{"role": "assistant", "content": [
+        {"type": "text", "text": f"<summary>\n{SUMMARY}\n</summary>"}]}]
     got = events(answer.body)
     assert [name for name, _ in got] == ["message_start", "content_block_start", "content_block_delta",
                                          "content_block_stop", "message_delta", "message_stop"]
     assert all(name == data["type"] for name, data in got)
     assert got[0][1]["message"] == {
-        "id": "resp_1", "type": "message", "role": "assistant", "model": "m-1", "content": [], "stop_reason": None,
+        "id": "msg_1", "type": "message", "role": "assistant", "model": "m-1", "content": [], "stop_reason": None,
         "stop_sequence": None,
         "usage": {"input_tokens": 1200, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
                   "output_tokens": 0},
@@ -354,7 +358,9 @@ MESSAGE = {"type": "message", "id": "msg_1", "status": "completed", "role": "ass
 
 def test_codex_local_answer_is_one_assistant_message() -> None:
     request = CompactionRequest("codex_local", 6)
-    body = orjson.loads(render(request, ENV, stream=False, summary=f"\n{SUMMARY}\n").body)
+    answer = render(request, ENV, stream=False, summary=f"\n{SUMMARY}\n")
+    assert answer.items == [MESSAGE]
+    body = orjson.loads(answer.body)
     assert body == {"id": "resp_1", "object": "response", "created_at": 1_700_000_000, "status": "completed",
                     "model": "m-1", "output": [MESSAGE], "usage": USAGE}
     stream = events(render(request, ENV, stream=True, summary=SUMMARY).body)
@@ -372,8 +378,10 @@ def test_codex_local_answer_is_one_assistant_message() -> None:
 
 def test_codex_trigger_answer_streams_exactly_one_compaction_item() -> None:
     request = CompactionRequest("codex_trigger", 6)
-    stream = events(render(request, ENV, stream=True, reference="ctxproxy.v1.p.m").body)
+    answer = render(request, ENV, stream=True, reference="ctxproxy.v1.p.m")
     item = {"type": "compaction", "encrypted_content": "ctxproxy.v1.p.m"}
+    assert answer.items == [item]
+    stream = events(answer.body)
     assert [name for name, _ in stream] == ["response.created", "response.in_progress", "response.output_item.added",
                                             "response.output_item.done", "response.completed"]
     done, completed = completed_items(stream)
@@ -388,6 +396,7 @@ def test_codex_endpoint_answer_is_output_with_one_compaction_item() -> None:
     for stream in (False, True):
         answer = render(CODEX_ENDPOINT, ENV, stream=stream, reference="ctxproxy.v1.p.m")
         assert answer.content_type == "application/json"
+        assert answer.items == [{"type": "compaction", "encrypted_content": "ctxproxy.v1.p.m"}]
         assert orjson.loads(answer.body) == {
             "id": "resp_1", "object": "response.compaction", "created_at": 1_700_000_000,
             "output": [{"type": "compaction", "encrypted_content": "ctxproxy.v1.p.m"}], "usage": USAGE}

@@ -47,15 +47,18 @@ class Envelope:
 
     @classmethod
     def new(cls, model: str, input_tokens: int, output_tokens: int) -> Envelope:
-        """Fresh random ids and the current time. ``response_id`` serves as Claude's message id."""
+        """Fresh random ids and the current time. ``item_id`` serves as a Messages API answer's message id."""
         return cls(model, input_tokens, output_tokens, response_id=f"resp_{secrets.token_hex(12)}",
                    item_id=f"msg_{secrets.token_hex(12)}", created_at=int(time.time()))
 
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """What to write to the client, and the reply's items as the client will send them back (for the log)."""
+
     body: bytes
     content_type: str
+    items: list[dict[str, Any]]
 
 
 def render(request: CompactionRequest, envelope: Envelope, *, stream: bool, summary: str | None = None,
@@ -67,19 +70,20 @@ def render(request: CompactionRequest, envelope: Envelope, *, stream: bool, summ
             raise ValueError(f"a {request.kind} answer needs the summary")
         if request.kind == "claude_code":
             text = claude_code_text(summary, analysis=request.analysis)
+            reply = [{"role": "assistant", "content": [{"type": "text", "text": text}]}]
             if stream:
-                return Answer(messages_stream(text, envelope), SSE_TYPE)
-            return Answer(orjson.dumps(messages_body(text, envelope)), JSON_TYPE)
+                return Answer(messages_stream(text, envelope), SSE_TYPE, reply)
+            return Answer(orjson.dumps(messages_body(text, envelope)), JSON_TYPE, reply)
         items = [message_item(summary.strip(), envelope.item_id)]
     else:
         if reference is None:
             raise ValueError(f"a {request.kind} answer needs the signed reference")
-        if request.kind == "codex_endpoint":
-            return Answer(orjson.dumps(compact_endpoint_body(reference, envelope)), JSON_TYPE)
         items = [compaction_item(reference)]
+        if request.kind == "codex_endpoint":
+            return Answer(orjson.dumps(compact_endpoint_body(reference, envelope)), JSON_TYPE, items)
     if stream:
-        return Answer(response_stream(items, envelope), SSE_TYPE)
-    return Answer(orjson.dumps(response_body(items, envelope)), JSON_TYPE)
+        return Answer(response_stream(items, envelope), SSE_TYPE, items)
+    return Answer(orjson.dumps(response_body(items, envelope)), JSON_TYPE, items)
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -103,7 +107,7 @@ def _messages_usage(envelope: Envelope, output_tokens: int) -> dict[str, int]:
 
 def messages_body(text: str, envelope: Envelope) -> dict[str, Any]:
     """A finished Messages API answer holding ``text``."""
-    return {"id": envelope.response_id, "type": "message", "role": "assistant", "model": envelope.model,
+    return {"id": envelope.item_id, "type": "message", "role": "assistant", "model": envelope.model,
             "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
             "usage": _messages_usage(envelope, envelope.output_tokens)}
 
