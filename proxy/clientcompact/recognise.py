@@ -130,8 +130,9 @@ def _claude_request(index: int, block: int | None, text: str) -> CompactionReque
 
 
 def _claude_instructions(text: str) -> str | None:
-    """The ``Additional Instructions:`` block: from its line to the closing reminder."""
-    start = text.rfind(texts.CLAUDE_INSTRUCTIONS)
+    """The ``Additional Instructions:`` block: from its (first) line to the closing reminder; the body before it
+    never has that line, so the user's text may hold anything."""
+    start = text.find(texts.CLAUDE_INSTRUCTIONS)
     if start == -1:
         return None
     start += len(texts.CLAUDE_INSTRUCTIONS)
