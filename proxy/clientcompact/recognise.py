@@ -131,7 +131,7 @@ def _claude_request(index: int, block: int | None, text: str) -> CompactionReque
 
 def _claude_instructions(text: str) -> str | None:
     """The ``Additional Instructions:`` block: from its (first) line to the closing reminder; the body before it
-    never has that line, so the user's text may hold anything."""
+    never has that line, so a user's text that repeats it is kept whole."""
     start = text.find(texts.CLAUDE_INSTRUCTIONS)
     if start == -1:
         return None
