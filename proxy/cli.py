@@ -74,6 +74,9 @@ def _store_option(f: Any) -> Any:
               help="Key the proxy uses upstream instead of the client's [default: unset]")
 @click.option("--client-keys", envvar="CTXPROXY_CLIENT_KEYS", default=None, show_envvar=True,
               help="Comma-separated keys a client must present, 401 otherwise [default: unset, any key]")
+@click.option("--secret", envvar="CTXPROXY_SECRET", default=None, show_envvar=True,
+              help="Signs the references the proxy hands out (Codex compaction items); at least 16 characters, "
+                   "the same on every replica [default: generated on first start, kept in the store]")
 @click.option("--max-body-bytes", envvar="CTXPROXY_MAX_BODY_BYTES", type=int, default=None, show_envvar=True,
               help="Largest request body accepted; larger gets 413 [default: 33554432]")
 @click.option("--max-event-bytes", envvar="CTXPROXY_MAX_EVENT_BYTES", type=int, default=None, show_envvar=True,

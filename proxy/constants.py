@@ -10,6 +10,8 @@ KEY_PREFIX = "ctxproxy"
 LOG_SUFFIX = "log"
 META_SUFFIX = "meta"
 LOCK_SUFFIX = "lock"
+#: The server secret (``FactLog.secret``): one key for the whole store, outside every session's hash slot.
+SECRET_KEY = f"{KEY_PREFIX}:secret"
 
 #: Version tag written into every stored fact; bump it with a migration, never reuse.
 FACT_FORMAT = 1

@@ -22,6 +22,10 @@ class Secret(str):
         return "Secret('**********')"
 
 
+#: A shorter ``--secret`` could be guessed offline from one reference.
+MIN_SECRET_CHARS = 16
+
+
 def default_store_url() -> str:
     return "sqlite:///" + str(Path(platformdirs.user_state_dir("ctxproxy")) / "facts.db")
 
@@ -47,6 +51,9 @@ class Settings:
     admin_token: Secret | None = None
     upstream_key: Secret | None = None
     client_keys: tuple[Secret, ...] = ()
+    #: Signs the references the proxy hands out (Codex ``compaction`` items); None: generated at the first start
+    #: and kept in the store (``proxy.secret``).
+    secret: Secret | None = None
     #: Requests whose body is larger get a 413 before being read whole.
     max_body_bytes: int = 32 * 1024 * 1024
     #: Seconds without a byte from the upstream before the request fails with 504.
@@ -80,6 +87,8 @@ class Settings:
             raise ValueError("timeouts must be positive")
         if self.summary_max_tokens < 256:
             raise ValueError("summary_max_tokens must be at least 256: eight sections need room")
+        if self.secret is not None and len(self.secret) < MIN_SECRET_CHARS:
+            raise ValueError(f"secret must be at least {MIN_SECRET_CHARS} characters")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
         if self.max_event_bytes < 1024:
@@ -107,7 +116,7 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _coerce(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for name in ("admin_token", "upstream_key"):
+        for name in ("admin_token", "upstream_key", "secret"):
             if isinstance(values.get(name), str):
                 values[name] = Secret(values[name])
         if isinstance(values.get("client_keys"), str):

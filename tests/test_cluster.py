@@ -83,6 +83,16 @@ test_expired_lock_can_be_retaken = contract.test_expired_lock_can_be_retaken
 test_ping = contract.test_ping
 
 
+async def test_concurrent_first_secret_calls_agree_on_the_cluster(cluster_store: RedisFactLog,
+                                                                  redis_cluster: RedisClusterProcess) -> None:
+    other = RedisFactLog.from_url(redis_cluster.url)
+    try:
+        secrets = await asyncio.gather(*(handle.secret() for handle in (cluster_store, other) for _ in range(4)))
+        assert len(set(secrets)) == 1 and len(secrets[0]) == 43
+    finally:
+        await other.aclose()
+
+
 # ---- what only a cluster can get wrong ---------------------------------------------------------
 
 KEYS = [SessionKey(f"tenant-{t}", f"run-{s}") for t in range(3) for s in range(10)]

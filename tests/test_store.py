@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -179,6 +180,46 @@ async def test_ping(store: FactLog) -> None:
     await store.ping()
 
 
+Opener = Callable[[], Awaitable[FactLog]]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def open_handle(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Opener]:
+    """Opens handles on one fresh store of each backend, as separate processes would."""
+    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    opened: list[FactLog] = []
+
+    async def open_one() -> FactLog:
+        handle = RedisFactLog.from_url(url) if url else await SqliteFactLog.open(tmp_path / "facts.db")
+        opened.append(handle)
+        return handle
+
+    if url:
+        flusher = RedisFactLog.from_url(url)
+        opened.append(flusher)
+        await flusher.client.flushdb()
+    try:
+        yield open_one
+    finally:
+        for handle in opened:
+            await handle.aclose()
+
+
+async def test_secret_is_made_once_and_kept(open_handle: Opener) -> None:
+    first = await open_handle()
+    secret = await first.secret()
+    assert len(secret) == 43  # 32 random bytes, base64url
+    assert await first.secret() == secret
+    await first.aclose()
+    assert await (await open_handle()).secret() == secret
+
+
+async def test_concurrent_first_secret_calls_agree(open_handle: Opener) -> None:
+    handles = [await open_handle() for _ in range(3)]
+    secrets = await asyncio.gather(*(handle.secret() for handle in handles for _ in range(4)))
+    assert len(set(secrets)) == 1
+
+
 # ---- backend gone ---------------------------------------------------------------
 
 
@@ -272,7 +313,8 @@ async def test_sqlite_layout_and_migrations(tmp_path: Path) -> None:
     await store.aclose()
     with closing(sqlite3.connect(path)) as conn:
         names = [row[0] for row in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
-        assert names == [name for name, _ in MIGRATIONS] == ["m001_facts", "m002_sessions", "m003_locks"]
+        assert names == [name for name, _ in MIGRATIONS] == ["m001_facts", "m002_sessions", "m003_locks",
+                                                             "m004_secret"]
         rows = conn.execute("SELECT tenant, session, seq, kind, idx, body FROM facts").fetchall()
         assert rows == [("tenant-a", "run-1", 0, "message", 0, codec.encode(msg(0), 0, TS))]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
@@ -309,6 +351,12 @@ async def test_redis_keys_are_the_contract_names(redis_store: RedisFactLog) -> N
         b"next_seq": b"2", b"messages": b"1", b"checkpoints": b"1", b"updated_at": repr(TS).encode(),
         b"tenant": b"t1", b"session": b"s1",
     }
+
+
+async def test_redis_secret_key_is_the_constant(redis_store: RedisFactLog) -> None:
+    secret = await redis_store.secret()
+    assert await redis_store.client.keys("*") == [b"ctxproxy:secret"]
+    assert await redis_store.client.get("ctxproxy:secret") == secret
 
 
 async def test_redis_refuses_when_meta_and_stream_disagree(redis_store: RedisFactLog) -> None:

@@ -106,3 +106,9 @@ class FactLog(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Release connections and threads."""
+
+    @abc.abstractmethod
+    async def secret(self) -> bytes:
+        """The server secret that signs references (``proxy.secret``): random, made by the first call on a new
+        store, the same for every later call, process and replica. Concurrent first calls agree: creating it is
+        one atomic get-or-create. ``StoreUnavailable`` when the backend fails."""

@@ -54,6 +54,7 @@ docstring says which and why).
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -66,7 +67,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from proxy.constants import KEY_PREFIX, META_SUFFIX, lock_key, log_key, meta_key
+from proxy.constants import KEY_PREFIX, META_SUFFIX, SECRET_KEY, lock_key, log_key, meta_key
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
 from proxy.store.base import FactLog, NewFact, SessionInfo, SessionKey, StoredFact
@@ -312,3 +313,15 @@ class RedisFactLog(FactLog):
     async def aclose(self) -> None:
         async with map_redis_errors("close"):
             await self.client.aclose()
+
+    async def secret(self) -> bytes:
+        # SET NX then GET: whoever sets first wins and every GET returns the winner. The value never changes
+        # afterwards, so the pair is as good as one atomic step; a second round only covers a key deleted by hand
+        # between the two commands. One key, so it works on Redis Cluster too (its own slot).
+        async with map_redis_errors("secret"):
+            for _ in range(2):
+                await self.client.set(SECRET_KEY, secrets.token_urlsafe(32), nx=True)
+                value = await self.client.get(SECRET_KEY)
+                if value is not None:
+                    return value if isinstance(value, bytes) else value.encode()
+        raise StoreError(f"{SECRET_KEY} vanished twice right after it was set")

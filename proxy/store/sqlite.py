@@ -18,6 +18,7 @@ add a new one.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import sqlite3
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -87,6 +88,12 @@ def m003_locks(conn: sqlite3.Connection) -> None:
             PRIMARY KEY (tenant, session, name)
         )"""
     )
+
+
+@migration
+def m004_secret(conn: sqlite3.Connection) -> None:
+    # One row at most: the server secret (``FactLog.secret``).
+    conn.execute("CREATE TABLE secret (id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL)")
 
 
 @contextmanager
@@ -211,6 +218,14 @@ def _unlock(conn: sqlite3.Connection, key: SessionKey, name: str, token: str) ->
         )
 
 
+def _secret(conn: sqlite3.Connection, candidate: str) -> bytes:
+    # Inside one write transaction: of two processes asking at once, the first inserts, the second finds its row.
+    with immediate(conn):
+        conn.execute("INSERT OR IGNORE INTO secret (id, value) VALUES (1, ?)", (candidate,))
+        (value,) = conn.execute("SELECT value FROM secret WHERE id = 1").fetchone()
+    return str(value).encode()
+
+
 class SqliteFactLog(FactLog):
     """``FactLog`` on a local SQLite file. Build it with ``await SqliteFactLog.open(path)``."""
 
@@ -273,3 +288,6 @@ class SqliteFactLog(FactLog):
         finally:
             # The worker is idle once close() returned, so this join is immediate.
             self._executor.shutdown(wait=True)
+
+    async def secret(self) -> bytes:
+        return await self._run(_secret, secrets.token_urlsafe(32))
