@@ -93,14 +93,14 @@ def test_responses_reader_assembles_final_items_and_usage() -> None:
     assert reader.finished and reader.received
     assert reader.usage is not None
     assert (RESPONSES.prompt_tokens(reader.usage), RESPONSES.cached_tokens(reader.usage)) == (900, 512)
-    assert [reader.commits("", e) for e in events[:3]] == [False, False, True]
+    assert [RESPONSES.commits(e) for e in events[:3]] == [False, False, True]
 
 
 def test_responses_failed_event_is_classified_by_its_inner_error() -> None:
     failed = {"type": "response.failed", "response": {"status": "failed", "error": {
         "code": "context_length_exceeded", "message": "Your input exceeds the context window of this model."}}}
     assert RESPONSES.refusal_of(failed) == failed["response"]
-    assert not RESPONSES.reader().commits("", failed)
+    assert not RESPONSES.commits(failed)
 
 
 # -- Anthropic Messages ---------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_messages_reader_rebuilds_thinking_signature_and_tool_input() -> None:
     assert reader.usage is not None
     assert MESSAGES.prompt_tokens(reader.usage) == 2040
     assert MESSAGES.cached_tokens(reader.usage) == 2000
-    assert [reader.commits(e["type"], e) for e in events[:3]] == [False, False, True]
+    assert [MESSAGES.commits(e) for e in events[:3]] == [False, False, True]
 
 
 def test_messages_summary_call_shape_and_answer() -> None:

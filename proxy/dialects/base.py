@@ -84,10 +84,6 @@ class ReplyReader(abc.ABC):
     def items(self) -> list[Item]:
         """The reply's items so far, as the client will send them back."""
 
-    @abc.abstractmethod
-    def commits(self, event: str, data: Any) -> bool:
-        """Whether relaying must start with this event: anything before it may be withheld and retried."""
-
 
 class Dialect(ItemModel):
     """One wire API. Subclasses are stateless singletons."""
@@ -151,6 +147,10 @@ class Dialect(ItemModel):
     @abc.abstractmethod
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
         """The summary text of an answer and whether it finished normally; ``ValueError`` if it has none."""
+
+    def commits(self, data: Any) -> bool:
+        """Whether relaying must start with this stream event: anything before it may be withheld and retried."""
+        return True
 
     def refusal_of(self, data: Any) -> Any:
         """The part of a stream event that may say "prompt too long" (``proxy.overflow`` reads it)."""

@@ -219,8 +219,5 @@ class ChatReader(ReplyReader):
     def items(self) -> list[Item]:
         return [self.assembler.message()] if self.received else []
 
-    def commits(self, event: str, data: Any) -> bool:
-        return True
-
 
 DIALECT = ChatDialect()

@@ -143,6 +143,10 @@ class MessagesDialect(Dialect):
         value = usage.get("cache_read_input_tokens")
         return value if isinstance(value, int) else None
 
+    def commits(self, data: Any) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        return kind not in PREAMBLE_EVENTS and kind != "error"
+
     def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
         return {"model": model, "system": system, "max_tokens": max_tokens, "stream": False,
                 "messages": [{"role": "user", "content": user}]}
@@ -221,10 +225,6 @@ class MessagesReader(ReplyReader):
                     block["input"] = text  # a cut stream: keep what arrived
             blocks.append(block)
         return [{"role": "assistant", "content": blocks}]
-
-    def commits(self, event: str, data: Any) -> bool:
-        kind = data.get("type") if isinstance(data, Mapping) else None
-        return kind not in PREAMBLE_EVENTS and kind != "error"
 
 
 DIALECT = MessagesDialect()

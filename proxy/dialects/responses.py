@@ -156,6 +156,10 @@ class ResponsesDialect(Dialect):
             raise ValueError("the summary answer holds no output text")
         return "".join(texts), finished
 
+    def commits(self, data: Any) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        return kind not in PREAMBLE_EVENTS and kind not in ("error", "response.failed")
+
     def refusal_of(self, data: Any) -> Any:
         """``response.failed`` carries its error one level down; every other event is classified as it is."""
         if isinstance(data, Mapping) and data.get("type") == "response.failed":
@@ -192,10 +196,6 @@ class ResponsesReader(ReplyReader):
         if self._items:
             return [self._items[index] for index in sorted(self._items)]
         return list(self._final or [])
-
-    def commits(self, event: str, data: Any) -> bool:
-        kind = data.get("type") if isinstance(data, Mapping) else None
-        return kind not in PREAMBLE_EVENTS and kind not in ("error", "response.failed")
 
 
 DIALECT = ResponsesDialect()
