@@ -225,3 +225,12 @@ def test_renders_the_payload_with_the_view_in_place() -> None:
     body = orjson.loads(MESSAGES.render(request, CLAUDE_MESSAGES[4:]))
     assert body == {"model": "m", "system": [{"type": "text", "text": "S"}], "messages": CLAUDE_MESSAGES[4:],
                     "max_tokens": 5}
+
+
+def test_session_hints_from_the_body() -> None:
+    assert RESPONSES.session_hint({"prompt_cache_key": "019a-thread"}) == "019a-thread"
+    user_id = orjson.dumps({"device_id": "d", "account_uuid": "", "session_id": "5f1c-cc"}).decode()
+    assert MESSAGES.session_hint({"metadata": {"user_id": user_id}}) == "5f1c-cc"
+    assert MESSAGES.session_hint({"metadata": {"user_id": "user_abc"}}) is None
+    assert MESSAGES.session_hint({"metadata": {"user_id": "[1]"}}) is None
+    assert CHAT.session_hint({"prompt_cache_key": "x"}) is None

@@ -148,6 +148,10 @@ class Dialect(ItemModel):
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
         """The summary text of an answer and whether it finished normally; ``ValueError`` if it has none."""
 
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """A session id the client put in the body itself (used when no header names one)."""
+        return None
+
     def commits(self, data: Any) -> bool:
         """Whether relaying must start with this stream event: anything before it may be withheld and retried."""
         return True

@@ -143,6 +143,18 @@ class MessagesDialect(Dialect):
         value = usage.get("cache_read_input_tokens")
         return value if isinstance(value, int) else None
 
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """Claude Code's ``metadata.user_id`` is a JSON string holding its ``session_id``."""
+        metadata = payload.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+        if not isinstance(user_id, str) or not user_id.startswith("{"):
+            return None
+        try:
+            session = orjson.loads(user_id).get("session_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return session if isinstance(session, str) else None
+
     def commits(self, data: Any) -> bool:
         kind = data.get("type") if isinstance(data, Mapping) else None
         return kind not in PREAMBLE_EVENTS and kind != "error"

@@ -156,6 +156,11 @@ class ResponsesDialect(Dialect):
             raise ValueError("the summary answer holds no output text")
         return "".join(texts), finished
 
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """Codex sets ``prompt_cache_key`` to its conversation id."""
+        key = payload.get("prompt_cache_key")
+        return key if isinstance(key, str) else None
+
     def commits(self, data: Any) -> bool:
         kind = data.get("type") if isinstance(data, Mapping) else None
         return kind not in PREAMBLE_EVENTS and kind not in ("error", "response.failed")
