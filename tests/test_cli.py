@@ -280,7 +280,8 @@ def tree_log() -> list[NewFact]:
 def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript(store_url: str) -> None:
     write(store_url, SessionKey(TENANT, "tree"), tree_log())
     view = orjson.loads(run("sessions", "view", "tree", "--json", "--store", store_url).output)
-    assert view["messages"] == [SYSTEM, SUMMARY_MESSAGE, USER, FINAL, NEXT]
+    led = {"role": "user", "content": f"{SUMMARY_MESSAGE['content']}{SUMMARY_END}{USER['content']}"}
+    assert view["messages"] == [SYSTEM, led, FINAL, NEXT]
     assert view["checkpoint"] == checkpoint()
     text = run("sessions", "log", "tree", "--store", store_url).output
     assert "── rewind to message 0, from the start ──" in text
