@@ -190,9 +190,9 @@ def test_messages_summary_call_shape_and_answer() -> None:
     assert payload == {"model": "claude-x", "system": "SYS", "max_tokens": 4096, "stream": False,
                        "messages": [{"role": "user", "content": "USER"}]}
     assert MESSAGES.summary_answer({"content": [{"type": "text", "text": "S"}], "stop_reason": "end_turn"}) == (
-        "S", True)
+        "S", True, "end_turn")
     assert MESSAGES.summary_answer({"content": [{"type": "text", "text": "S"}], "stop_reason": "max_tokens"}) == (
-        "S", False)
+        "S", False, "max_tokens")
 
 
 # -- Chat Completions ---------------------------------------------------------------------------------
@@ -210,7 +210,7 @@ def test_chat_cut_points_and_summary_fold() -> None:
         {"role": "assistant", "content": "ok"},
     ]
     assert cut_points(CHAT, messages) == [0, 1, 2, 5]
-    assert CHAT.with_summary(messages[1], "S") == {"role": "user", "content": "S\n\nu"}
+    assert CHAT.with_summary(messages[1], "S: ") == {"role": "user", "content": "S: u"}  # the lead as given
     assert CHAT.with_summary(None, "S") == {"role": "user", "content": "S"}
 
 

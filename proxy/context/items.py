@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import orjson
@@ -65,9 +65,38 @@ class ItemModel(abc.ABC):
     def text(self, item: Item) -> tuple[str, int]:
         """What the model reads of the item, and how many non-text parts (images, files) it carries."""
 
+    def transcript(self, item: Item, clip: Callable[[str], str]) -> str:
+        """The item's text for the summariser, long parts passed through ``clip`` (which keeps head and tail)."""
+        text, non_text = self.text(item)
+        text = clip(text)
+        if non_text:
+            return f"{text}\n[{non_text} non-text part(s)]" if text else f"[{non_text} non-text part(s)]"
+        return text
+
     @abc.abstractmethod
     def with_summary(self, item: Item | None, text: str) -> Item:
-        """The summary as the view shows it: leading ``item`` (a user item) or, with None, as a user item alone."""
+        """``text`` as the leading part of ``item`` (a user item) or, with None, a user item holding only it."""
+
+    def system_with_summary(self, item: Item | None, text: str) -> Item | None:
+        """``text`` appended to ``item`` (the last leading system item, or None: a new one); None if the API
+        keeps its system prompt outside the items, and the summary then leads a user item instead."""
+        return None
+
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        """Where the item holds tool output (a string or a list of parts), for clipping a view that cannot fit."""
+        return []
+
+    @abc.abstractmethod
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """Prompt tokens the upstream counted in a reply's ``usage``, cached ones included."""
+
+    @abc.abstractmethod
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """The part of ``prompt_tokens`` served from the provider's prompt cache."""
+
+    def count_key(self, item: Item, digest: str) -> str:
+        """The key a token count is cached under: the hash, unless the item holds text its identity leaves out."""
+        return digest
 
     def hash(self, item: Item) -> str:
         """32 hex digits of the canonical JSON of ``identity``, prefixed by the dialect so APIs never collide."""
@@ -77,6 +106,30 @@ class ItemModel(abc.ABC):
     @property
     def _prefix(self) -> bytes:
         return b"ctxproxy-" + self.name.encode() + b"-v1\x00"
+
+
+def leading_system_count(model: ItemModel, items: Sequence[Item]) -> int:
+    """Number of system items at the head: they are always in view and never summarised."""
+    count = 0
+    for item in items:
+        if model.role(item) != "system":
+            break
+        count += 1
+    return count
+
+
+def round_start_for(model: ItemModel, items: Sequence[Item], index: int) -> int | None:
+    """The user item opening the round that ``index`` falls inside.
+
+    ``None`` when ``index`` is itself a round boundary (a user item, or the end
+    of the conversation) or when no user item precedes it.
+    """
+    if index >= len(items) or model.role(items[index]) == "user":
+        return None
+    for i in range(index - 1, -1, -1):
+        if model.role(items[i]) == "user":
+            return i
+    return None
 
 
 def cut_points(model: ItemModel, items: Sequence[Item], start: int = 0) -> list[int]:

@@ -29,6 +29,7 @@ import orjson
 
 from proxy.context.items import Item, ItemModel
 from proxy.errors import BadRequest
+from proxy.settings import Settings
 
 #: orjson reads 1024 levels of nesting but writes only 254; what could not be written again is refused.
 _FLAT = (str, int, float, bool, type(None))
@@ -92,6 +93,18 @@ class Dialect(ItemModel):
     items_field: str
     #: Path below the upstream base that the front door posts to.
     path: str
+    #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
+    anthropic: bool = False
+
+    def upstream_url(self, settings: Settings, path: str | None = None) -> str:
+        """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
+        base = settings.anthropic_base if self.anthropic else settings.upstream_base
+        return base + (self.path if path is None else path)
+
+    def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
+        """Fields to add so a streamed answer reports its usage, when the client did not ask for it itself;
+        what they add is hidden from the client (``ReplyReader`` with ``hide_usage``)."""
+        return None
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -130,14 +143,6 @@ class Dialect(ItemModel):
     def reader(self, *, hide_usage: bool = False) -> ReplyReader:
         """A fresh reader for one streamed answer."""
 
-    @abc.abstractmethod
-    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
-        """Prompt tokens the upstream counted, cached ones included."""
-
-    @abc.abstractmethod
-    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
-        """The part of ``prompt_tokens`` served from the provider's prompt cache."""
-
     # -- summary calls --------------------------------------------------------------------------
 
     @abc.abstractmethod
@@ -145,8 +150,9 @@ class Dialect(ItemModel):
         """A non-streaming request in this API asking ``model`` for a summary."""
 
     @abc.abstractmethod
-    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
-        """The summary text of an answer and whether it finished normally; ``ValueError`` if it has none."""
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
+        """The summary text of an answer, whether it finished normally, and the upstream's word for how it ended;
+        ``ValueError`` if it holds no text."""
 
     def session_hint(self, payload: Mapping[str, Any]) -> str | None:
         """A session id the client put in the body itself (used when no header names one)."""

@@ -16,19 +16,25 @@ versioned by ``HASH_PREFIX``; changing the normalisation means a new prefix.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 
 from proxy.context.items import Item, Role
-from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.dialects.base import Dialect, ParsedRequest, ReplyReader, Verdict, positive_int, require_items, text_of
 from proxy.errors import BadRequest
 from proxy.sse import StreamAssembler, is_usage_only, message_from_completion
 
+#: Finish reasons of an answer that ended on its own: OpenAI's, and Anthropic's for its compatible endpoints.
+NORMAL_FINISH = frozenset({"stop", "end_turn"})
+_REASONING_MODEL = re.compile(r"(o[1-9]|gpt-5)([-.:_]|$)")
 #: Kept from the first release, so logs written before dialects existed still match.
 HASH_PREFIX = b"ctxproxy-msg-v1\x00"
 _TEXT = frozenset({"text"})
+#: Reasoning some providers return beside the content; clients may or may not echo it back.
+REASONING_FIELDS = ("reasoning_content", "reasoning")
 _ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                            "tool": "tool", "function": "tool"}
 
@@ -36,13 +42,16 @@ _ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "u
 def canonical_arguments(arguments: Any) -> Any:
     """Arguments as parsed JSON, so spacing and key order do not matter; as text when they do not parse.
 
-    orjson reads 1024 levels of nesting but writes 254: arguments nested deeper
-    than that stay text, or hashing them would fail.
+    orjson reads 1024 levels of nesting but writes 254, and the parsed
+    arguments are written three levels down (``{"tool_calls": [{"arguments":
+    …}]}``): arguments that could not be written there stay text, or hashing
+    them would fail. They are only a string to the API, so that is no reason to
+    refuse them (the upstream itself may have written them).
     """
     if isinstance(arguments, str):
         try:
             parsed = orjson.loads(arguments)
-            orjson.dumps(parsed)
+            orjson.dumps([[[parsed]]])  # as deep as ``normalise`` places them
         except (orjson.JSONDecodeError, orjson.JSONEncodeError):
             return arguments.strip()
         return parsed
@@ -133,9 +142,6 @@ class ChatDialect(Dialect):
 
     def text(self, item: Item) -> tuple[str, int]:
         texts, non_text = text_of(item.get("content"), _TEXT)
-        reasoning = item.get("reasoning_content")
-        if isinstance(reasoning, str):
-            texts.append(reasoning)
         calls = item.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
@@ -144,11 +150,35 @@ class ChatDialect(Dialect):
                     texts.extend(str(function.get(key) or "") for key in ("name", "arguments"))
                 else:
                     texts.append(orjson.dumps(call).decode())
-        for field in ("name", "tool_call_id"):
+        for field in ("name", "tool_call_id", *REASONING_FIELDS):
             value = item.get(field)
             if isinstance(value, str):
                 texts.append(value)
         return "\n".join(texts), non_text
+
+    def transcript(self, item: Item, clip: Callable[[str], str]) -> str:
+        """Content (a tool result's clipped), then each call as ``-> call name arguments (id …)``."""
+        content = item.get("content")
+        if isinstance(content, list):
+            text = "\n".join(p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else "[non-text part]"
+                             for p in content)
+        else:
+            text = content if isinstance(content, str) else ""
+        lines = [clip(text) if self.role(item) == "tool" else text] if text else []
+        for call in item.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict):
+                lines.append(f"-> call {orjson.dumps(call).decode()}")
+                continue
+            lines.append(f"-> call {function.get('name')} {clip(str(function.get('arguments') or ''))} "
+                         f"(id {call.get('id')})")
+        return "\n".join(lines)
+
+    def count_key(self, item: Item, digest: str) -> str:
+        """The hash leaves reasoning out (clients drop it when echoing); the count must not."""
+        if "reasoning_content" in item or "reasoning" in item:
+            return f"{digest}+r{sum(len(str(item.get(f) or '')) for f in REASONING_FIELDS)}"
+        return digest
 
     def with_summary(self, item: Item | None, text: str) -> Item:
         if item is None:
@@ -156,10 +186,29 @@ class ChatDialect(Dialect):
         content = item.get("content")
         if isinstance(content, list):
             return {**item, "content": [{"type": "text", "text": text}, *content]}
-        return {**item, "content": f"{text}\n\n{content}" if isinstance(content, str) and content else text}
+        return {**item, "content": text + content if isinstance(content, str) else text}
+
+    def system_with_summary(self, item: Item | None, text: str) -> Item | None:
+        if item is None:
+            return {"role": "system", "content": text}
+        content = item.get("content")
+        if isinstance(content, list):
+            return {**item, "content": [*content, {"type": "text", "text": text}]}
+        prior = content if isinstance(content, str) else ""
+        return {**item, "content": f"{prior}\n\n{text}" if prior else text}
+
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        return [("content",)] if item.get("role") in ("tool", "function") else []
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_completion_tokens", "max_tokens")
+
+    def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
+        """Usage in a stream comes only with ``stream_options.include_usage``: asked for on the client's behalf."""
+        options = request.payload.get("stream_options")
+        if not request.stream or (isinstance(options, dict) and options.get("include_usage") is True):
+            return None
+        return {"stream_options": {**(options if isinstance(options, dict) else {}), "include_usage": True}}
 
     def reply_from_body(self, body: Mapping[str, Any]) -> tuple[list[Item], dict[str, Any] | None, bool]:
         message, usage = message_from_completion(body)
@@ -178,11 +227,11 @@ class ChatDialect(Dialect):
         return value if isinstance(value, int) else None
 
     def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
-        field = "max_completion_tokens" if uses_completion_tokens(model) else "max_tokens"
+        field = output_bound_field(model)
         return {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 field: max_tokens}
 
-    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         try:
             choice = body["choices"][0]
             content = choice["message"]["content"]
@@ -190,13 +239,16 @@ class ChatDialect(Dialect):
             raise ValueError("the summary answer has no choices[0].message.content") from None
         if not isinstance(content, str):
             raise ValueError("the summary answer's content is not text")
-        return content, choice.get("finish_reason") == "stop"
+        reason = choice.get("finish_reason")
+        return content, reason in NORMAL_FINISH, str(reason) if reason else "missing"
 
 
-def uses_completion_tokens(model: str) -> bool:
-    """OpenAI's reasoning families take ``max_completion_tokens`` and refuse ``max_tokens``."""
-    name = model.rsplit("/", 1)[-1].lower()
-    return name.startswith(("o1", "o3", "o4", "gpt-5"))
+def output_bound_field(model: str) -> str:
+    """The field that bounds the answer of ``model`` (named with or without a provider prefix): OpenAI's
+    reasoning models (o1, o3, o4, gpt-5…) refuse ``max_tokens`` and take ``max_completion_tokens``; every other
+    model is sent ``max_tokens``, the field OpenAI-compatible servers share."""
+    name = model.strip().lower().rsplit("/", 1)[-1]
+    return "max_completion_tokens" if _REASONING_MODEL.match(name) else "max_tokens"
 
 
 class ChatReader(ReplyReader):
@@ -221,3 +273,5 @@ class ChatReader(ReplyReader):
 
 
 DIALECT = ChatDialect()
+#: The chat dialect's item hash, by the name the engine's callers and tests have always used.
+message_hash = DIALECT.hash

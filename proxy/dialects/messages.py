@@ -60,6 +60,7 @@ class MessagesDialect(Dialect):
     name = "messages"
     items_field = "messages"
     path = "/v1/messages"
+    anthropic = True
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         messages = require_items(payload, "messages")
@@ -122,6 +123,13 @@ class MessagesDialect(Dialect):
             return {**item, "content": [block, {"type": "text", "text": content}]}
         return {**item, "content": [block, *(content if isinstance(content, list) else [])]}
 
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        content = item.get("content")
+        if item.get("role") != "user" or not isinstance(content, list):
+            return []
+        return [("content", i, "content") for i, block in enumerate(content)
+                if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block]
+
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_tokens")
 
@@ -163,13 +171,14 @@ class MessagesDialect(Dialect):
         return {"model": model, "system": system, "max_tokens": max_tokens, "stream": False,
                 "messages": [{"role": "user", "content": user}]}
 
-    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         content = body.get("content")
         texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
                  and isinstance(b.get("text"), str)] if isinstance(content, list) else []
         if not texts:
             raise ValueError("the summary answer holds no text block")
-        return "".join(texts), body.get("stop_reason") in FINISHED
+        reason = body.get("stop_reason")
+        return "".join(texts), reason in FINISHED, str(reason) if reason else "missing"
 
 
 class MessagesReader(ReplyReader):

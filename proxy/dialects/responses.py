@@ -122,6 +122,9 @@ class ResponsesDialect(Dialect):
             return {**item, "content": [part, {"type": "input_text", "text": content}]}
         return {**item, "content": [part, *(content if isinstance(content, list) else [])]}
 
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        return [("output",)] if _type(item) in OUTPUT_TYPES else []
+
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_output_tokens")
 
@@ -148,13 +151,13 @@ class ResponsesDialect(Dialect):
                 "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
                 "max_output_tokens": max_tokens}
 
-    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool]:
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         items, _, finished = self.reply_from_body(body)
         texts = [text for item in items if _type(item) == "message" for text in text_of(
             item.get("content"), frozenset({"output_text", "text"}))[0]]
         if not texts:
             raise ValueError("the summary answer holds no output text")
-        return "".join(texts), finished
+        return "".join(texts), finished, str(body.get("status") or "missing")
 
     def session_hint(self, payload: Mapping[str, Any]) -> str | None:
         """Codex sets ``prompt_cache_key`` to its conversation id."""
