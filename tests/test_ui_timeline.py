@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from proxy.compactions import RecentCompactions
-from proxy.context.compactor import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.clipping import clip_to_fit, entry_namer
+from proxy.context.compactor import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.projection import SUMMARY_END, ProjectionBuilder
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT

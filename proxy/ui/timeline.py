@@ -26,7 +26,7 @@ from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
 from proxy.context.lineage import common_prefix
 from proxy.context.projection import SUMMARY_END, summary_text
-from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from proxy.context.tokens import TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
 
