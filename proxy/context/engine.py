@@ -246,7 +246,7 @@ class ContextEngine:
         state: ConversationState | None
         try:
             # A checkpoint must cover logged messages: log the conversation first (usually a no-op).
-            state = await self.history.sync(key, messages, hashes)
+            state = await self.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
             if not await self._acquire(key, token, ttl):
                 state = await self.history.state(key, refresh=True)
                 return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
