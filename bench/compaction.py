@@ -25,8 +25,9 @@ from typing import Any
 
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
-from proxy.context.messages import message_hash
 from proxy.context.summarizer import SECTIONS, SummaryAnswer
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey
 from proxy.store.sqlite import SqliteFactLog
 
@@ -68,21 +69,22 @@ async def run(window: int) -> dict[str, float]:
         key = SessionKey("bench", "s")
         hashes = [message_hash(m) for m in messages]
         state = await history.sync(key, messages, hashes)
-        view = engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+        view = engine.view(messages, hashes, state, dialect=CHAT, window=window, tools=None, max_output=None)
         session_messages = len(messages)
         steps: list[float] = []
         for i in range(30):
             messages = [*messages, {"role": "assistant", "content": f"step {i}"},
                         {"role": "user", "content": f"go on {i}"}]
             started = time.perf_counter()
-            hashes = history.hashes_for(key, messages, 0)  # as the request path: only new messages are hashed
+            # as the request path: only new messages are hashed
+            hashes = history.hashes_for(key, messages, 0, message_hash)
             state = await history.sync(key, messages, hashes)
-            engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+            engine.view(messages, hashes, state, dialect=CHAT, window=window, tools=None, max_output=None)
             steps.append(time.perf_counter() - started)
         compactions: list[float] = []
         for _ in range(5):
             started = time.perf_counter()
-            result, _state = await engine.compact(key, messages, hashes, trigger="manual", model="m",
+            result, _state = await engine.compact(key, messages, hashes, trigger="manual", dialect=CHAT, model="m",
                                                   complete=instant_summary, window=window)
             compactions.append(time.perf_counter() - started)
             if result.outcome != "ok":
@@ -91,7 +93,7 @@ async def run(window: int) -> dict[str, float]:
             hashes = [message_hash(m) for m in messages]
             state = await history.sync(key, messages, hashes)
             # As on the request path: the view is estimated (new messages tokenised) before a compaction starts.
-            engine.view(messages, hashes, state, window=window, tools=None, max_output=None)
+            engine.view(messages, hashes, state, dialect=CHAT, window=window, tools=None, max_output=None)
         await store.aclose()
         return {"tokens": float(view.estimate.tokens), "messages": float(session_messages),
                 "step_ms": statistics.median(steps) * 1000, "compaction_ms": statistics.median(compactions) * 1000}

@@ -32,12 +32,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from proxy.dialects import CHAT
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.context.budget import ContextBudgetPolicy
-from proxy.context.messages import message_hash
 from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, bundled_encoding
 from proxy.context.window import litellm_dir
+from proxy.dialects.chat import message_hash
 from proxy.types import Message
 
 MESSAGE_CHARS = 2_000
@@ -181,7 +183,7 @@ def hf_counter(tokenizer: Any) -> Callable[[str], int]:
 
 def estimate(estimator: str, messages: list[Message]) -> int:
     policy = ContextBudgetPolicy(estimator=estimator, counter=TokenCounter())
-    return sum(policy.message_tokens(m) for m in messages)
+    return sum(policy.message_tokens(CHAT, m) for m in messages)
 
 
 def timing(messages: list[Message]) -> tuple[float, float]:

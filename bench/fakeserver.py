@@ -1,4 +1,4 @@
-"""A fast fake OpenAI upstream for benchmarks: fixed answers, no parsing beyond what is needed.
+"""A fast fake upstream for benchmarks, in three APIs: fixed answers, no parsing beyond what is needed.
 
 Run: ``python3 -m bench.fakeserver --port N`` (prints ``ready`` on stdout once listening).
 
@@ -11,6 +11,15 @@ rest, then, if ``"include_usage":true`` was asked for, a usage-only chunk, then
 ``[DONE]`` (``"stream": true`` with a space, as the OpenAI SDK writes it, counts
 too). Runs on uvloop when it is installed. Stops on SIGTERM/SIGINT, and by
 itself when its parent process dies.
+
+``POST /v1/responses`` (OpenAI Responses API) and ``POST /v1/messages``
+(Anthropic Messages; serve it as the Anthropic upstream, whose base has no
+``/v1``) answer the same way with the same text: one output message, or its
+event stream. A proxy may hold back a stream's preamble (``response.created``,
+``message_start``) until an event that commits the answer, so that an overflow
+error can still be retried unseen; the first write therefore ends with the
+first such event (``response.output_item.added``, ``content_block_start``), and
+time to first byte means the same thing direct and through such a proxy.
 """
 
 from __future__ import annotations
@@ -75,6 +84,91 @@ async def chat(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+#: The Responses output item every answer carries, as the client sends it back.
+RESPONSES_REPLY = {"type": "message", "id": "msg_bench", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": REPLY["content"], "annotations": []}]}
+#: The Messages assistant turn every answer carries, as the client sends it back.
+MESSAGES_REPLY = {"role": "assistant", "content": [{"type": "text", "text": REPLY["content"]}]}
+_RESPONSES_USAGE = {"input_tokens": 1000, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
+                    "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 1012}
+_MESSAGES_USAGE = {"input_tokens": 1000, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0,
+                   "output_tokens": 12}
+
+
+def _named(events: list[dict[str, Any]]) -> bytes:
+    """Server-sent events named by their ``type``, as both OpenAI's Responses API and Anthropic send them."""
+    return b"".join(b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n" for e in events)
+
+
+def _response(status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"id": "resp_bench", "object": "response", "created_at": 1700000000, "status": status,
+            "model": "bench-model", "output": output, "error": None, "incomplete_details": None,
+            "usage": _RESPONSES_USAGE if status == "completed" else None}
+
+
+RESPONSE = orjson.dumps(_response("completed", [RESPONSES_REPLY]))
+
+
+def _responses_stream() -> tuple[bytes, bytes]:
+    item = {**RESPONSES_REPLY, "status": "in_progress", "content": []}
+    at = {"output_index": 0, "item_id": RESPONSES_REPLY["id"], "content_index": 0}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    first = [{"type": "response.created", "response": _response("in_progress", [])},
+             {"type": "response.in_progress", "response": _response("in_progress", [])},
+             {"type": "response.output_item.added", "output_index": 0, "item": item}]
+    rest = [{"type": "response.content_part.added", **at, "part": part},
+            *({"type": "response.output_text.delta", **at, "delta": w if i == 0 else " " + w}
+              for i, w in enumerate(_words)),
+            {"type": "response.output_text.done", **at, "text": REPLY["content"]},
+            {"type": "response.content_part.done", **at, "part": RESPONSES_REPLY["content"][0]},
+            {"type": "response.output_item.done", "output_index": 0, "item": RESPONSES_REPLY},
+            {"type": "response.completed", "response": _response("completed", [RESPONSES_REPLY])}]
+    numbered = [{**e, "sequence_number": n} for n, e in enumerate(first + rest)]
+    return _named(numbered[:len(first)]), _named(numbered[len(first):])
+
+
+RESPONSES_FIRST, RESPONSES_REST = _responses_stream()
+MESSAGE = orjson.dumps({"id": "msg_bench", "type": "message", "role": "assistant", "model": "bench-model",
+                        "content": MESSAGES_REPLY["content"], "stop_reason": "end_turn", "stop_sequence": None,
+                        "usage": _MESSAGES_USAGE})
+MESSAGES_FIRST = _named([
+    {"type": "message_start", "message": {"id": "msg_bench", "type": "message", "role": "assistant",
+                                          "model": "bench-model", "content": [], "stop_reason": None,
+                                          "stop_sequence": None, "usage": {**_MESSAGES_USAGE, "output_tokens": 1}}},
+    {"type": "ping"},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+])
+MESSAGES_REST = _named([
+    *({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w if i == 0 else " " + w}}
+      for i, w in enumerate(_words)),
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+     "usage": {"output_tokens": 12}},
+    {"type": "message_stop"},
+])
+
+
+async def _answer(request: web.Request, whole: bytes, first: bytes, rest: bytes) -> web.StreamResponse:
+    """``whole`` as JSON, or with ``"stream":true`` the stream in two writes: ``first`` flushed, then ``rest``."""
+    body = await request.read()
+    if not _flag(body, b"stream"):
+        return web.Response(body=whole, content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    await resp.write(first)
+    await resp.write(rest)
+    await resp.write_eof()
+    return resp
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, RESPONSE, RESPONSES_FIRST, RESPONSES_REST)
+
+
+async def messages(request: web.Request) -> web.StreamResponse:
+    return await _answer(request, MESSAGE, MESSAGES_FIRST, MESSAGES_REST)
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -82,6 +176,8 @@ async def healthz(request: web.Request) -> web.Response:
 def make_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/messages", messages)
     app.router.add_get("/healthz", healthz)
     return app
 

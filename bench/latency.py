@@ -23,6 +23,16 @@ Workloads (per store; "direct" and "proxy" always alternate so both see the same
   The first request of the session (the proxy logs all ~300 messages) is reported apart, as "cold".
 - ``stream``: ``stream: true`` small requests; latency is time to the first body byte.
 
+Routes (``--routes``, default all three): ``small``, ``large`` and ``stream`` run the same
+conversations through each front door, written in its API (``bench/routes.py``): ``chat``
+(``/v1/chat/completions``), ``responses`` (``/v1/responses``, Codex's shape) and ``messages``
+(``/v1/messages``, Claude Code's shape; the fake upstream doubles as ``--anthropic-upstream``).
+Routes alternate request by request, so the comparison between doors is as fair as the one
+between direct and proxy; ``concurrent`` runs on the chat route. Before measuring, each door is
+checked to be a front door (``check_front_door``) and every proxied answer must carry
+``X-Ctxproxy-Compacted``: a proxy without a door fails the run instead of measuring its
+pass-through.
+
 Latencies are per request, from just before the request is sent to the end of the body
 (first body byte for ``stream``). Added = proxy - direct, per percentile.
 Everything is bounded: request counts are fixed, every wait has a deadline, and the
@@ -58,6 +68,7 @@ import aiohttp
 import orjson
 
 from bench.fakeserver import REPLY
+from bench.routes import CHAT, HEADER_COMPACTED, ROUTES, Route, check_front_door, request_head
 from tests.redisproc import RedisProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +88,8 @@ TARGETS = {
     "concurrent": ("p99", 10.0),
     "stream": ("p50", 1.0),
 }
+#: Issue 12: a front door's added latency stays within this share above the chat route's.
+ROUTE_TOLERANCE = 0.20
 TARGET_NOTES = {
     "stream": " (small-request target applied to TTFB)",
 }
@@ -181,34 +194,40 @@ def large_history(rng: random.Random, n_messages: int = 300, target_bytes: int =
 
 
 class Conversation:
-    """A growing conversation whose messages are kept pre-serialized, so building a body is one join."""
+    """A growing conversation whose items are kept pre-serialized, so building a body is one join.
 
-    def __init__(self, messages: list[dict[str, Any]], session: str, stream: bool = False) -> None:
-        self.parts = [orjson.dumps(m) for m in messages]
+    Given as Chat messages; ``route`` writes them in its API (``bench/routes.py``).
+    """
+
+    def __init__(self, messages: list[dict[str, Any]], session: str, stream: bool = False,
+                 route: Route = CHAT) -> None:
+        self.route = route
+        self.head, items = request_head(route, messages, stream)
+        self.parts = [orjson.dumps(route.item(m)) for m in items]
         self.session = session
-        self.head = b'{"model":"bench-model",' + (b'"stream":true,' if stream else b"") + b'"messages":['
 
     def body(self) -> bytes:
         return self.head + b",".join(self.parts) + b"]}"
 
     def step(self, *messages: dict[str, Any]) -> None:
-        self.parts.extend(orjson.dumps(m) for m in messages)
+        self.parts.extend(orjson.dumps(self.route.item(m)) for m in messages)
 
 
 class SmallConversations:
     """Small agent conversations: 1 system + 1 user (~200 chars), a fresh session every 50 requests."""
 
-    def __init__(self, prefix: str, seed: int, stream: bool = False) -> None:
+    def __init__(self, prefix: str, seed: int, stream: bool = False, route: Route = CHAT) -> None:
         self.rng = random.Random(seed)
         self.prefix = prefix
         self.stream = stream
+        self.route = route
         self.ids = itertools.count()
         self.conv = self._fresh()
         self.used = 0
 
     def _fresh(self) -> Conversation:
         msgs = [{"role": "system", "content": prose(self.rng, 200)}, {"role": "user", "content": prose(self.rng, 200)}]
-        return Conversation(msgs, f"{self.prefix}-{next(self.ids)}", self.stream)
+        return Conversation(msgs, f"{self.prefix}-{next(self.ids)}", self.stream, self.route)
 
     def next(self) -> Conversation:
         """The conversation for the next request (already advanced past the previous reply)."""
@@ -287,6 +306,7 @@ async def wait_http(http: aiohttp.ClientSession, url: str, child: Child, timeout
 class Result:
     store: str
     workload: str
+    route: str = "chat"
     direct: list[float] = field(default_factory=list)
     proxy: list[float] = field(default_factory=list)
     direct_wall: float = 0.0
@@ -308,7 +328,9 @@ TIMEOUT = aiohttp.ClientTimeout(total=30)
 COMPACTED: list[str] = []
 
 
-async def timed(http: aiohttp.ClientSession, url: str, body: bytes, session: str, *, ttfb: bool = False) -> float:
+async def timed(http: aiohttp.ClientSession, url: str, body: bytes, session: str, *, ttfb: bool = False,
+                door: bool = False) -> float:
+    """Seconds to the end of the body (to its first byte with ``ttfb``); ``door``: it must be a front door's answer."""
     headers = {**HEADERS, "X-Session-Id": session}
     t0 = time.perf_counter()
     async with http.post(url, data=body, headers=headers, timeout=TIMEOUT) as resp:
@@ -322,7 +344,9 @@ async def timed(http: aiohttp.ClientSession, url: str, body: bytes, session: str
             elapsed = time.perf_counter() - t0
     if resp.status != 200:
         raise RuntimeError(f"{url} answered {resp.status}: {data[:300]!r}")
-    compacted = resp.headers.get("X-Ctxproxy-Compacted")
+    compacted = resp.headers.get(HEADER_COMPACTED)
+    if door and compacted is None:
+        raise RuntimeError(f"{url} answered without {HEADER_COMPACTED}: not a ctxproxy front door (passed through?)")
     if compacted not in (None, "none"):
         COMPACTED.append(compacted)
     return elapsed
@@ -340,54 +364,61 @@ def quiet_gc() -> Iterator[None]:
 
 
 class Bench:
+    """The workloads against one proxy; ``direct`` and ``proxy`` are ``…/v1`` bases serving every route."""
+
     def __init__(self, http: aiohttp.ClientSession, direct: str, proxy: str, store: str, sizes: Sizes,
-                 run: str) -> None:
+                 run: str, routes: tuple[Route, ...] = (CHAT,)) -> None:
         self.http = http
-        self.direct = direct + "/chat/completions"
-        self.proxy = proxy + "/chat/completions"
+        self.direct = direct
+        self.proxy = proxy
         self.store = store
         self.sizes = sizes
         self.run = run
+        self.routes = routes
 
     async def pair(self, body: bytes, session: str, i: int, res: Result, *, ttfb: bool = False,
-                   record: bool = True) -> None:
+                   record: bool = True, route: Route = CHAT) -> None:
         """One request each way, in alternating order."""
-        order = ((self.direct, res.direct), (self.proxy, res.proxy))
-        for url, sink in order if i % 2 == 0 else reversed(order):
-            elapsed = await timed(self.http, url, body, session, ttfb=ttfb)
+        order = ((self.direct, res.direct, False), (self.proxy, res.proxy, True))
+        for base, sink, door in order if i % 2 == 0 else reversed(order):
+            elapsed = await timed(self.http, base + route.path, body, session, ttfb=ttfb, door=door)
             if record:
                 sink.append(elapsed)
 
     async def warmup(self) -> None:
-        convs = SmallConversations(f"{self.run}-warm", 1)
-        scratch = Result(self.store, "warmup")
-        for i in range(self.sizes.warmup):
-            conv = convs.next()
-            await self.pair(conv.body(), conv.session, i, scratch, record=False)
-        streams = SmallConversations(f"{self.run}-warmstream", 2, stream=True)
-        for i in range(10):
-            conv = streams.next()
-            await self.pair(conv.body(), conv.session, i, scratch, ttfb=True, record=False)
-
-    async def small(self) -> Result:
-        res = Result(self.store, "small")
-        convs = SmallConversations(f"{self.run}-small", 3)
-        with quiet_gc():
-            for i in range(self.sizes.small):
+        for route in self.routes:
+            convs = SmallConversations(f"{self.run}-warm-{route.name}", 1, route=route)
+            scratch = Result(self.store, "warmup", route.name)
+            for i in range(self.sizes.warmup):
                 conv = convs.next()
-                await self.pair(conv.body(), conv.session, i, res)
-        return res
+                await self.pair(conv.body(), conv.session, i, scratch, record=False, route=route)
+            streams = SmallConversations(f"{self.run}-warmstream-{route.name}", 2, stream=True, route=route)
+            for i in range(10):
+                conv = streams.next()
+                await self.pair(conv.body(), conv.session, i, scratch, ttfb=True, record=False, route=route)
 
-    async def stream(self) -> Result:
-        res = Result(self.store, "stream")
-        convs = SmallConversations(f"{self.run}-stream", 4, stream=True)
+    async def _sequential(self, workload: str, seed: int, count: int, *, stream: bool = False) -> list[Result]:
+        """``count`` rounds of one small request per route, the routes taking turns, on the same conversations."""
+        results = [Result(self.store, workload, route.name) for route in self.routes]
+        convs = [SmallConversations(f"{self.run}-{workload}-{route.name}", seed, stream=stream, route=route)
+                 for route in self.routes]
         with quiet_gc():
-            for i in range(self.sizes.stream):
-                conv = convs.next()
-                await self.pair(conv.body(), conv.session, i, res, ttfb=True)
-        return res
+            for i in range(count):
+                for route, conv_source, res in zip(self.routes, convs, results, strict=True):
+                    conv = conv_source.next()
+                    await self.pair(conv.body(), conv.session, i, res, ttfb=stream, route=route)
+        return results
 
-    async def concurrent(self) -> Result:
+    async def small(self) -> list[Result]:
+        return await self._sequential("small", 3, self.sizes.small)
+
+    async def stream(self) -> list[Result]:
+        return await self._sequential("stream", 4, self.sizes.stream, stream=True)
+
+    async def concurrent(self) -> list[Result]:
+        """On the chat route only: the other doors share its engine and store path."""
+        if CHAT not in self.routes:
+            return []
         res = Result(self.store, "concurrent")
         per_worker = self.sizes.concurrent // (self.sizes.blocks * CONCURRENCY)
         workers = {
@@ -395,44 +426,50 @@ class Bench:
             for mode in ("direct", "proxy")
         }
 
-        async def worker(url: str, convs: SmallConversations, sink: list[float]) -> None:
+        async def worker(url: str, convs: SmallConversations, sink: list[float], door: bool) -> None:
             for _ in range(per_worker):
                 conv = convs.next()
-                sink.append(await timed(self.http, url, conv.body(), conv.session))
+                sink.append(await timed(self.http, url, conv.body(), conv.session, door=door))
 
         with quiet_gc():
             for block in range(self.sizes.blocks):
                 modes = [("direct", self.direct, res.direct), ("proxy", self.proxy, res.proxy)]
-                for mode, url, sink in modes if block % 2 == 0 else reversed(modes):
+                for mode, base, sink in modes if block % 2 == 0 else reversed(modes):
                     t0 = time.perf_counter()
-                    await asyncio.gather(*(worker(url, c, sink) for c in workers[mode]))
+                    await asyncio.gather(*(worker(base + CHAT.path, c, sink, mode == "proxy")
+                                           for c in workers[mode]))
                     wall = time.perf_counter() - t0
                     if mode == "direct":
                         res.direct_wall += wall
                     else:
                         res.proxy_wall += wall
-        return res
+        return [res]
 
-    async def large(self) -> tuple[Result, Result]:
-        res = Result(self.store, "large")
-        cold = Result(self.store, "large-cold")
+    async def large(self) -> list[Result]:
+        """The ~100k-token history through each route, the routes taking turns; each session's first request apart."""
         rng = random.Random(5)
         history = large_history(rng)
-        conv = Conversation(history, f"{self.run}-large")
-        first = len(conv.body())
-        # The first request of the session: the proxy logs all ~300 messages. Reported apart.
-        await self.pair(conv.body(), conv.session, 0, cold)
         warm = 3
+        steps = [(REPLY, {"role": "user", "content": tool_output(rng, rng.randint(250, 650))})
+                 for _ in range(warm + self.sizes.large)]
+        results = [(Result(self.store, "large", r.name), Result(self.store, "large-cold", r.name))
+                   for r in self.routes]
+        convs = [Conversation(history, f"{self.run}-large-{r.name}", route=r) for r in self.routes]
+        first = [len(conv.body()) for conv in convs]
+        # The first request of each session: the proxy logs all ~300 messages. Reported apart.
+        for route, conv, (_, cold) in zip(self.routes, convs, results, strict=True):
+            await self.pair(conv.body(), conv.session, 0, cold, route=route)
         with quiet_gc():
-            for i in range(warm + self.sizes.large):
-                conv.step(REPLY, {"role": "user", "content": tool_output(rng, rng.randint(250, 650))})
-                await self.pair(conv.body(), conv.session, i, res, record=i >= warm)
-        last = len(conv.body())
-        n = len(conv.parts)
-        res.note = (f"{len(history)}→{n} messages, {first / 1000:.0f}→{last / 1000:.0f} KB "
-                    f"(~{first // 4000}k→{last // 4000}k tokens at 4 bytes a token)")
-        cold.note = f"first request of a {len(history)}-message, {first / 1000:.0f} KB session"
-        return res, cold
+            for i, step in enumerate(steps):
+                for route, conv, (res, _) in zip(self.routes, convs, results, strict=True):
+                    conv.step(*step)
+                    await self.pair(conv.body(), conv.session, i, res, record=i >= warm, route=route)
+        for conv, size, (res, cold) in zip(convs, first, results, strict=True):
+            last = len(conv.body())
+            res.note = (f"{len(history)}→{len(conv.parts)} items, {size / 1000:.0f}→{last / 1000:.0f} KB "
+                        f"(~{size // 4000}k→{last // 4000}k tokens at 4 bytes a token)")
+            cold.note = f"first request of a {len(history)}-message, {size / 1000:.0f} KB session"
+        return [r for pair in results for r in pair]
 
 
 # -- report ---------------------------------------------------------------------------------------
@@ -457,17 +494,42 @@ def verdict(res: Result) -> str:
 
 
 def table(results: list[Result]) -> str:
-    rows = ["| store | workload | n | direct p50 | direct p99 | proxy p50 | proxy p99 | added p50 | added p99 "
-            "| req/s direct → proxy | target |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = ["| store | route | workload | n | direct p50 | direct p99 | proxy p50 | proxy p99 | added p50 "
+            "| added p99 | req/s direct → proxy | target |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for r in results:
         d50, d99, p50, p99 = (pct(r.direct, 50), pct(r.direct, 99), pct(r.proxy, 50), pct(r.proxy, 99))
         tput = (f"{len(r.direct) / r.direct_wall:.0f} → {len(r.proxy) / r.proxy_wall:.0f}"
                 if r.direct_wall and r.proxy_wall else "")
-        rows.append(f"| {r.store} | {LABELS[r.workload]} | {len(r.proxy)} | {d50 * MS:.2f} | {d99 * MS:.2f} "
+        rows.append(f"| {r.store} | {r.route} | {LABELS[r.workload]} | {len(r.proxy)} | {d50 * MS:.2f} "
+                    f"| {d99 * MS:.2f} "
                     f"| {p50 * MS:.2f} | {p99 * MS:.2f} | {(p50 - d50) * MS:.2f} | {(p99 - d99) * MS:.2f} "
                     f"| {tput} | {verdict(r)} |")
     return "\n".join(rows)
+
+
+def added(res: Result, p: float) -> float:
+    """The latency the proxy adds at percentile ``p``, in ms."""
+    return (pct(res.proxy, p) - pct(res.direct, p)) * MS
+
+
+def versus_chat(results: list[Result]) -> str:
+    """Each other door's added latency against the chat route's, same store and workload (issue 12: within 20 %)."""
+    chat = {(r.store, r.workload): r for r in results if r.route == CHAT.name}
+    rows = ["| store | route | workload | added p50, chat | added p50, route | route - chat | route ÷ chat "
+            "| added p99, chat → route | target |",
+            "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in results:
+        base = chat.get((r.store, r.workload))
+        if r.route == CHAT.name or base is None:
+            continue
+        mine, theirs = added(r, 50), added(base, 50)
+        ratio = f"{mine / theirs:.2f}" if theirs > 0 else "—"
+        mark = "met" if mine <= theirs * (1 + ROUTE_TOLERANCE) else "**missed**"
+        rows.append(f"| {r.store} | {r.route} | {LABELS[r.workload]} | {theirs:.2f} | {mine:.2f} "
+                    f"| {mine - theirs:+.2f} | {ratio} | {added(base, 99):.2f} → {added(r, 99):.2f} "
+                    f"| added p50 ≤ chat's + {ROUTE_TOLERANCE:.0%}: {mark} |")
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def cpu_model() -> str:
@@ -489,8 +551,24 @@ def environment() -> str:
             f"the proxy on its own default loop")
 
 
+ROUTE_TEXT = {
+    "chat": "`/v1/chat/completions` (chat)",
+    "responses": "`/v1/responses` (responses, written as Codex writes them)",
+    "messages": "`/v1/messages` (messages, written as Claude Code writes them)",
+}
+
+
+def routes_text(results: list[Result]) -> str:
+    measured = [name for name in ROUTES if any(r.route == name for r in results)]
+    if measured == [CHAT.name]:
+        return "Route: `/v1/chat/completions`."
+    return ("Routes: the same conversations through " + ", ".join(ROUTE_TEXT[name] for name in measured)
+            + " (`bench/routes.py`), taking turns request by request.")
+
+
 def section(results: list[Result], command: str, started: datetime, seconds: float, sizes: Sizes) -> str:
-    notes = [f"- {LABELS[r.workload]} ({r.store}): {r.note}" for r in results if r.note]
+    notes = [f"- {LABELS[r.workload]} ({r.store}, {r.route}): {r.note}" for r in results if r.note]
+    doors = versus_chat(results)
     load = " → ".join(f"{a:.2f}" for a in LOADAVG)
     return "\n".join([
         SECTION,
@@ -508,8 +586,9 @@ def section(results: list[Result], command: str, started: datetime, seconds: flo
         f"Small = 1 system + 1 user message of ~200 characters, growing by the echoed reply and one "
         f"user message per request, a fresh session every {SMALL_SESSION_LEN} requests. "
         f"{CONCURRENCY} concurrent = {CONCURRENCY} sessions in parallel, direct and proxy alternating "
-        f"in {sizes.blocks} blocks each. ~100k tokens = an agent history of ~300 messages (prose, code, "
-        "JSON tool outputs) growing by 2 messages per request. The proxy logs to stderr at INFO "
+        f"in {sizes.blocks} blocks each, on the chat route. ~100k tokens = an agent history of ~300 "
+        "messages (prose, code, JSON tool outputs) growing by 2 messages per request. "
+        + routes_text(results) + " The proxy logs to stderr at INFO "
         f"(one access line per request, to a file), as deployed, with `--context-window {CONTEXT_WINDOW}` so "
         "that compaction (an LLM call, not the proxy's own latency) never triggers; "
         + (f"**{len(COMPACTED)} answers were nevertheless compacted**." if COMPACTED
@@ -519,6 +598,9 @@ def section(results: list[Result], command: str, started: datetime, seconds: flo
         "",
         *notes,
         "",
+        *([f"**The other front doors against the chat route** (added latency in ms; issue 12's target: "
+           f"within {ROUTE_TOLERANCE:.0%} of the chat route's for the same workload):", "", doors, ""]
+          if doors else []),
     ])
 
 
@@ -559,10 +641,13 @@ WORKLOADS = ("small", "concurrent", "large", "stream")
 
 
 async def bench_store(store: str, store_url: str, upstream: str, workdir: Path, sizes: Sizes,
-                      workloads: tuple[str, ...], wrapper: list[str], say: Callable[[str], None]) -> list[Result]:
+                      workloads: tuple[str, ...], wrapper: list[str], say: Callable[[str], None],
+                      routes: tuple[Route, ...] = (CHAT,)) -> list[Result]:
     port = free_port()
     args = [*wrapper, sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--store", store_url,
             "--port", str(port), "--host", "127.0.0.1", "--context-window", str(CONTEXT_WINDOW)]
+    if any(route.system_field for route in routes):  # the Messages door's upstream: the same fake, without /v1
+        args += ["--anthropic-upstream", upstream.removesuffix("/v1")]
     proxy = spawn(f"proxy-{store}", args, workdir)
     results: list[Result] = []
     try:
@@ -570,17 +655,17 @@ async def bench_store(store: str, store_url: str, upstream: str, workdir: Path, 
         async with aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
                                          skip_auto_headers=("User-Agent",)) as http:
             await wait_http(http, f"http://127.0.0.1:{port}/healthz", proxy)
+            for route in routes:
+                await check_front_door(http, f"http://127.0.0.1:{port}/v1", route, HEADERS)
             run = f"{store}-{os.getpid()}-{int(time.time())}"
-            bench = Bench(http, upstream, f"http://127.0.0.1:{port}/v1", store, sizes, run)
+            bench = Bench(http, upstream, f"http://127.0.0.1:{port}/v1", store, sizes, run, routes)
             await bench.warmup()
-            runs: dict[str, Callable[[], Awaitable[Result | tuple[Result, Result]]]] = {
+            runs: dict[str, Callable[[], Awaitable[list[Result]]]] = {
                 "small": bench.small, "concurrent": bench.concurrent, "large": bench.large, "stream": bench.stream,
             }
             for name in workloads:
                 t0 = time.perf_counter()
-                out = await runs[name]()
-                got = list(out) if isinstance(out, tuple) else [out]
-                results.extend(got)
+                results.extend(await runs[name]())
                 if not proxy.alive():
                     raise RuntimeError(f"the proxy died during {name}; see {proxy.log}")
                 say(f"  {store} {name}: {time.perf_counter() - t0:.1f} s")
@@ -596,6 +681,10 @@ async def amain(opts: argparse.Namespace) -> list[Result]:
     for w in workloads:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r}; choose from {', '.join(WORKLOADS)}")
+    names = [r.strip() for r in opts.routes.split(",") if r.strip()]
+    if not names or set(names) - set(ROUTES):
+        raise SystemExit(f"--routes: choose from {', '.join(ROUTES)}")
+    routes = tuple(ROUTES[name] for name in names)
     wrapper = shlex.split(opts.proxy_wrapper) if opts.proxy_wrapper else []
 
     def say(msg: str) -> None:
@@ -623,7 +712,8 @@ async def amain(opts: argparse.Namespace) -> list[Result]:
                 raise SystemExit(f"unknown store {store!r}; choose sqlite, redis")
             say(f"{store}: {url}")
             try:
-                results.extend(await bench_store(store, url, upstream, workdir, sizes, workloads, wrapper, say))
+                results.extend(await bench_store(store, url, upstream, workdir, sizes, workloads, wrapper, say,
+                                                 routes))
             finally:
                 if redis is not None:
                     redis.stop()
@@ -653,6 +743,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--write", action="store_true", help=f"replace the section '{SECTION}' in {DOC}")
     parser.add_argument("--stores", default="sqlite,redis", help="comma-separated: sqlite, redis")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(WORKLOADS)}")
+    parser.add_argument("--routes", default=",".join(ROUTES),
+                        help=f"comma-separated front doors to measure: {', '.join(ROUTES)} (concurrent: chat only)")
     parser.add_argument("--proxy-wrapper", default="",
                         help="command prefix for the proxy, e.g. 'py-spy record -o /tmp/p.svg --' (profiling)")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, SQLite file)")

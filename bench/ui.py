@@ -29,7 +29,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.context.compactor import Checkpoint, prefix_hash
-from proxy.context.messages import message_hash
+from proxy.dialects.chat import message_hash
 from proxy.settings import Secret, Settings
 from proxy.store.base import NewFact, SessionKey
 from proxy.store.sqlite import SqliteFactLog

@@ -19,8 +19,10 @@ from proxy.context.compactor import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
-from proxy.http import admin, chat, health, passthrough, ui
+from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.http import admin, counts, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
+from proxy.http.frontdoor import front_door
 from proxy.http.middleware import error_middleware, remember_prepared
 from proxy.keys import (
     client_key,
@@ -98,8 +100,14 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app.router.add_get("/healthz", open_route(health.healthz))
     app.router.add_get("/readyz", open_route(health.readyz))
     app.router.add_get("/metrics", open_route(health.metrics))
+    chat, responses, messages = front_door(CHAT), front_door(RESPONSES), front_door(MESSAGES)
     for prefix in ("", "/s/{session}"):
-        app.router.add_post(prefix + "/v1/chat/completions", chat.chat_completions)
+        app.router.add_post(prefix + "/v1/chat/completions", chat)
+        app.router.add_post(prefix + "/v1/responses", responses)
+        app.router.add_get(prefix + "/v1/responses", passthrough.responses_socket)
+        app.router.add_post(prefix + "/v1/responses/input_tokens", counts.input_tokens)
+        app.router.add_post(prefix + "/v1/messages", messages)
+        app.router.add_post(prefix + "/v1/messages/count_tokens", counts.count_tokens)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
     admin.add_routes(app.router)
     ui.add_routes(app.router)

@@ -52,6 +52,8 @@ def _store_option(f: Any) -> Any:
 @click.option("--upstream", envvar="CTXPROXY_UPSTREAM", default=None, show_envvar=True,
               help="Base URL of the OpenAI-compatible upstream, path prefix included "
                    "[default: https://api.openai.com/v1]")
+@click.option("--anthropic-upstream", envvar="CTXPROXY_ANTHROPIC_UPSTREAM", default=None, show_envvar=True,
+              help="Where /v1/messages (Anthropic Messages API) goes [default: https://api.anthropic.com]")
 @_store_option
 @click.option("--context-window", envvar="CTXPROXY_CONTEXT_WINDOW", type=int, default=None, show_envvar=True,
               help="Tokens [default: the model's input window from the bundled model map, else 128000]")
@@ -72,6 +74,9 @@ def _store_option(f: Any) -> Any:
               help="Bearer token for /admin/* [default: unset, admin API off]")
 @click.option("--upstream-key", envvar="CTXPROXY_UPSTREAM_KEY", default=None, show_envvar=True,
               help="Key the proxy uses upstream instead of the client's [default: unset]")
+@click.option("--anthropic-upstream-key", envvar="CTXPROXY_ANTHROPIC_UPSTREAM_KEY", default=None,
+              show_envvar=True, help="Key the proxy sends the Anthropic upstream (x-api-key) instead of the client's "
+                                     "[default: unset]")
 @click.option("--client-keys", envvar="CTXPROXY_CLIENT_KEYS", default=None, show_envvar=True,
               help="Comma-separated keys a client must present, 401 otherwise [default: unset, any key]")
 @click.option("--secret", envvar="CTXPROXY_SECRET", default=None, show_envvar=True,

@@ -44,8 +44,11 @@ CREDENTIAL_HEADERS = ("Authorization", "api-key", "x-api-key")
 #: Session headers that real clients already send, after X-Session-Id, in priority order.
 FOREIGN_SESSION_HEADERS = (
     "session-id",
+    "session_id",
     "x-session-affinity",
     "x-litellm-session-id",
     "helicone-session-id",
     "x-claude-code-session-id",
 )
+#: Headers naming the sub-agent a request comes from: the session becomes ``<session>/<agent>``.
+SUBAGENT_HEADERS = ("x-claude-code-agent-id", "x-openai-subagent")

@@ -4,7 +4,8 @@
     ├── BadRequest            malformed input from the client (4xx)
     │   ├── PayloadTooLarge
     │   ├── RequestTimeout
-    │   └── Unauthorized
+    │   ├── Unauthorized
+    │   └── UpgradeRequired
     ├── UpstreamError
     │   ├── UpstreamTimeout
     │   └── UpstreamUnreachable
@@ -66,6 +67,12 @@ class Unauthorized(BadRequest):
     status = 401
     type = "authentication_error"
     code = "invalid_api_key"
+
+
+class UpgradeRequired(BadRequest):
+    """The client asked for a protocol the proxy does not speak (a websocket)."""
+
+    status = 426
 
 
 class UpstreamError(ProxyError):

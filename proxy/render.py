@@ -29,6 +29,7 @@ from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.lineage import ConversationState
 from proxy.context.projection import SYSTEM_ROLES
 from proxy.context.tokens import TokenCounter
+from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 from proxy.types import Message
 
@@ -84,6 +85,11 @@ def _plain(obj: object) -> object:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+def dialect_of(fact: StoredFact) -> Dialect:
+    """The API an entry came through; entries written before dialects existed are Chat Completions."""
+    return DIALECTS.get(str(fact.extra.get("dialect", CHAT.name)), CHAT)
+
+
 @dataclass
 class Lineage:
     """The conversation a log's head describes (each message's predecessor followed back) and its engine state.
@@ -96,6 +102,8 @@ class Lineage:
     state: ConversationState = field(default_factory=ConversationState)
     #: Facts folded (0: no such session).
     facts: int = 0
+    #: The API the session speaks, as its newest message entry names it.
+    dialect: Dialect = CHAT
     _by_seq: dict[int, Message] = field(default_factory=dict, repr=False)
     _messages: list[Message] | None = field(default=None, repr=False)
 
@@ -105,6 +113,7 @@ class Lineage:
         self._messages = None
         if fact.kind == "message" and fact.message is not None:
             self._by_seq[fact.seq] = dict(fact.message)
+            self.dialect = dialect_of(fact)
 
     @property
     def messages(self) -> list[Message]:
@@ -127,10 +136,13 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -
     of step.
     """
     state = ConversationState()
+    dialect: Dialect = CHAT
     async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
-    lineage = Lineage(state, state.next_seq)
+            if fact.kind == "message":
+                dialect = dialect_of(fact)
+    lineage = Lineage(state, state.next_seq, dialect)
     wanted = set(state.seqs)
     async for page in pages(store, key, through=state.next_seq - 1):
         for fact in page:
@@ -145,6 +157,7 @@ class SessionView:
 
     prepared: PreparedView
     window: int
+    dialect: Dialect
 
     def to_json(self) -> dict[str, Any]:
         checkpoint = self.prepared.checkpoint
@@ -155,9 +168,9 @@ class SessionView:
 def build_view(engine: ContextEngine, lineage: Lineage, model: str) -> SessionView:
     """The view of ``lineage`` as a request without tools or ``max_tokens`` would get it (read-only)."""
     window = engine.window_for(model)
-    prepared = engine.view(lineage.messages, lineage.hashes, lineage.state, window=window, tools=None,
-                           max_output=None)
-    return SessionView(prepared, window)
+    prepared = engine.view(lineage.messages, lineage.hashes, lineage.state, dialect=lineage.dialect, window=window,
+                           tools=None, max_output=None)
+    return SessionView(prepared, window, lineage.dialect)
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -222,7 +235,7 @@ class Transcript:
         if fact.kind == "checkpoint":
             return self._checkpoint(fact.extra.get("checkpoint"))
         message = fact.message or {}
-        tokens = self.counter.message_tokens(dict(message), fact.hash) if message else 0
+        tokens = self.counter.message_tokens(dialect_of(fact), dict(message), fact.hash) if message else 0
         when = iso_time(fact.ts)
         if fact.kind == "summary":
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
@@ -269,6 +282,6 @@ def render_view(view: SessionView, key: SessionKey, counter: TokenCounter | None
                     f"({checkpoint.tokens_before:,} → {checkpoint.tokens_after:,} tokens)")
     blocks = [f"# View of session {key.session} (tenant {key.tenant})", figures + "."]
     for position, message in enumerate(prepared.messages):
-        tokens = counter.message_tokens(message)
+        tokens = counter.message_tokens(view.dialect, message)
         blocks.append(f"### [{position}] {role_label(message)} · {tokens:,} tokens\n{message_body(message)}")
     return "\n\n".join(blocks)

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
-from proxy.constants import FOREIGN_SESSION_HEADERS, HEADER_SESSION
-from proxy.context.messages import normalise
+from proxy.constants import FOREIGN_SESSION_HEADERS, HEADER_SESSION, SUBAGENT_HEADERS
+from proxy.context.items import ItemModel
 from proxy.errors import BadRequest, Unauthorized
 from proxy.settings import Secret
 from proxy.types import Message
@@ -80,12 +80,25 @@ def explicit_session(path_session: str | None, headers: Mapping[str, str]) -> st
     return None
 
 
-def fingerprint_session(messages: Sequence[Message]) -> str:
-    """``auto-`` + a hash of the leading system messages and the first user message, whole."""
+def fingerprint_session(dialect: ItemModel, messages: Sequence[Message], system: object = None) -> str:
+    """``auto-`` + a hash of the system prompt (``system``: a request field, for the APIs that keep it outside
+    the items), the leading system items and the first user item, whole."""
     digest = hashlib.blake2b(b"ctxproxy-session-v1\x00", digest_size=12)
+    option = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+    if system is not None:
+        digest.update(orjson.dumps(system, option=option))
     for message in messages:
-        role = message.get("role")
-        digest.update(orjson.dumps(normalise(message), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS))
-        if role not in ("system", "developer"):
+        digest.update(orjson.dumps(dialect.identity(message), option=option))
+        if dialect.role(message) != "system":
             break
     return "auto-" + digest.hexdigest()
+
+
+def agent_of(headers: Mapping[str, str]) -> str | None:
+    """The sub-agent a request comes from (Claude Code's ``x-claude-code-agent-id``, Codex's
+    ``x-openai-subagent``): its history is its own, so it must never rewind its parent's."""
+    for name in SUBAGENT_HEADERS:
+        value = headers.get(name)
+        if value and valid_session(value):
+            return value
+    return None

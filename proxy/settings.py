@@ -39,6 +39,8 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8787
     upstream: str = "https://api.openai.com/v1"
+    #: Where Anthropic Messages requests (``/v1/messages…``) go; no ``/v1``: the path carries it.
+    anthropic_upstream: str = "https://api.anthropic.com"
     store: str = field(default_factory=default_store_url)
     #: None: the model's input window from the bundled model map, else 128000.
     context_window: int | None = None
@@ -50,6 +52,8 @@ class Settings:
     summary_max_tokens: int = 8192
     admin_token: Secret | None = None
     upstream_key: Secret | None = None
+    #: ``--upstream-key``'s counterpart for the Anthropic upstream (sent as ``x-api-key``).
+    anthropic_upstream_key: Secret | None = None
     client_keys: tuple[Secret, ...] = ()
     #: Signs the references the proxy hands out (Codex ``compaction`` items); None: generated at the first start
     #: and kept in the store (``proxy.secret``).
@@ -106,6 +110,10 @@ class Settings:
     def upstream_base(self) -> str:
         return self.upstream.rstrip("/")
 
+    @property
+    def anthropic_base(self) -> str:
+        return self.anthropic_upstream.rstrip("/")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``CTXPROXY_<NAME>`` variables, then ``overrides`` (flags) that are not None."""
@@ -116,7 +124,7 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _coerce(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for name in ("admin_token", "upstream_key", "secret"):
+        for name in ("admin_token", "upstream_key", "anthropic_upstream_key", "secret"):
             if isinstance(values.get(name), str):
                 values[name] = Secret(values[name])
         if isinstance(values.get("client_keys"), str):

@@ -37,11 +37,25 @@ def _connection_listed(headers: Mapping[str, str]) -> set[str]:
     return {t.strip().lower() for t in headers.get("Connection", "").split(",") if t.strip()}
 
 
-def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity: bool) -> CIMultiDict[str]:
-    """Headers to send upstream. ``identity`` asks for an uncompressed body the proxy can parse."""
+def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity: bool,
+                    anthropic: bool = False) -> CIMultiDict[str]:
+    """Headers to send upstream. ``identity`` asks for an uncompressed body the proxy can parse.
+
+    Every header but hop-by-hop ones goes on (Claude Code's entitlements depend
+    on ``anthropic-beta``, ``x-app``, ``user-agent``…). With a configured key
+    for that upstream, every client credential header is dropped and the key
+    goes alone: ``x-api-key`` to the Anthropic upstream (``anthropic``);
+    ``api-key`` to an OpenAI upstream if the client used that header (Azure
+    style), else ``Authorization: Bearer``.
+    """
     drop = _REQUEST_DROP | _connection_listed(incoming)
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
-    if settings.upstream_key is not None:
+    if anthropic:
+        if settings.anthropic_upstream_key is not None:
+            for name in CREDENTIAL_HEADERS:
+                out.popall(name, None)
+            out["x-api-key"] = str(settings.anthropic_upstream_key)
+    elif settings.upstream_key is not None:
         azure_style = "api-key" in out
         for name in CREDENTIAL_HEADERS:
             out.popall(name, None)

@@ -137,6 +137,28 @@ async def run_claude(base_url: str, root: Path, prompt: str, *, max_turns: int,
     return run
 
 
+def codex_outputs(run: AgentRun) -> list[str]:
+    """What each shell command of a Codex run printed, in order."""
+    return [e["item"]["aggregated_output"] for e in run.events
+            if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
+
+
+def without_cache_control(value: Any) -> Any:
+    """A message as the model reads it: no ``cache_control``, and a lone text block the same as its string.
+
+    Claude Code moves its one cache breakpoint to the newest message on every
+    request and turns the first system message's lone text block into a plain
+    string once it loses the breakpoint (docs/CLIENTS.md): neither is an edit.
+    """
+    if isinstance(value, dict):
+        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        if len(value) == 1 and isinstance(value[0], dict) and set(value[0]) - {"cache_control"} == {"type", "text"}:
+            return value[0]["text"]
+        return [without_cache_control(v) for v in value]
+    return value
+
+
 def _dirs(root: Path) -> tuple[Path, Path]:
     home, work = root / "home", root / "work"
     home.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context.tokens import TokenCounter
+from proxy.dialects import CHAT
 
 
 @dataclass
@@ -152,7 +153,7 @@ class FakeUpstream:
         return Reply(content=f"Reply number {n}: done with {last.get('role')}.")
 
     def count(self, body: dict[str, Any]) -> int:
-        return sum(self._counter.message_tokens(m) for m in body["messages"]) + self._counter.tools_tokens(
+        return sum(self._counter.message_tokens(CHAT, m) for m in body["messages"]) + self._counter.tools_tokens(
             body.get("tools"))
 
     async def summary(self, body: dict[str, Any]) -> web.Response:

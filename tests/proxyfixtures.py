@@ -11,7 +11,7 @@ import redis.asyncio
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
-from proxy.context.messages import message_hash
+from proxy.dialects.chat import message_hash
 from proxy.settings import Settings
 from proxy.store.base import FactLog, SessionKey, StoredFact
 from tests.fakeupstream import FakeUpstream
@@ -120,6 +120,11 @@ def replay(facts: list[StoredFact]) -> list[dict[str, Any]]:
             parent[fact.seq], depth[fact.seq], message[fact.seq] = head, depth[head] + 1, dict(fact.message)
             head = fact.seq
     return [message[seq] for seq in path(head)]
+
+
+async def sync_chat(history: Any, key: SessionKey, messages: list[dict[str, Any]], **options: Any) -> Any:
+    """``HistoryManager.sync`` for a Chat Completions conversation, hashing it as the chat front door does."""
+    return await history.sync(key, messages, [message_hash(m) for m in messages], **options)
 
 
 def same_conversation(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:

@@ -17,7 +17,16 @@ from typing import Any
 
 import pytest
 
-from tests.agents import CLAUDE_VERSION, CODEX_MODEL, CODEX_VERSION, AgentRun, run_claude, run_codex
+from tests.agents import (
+    CLAUDE_VERSION,
+    CODEX_MODEL,
+    CODEX_VERSION,
+    AgentRun,
+    codex_outputs,
+    run_claude,
+    run_codex,
+    without_cache_control,
+)
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script, final_text
@@ -39,22 +48,6 @@ async def codex(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses) -> Age
 async def claude(aiohttp_server: Any, tmp_path: Path, fake: FakeMessages) -> AgentRun:
     server = await aiohttp_server(fake.app())
     return await run_claude(str(server.make_url("")).rstrip("/"), tmp_path, PROMPT, max_turns=fake.script.steps + 5)
-
-
-def codex_outputs(run: AgentRun) -> list[str]:
-    return [e["item"]["aggregated_output"] for e in run.events
-            if e["type"] == "item.completed" and e["item"]["type"] == "command_execution"]
-
-
-def without_cache_control(value: Any) -> Any:
-    """A message as the model reads it: no ``cache_control``, and a lone text block the same as its string."""
-    if isinstance(value, dict):
-        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        if len(value) == 1 and isinstance(value[0], dict) and set(value[0]) - {"cache_control"} == {"type", "text"}:
-            return value[0]["text"]
-        return [without_cache_control(v) for v in value]
-    return value
 
 
 # -- Codex ---------------------------------------------------------------------------------------

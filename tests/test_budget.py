@@ -9,11 +9,11 @@ from proxy.context.budget import (
     ContextBudgetPolicy,
     Estimate,
     UsageSample,
-    requested_output_tokens,
     retry_limit,
 )
-from proxy.context.messages import message_hash
 from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 
 
 class WordEncoding:
@@ -51,13 +51,13 @@ def test_threshold_leaves_room_for_the_requested_answer() -> None:
 
 
 def test_requested_output_tokens() -> None:
-    assert requested_output_tokens({}) is None
-    assert requested_output_tokens({"max_tokens": 100}) == 100
-    assert requested_output_tokens({"max_tokens": 100, "max_completion_tokens": 200}) == 200
-    assert requested_output_tokens({"max_completion_tokens": None, "max_tokens": 100}) == 100
-    assert requested_output_tokens({"max_tokens": True}) is None
-    assert requested_output_tokens({"max_tokens": 0}) is None
-    assert requested_output_tokens({"max_tokens": "100"}) is None
+    assert CHAT.max_output({}) is None
+    assert CHAT.max_output({"max_tokens": 100}) == 100
+    assert CHAT.max_output({"max_tokens": 100, "max_completion_tokens": 200}) == 200
+    assert CHAT.max_output({"max_completion_tokens": None, "max_tokens": 100}) == 100
+    assert CHAT.max_output({"max_tokens": True}) is None
+    assert CHAT.max_output({"max_tokens": 0}) is None
+    assert CHAT.max_output({"max_tokens": "100"}) is None
 
 
 @pytest.mark.parametrize(
@@ -75,33 +75,34 @@ def test_unknown_estimator_raises() -> None:
 
 def test_chars_estimate_counts_tool_definitions() -> None:
     tools = [{"type": "function"}]  # 21 characters of JSON
-    assert policy().estimate(VIEW) == Estimate(tokens=15, chars=15, usage=None, tokenizer=None)
-    assert policy().estimate(VIEW, tools=tools) == Estimate(tokens=22, chars=22, usage=None, tokenizer=None)
+    assert policy().estimate(CHAT, VIEW) == Estimate(tokens=15, chars=15, usage=None, tokenizer=None)
+    assert policy().estimate(CHAT, VIEW, tools=tools) == Estimate(tokens=22, chars=22, usage=None, tokenizer=None)
 
 
 def test_tokenizer_estimate() -> None:
     expected = 1 + 3 + 2 * MESSAGE_OVERHEAD_TOKENS + REPLY_PRIMING_TOKENS
-    assert policy("tokenizer").estimate(VIEW) == Estimate(tokens=expected, chars=None, usage=None, tokenizer=expected)
+    assert policy("tokenizer").estimate(CHAT, VIEW) == Estimate(tokens=expected, chars=None, usage=None,
+                                                                tokenizer=expected)
 
 
 def test_max_estimate_takes_the_larger() -> None:
     words = [{"role": "user", "content": "a b c d e f g h i j"}]
-    assert policy("max").estimate(words) == Estimate(tokens=17, chars=7, usage=None, tokenizer=17)
+    assert policy("max").estimate(CHAT, words) == Estimate(tokens=17, chars=7, usage=None, tokenizer=17)
     blob = [{"role": "user", "content": "x" * 90}]
-    assert policy("max").estimate(blob) == Estimate(tokens=30, chars=30, usage=None, tokenizer=8)
+    assert policy("max").estimate(CHAT, blob) == Estimate(tokens=30, chars=30, usage=None, tokenizer=8)
 
 
 def test_usage_of_the_same_base_plus_what_was_added() -> None:
-    sample = UsageSample.of(500, VIEW, "base")
+    sample = UsageSample.of(CHAT, 500, VIEW, "base")
     grown = [*VIEW, {"role": "assistant", "content": "x" * 9}]
-    estimate = policy().estimate(grown, usage=sample, view_key="base")
+    estimate = policy().estimate(CHAT, grown, usage=sample, view_key="base")
     assert estimate == Estimate(tokens=503, chars=18, usage=503, tokenizer=None)
 
 
 def test_what_was_added_since_the_usage_is_counted_by_the_tokenizer() -> None:
-    sample = UsageSample.of(500, VIEW, "base")
+    sample = UsageSample.of(CHAT, 500, VIEW, "base")
     result = {"role": "tool", "tool_call_id": "c", "content": "word " * 300}  # 1,500 characters, 300 words
-    estimate = policy("tokenizer").estimate([*VIEW, result], usage=sample, view_key="base")
+    estimate = policy("tokenizer").estimate(CHAT, [*VIEW, result], usage=sample, view_key="base")
     assert estimate.usage == 500 + (300 + 1 + MESSAGE_OVERHEAD_TOKENS)  # characters ÷ 3 said 500 + 502
     assert estimate.tokens == estimate.usage
 
@@ -110,11 +111,11 @@ def test_echoed_reasoning_is_counted() -> None:
     counter = TokenCounter(WordEncoding())
     plain = {"role": "assistant", "content": "done"}
     reasoning = {**plain, "reasoning_content": "first I read the file then I ran the tests"}
-    assert counter(plain) == 1 + MESSAGE_OVERHEAD_TOKENS
+    assert counter.message_tokens(CHAT, plain) == 1 + MESSAGE_OVERHEAD_TOKENS
     # Same identity (the hash leaves reasoning out), not the same count.
-    assert counter(reasoning) == 1 + 10 + MESSAGE_OVERHEAD_TOKENS
-    assert counter.count_many([plain, reasoning], ["same", "same"]) == 2 + 10 + 2 * MESSAGE_OVERHEAD_TOKENS
-    assert policy("chars").message_tokens(reasoning) == 16  # 4 + 42 characters
+    assert counter.message_tokens(CHAT, reasoning) == 1 + 10 + MESSAGE_OVERHEAD_TOKENS
+    assert counter.count_many(CHAT, [plain, reasoning], ["same", "same"]) == 2 + 10 + 2 * MESSAGE_OVERHEAD_TOKENS
+    assert policy("chars").message_tokens(CHAT, reasoning) == 16  # 4 + 42 characters
 
 
 def test_hard_limit_is_the_window_less_the_answer_reserve() -> None:
@@ -132,14 +133,15 @@ def test_tail_budget_leaves_room_under_the_effective_threshold() -> None:
     head = [{"role": "system", "content": "w " * 296}]  # 300 tokens with the message overhead
     fits = {"head": head, "head_hashes": [message_hash(head[0])], "tools": None}
     measured = Estimate(2_000, None, None, 2_000)
-    assert budget.tail_budget(measured, 102_400, 44_800, summary=None, **fits) == 44_800  # the window's share
+    assert budget.tail_budget(CHAT, measured, 102_400, 44_800, summary=None, **fits) == 44_800  # the window's share
     # Window 8,000 with max_tokens 5,500: threshold 2,500, so the view after compaction is at most 1,500.
-    assert budget.tail_budget(measured, 2_500, 2_800, summary=None, **fits) == 1_200
+    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=None, **fits) == 1_200
     summary = "s " * 96  # 100 tokens: the next summary is taken to be as long
-    assert budget.tail_budget(measured, 2_500, 2_800, summary=summary, **fits) == 1_100
+    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=summary, **fits) == 1_100
     # The upstream reports 1.5 tokens per local one: the view may take 1,000 local tokens.
-    assert budget.tail_budget(Estimate(3_000, None, 3_000, 2_000), 2_500, 2_800, summary=None, **fits) == 700
-    assert budget.tail_budget(measured, 400, 2_800, summary=None, **fits) == 1  # nothing left: the last step alone
+    assert budget.tail_budget(CHAT, Estimate(3_000, None, 3_000, 2_000), 2_500, 2_800, summary=None, **fits) == 700
+    # nothing left: the last step alone
+    assert budget.tail_budget(CHAT, measured, 400, 2_800, summary=None, **fits) == 1
 
 
 def test_a_retry_asks_for_less_than_was_refused() -> None:
@@ -158,20 +160,20 @@ def test_tool_definitions_count_by_the_estimator() -> None:
 
 
 def test_usage_from_another_base_is_ignored() -> None:
-    sample = UsageSample.of(500, VIEW, "base")
-    assert policy().estimate(VIEW, usage=sample, view_key="other").usage is None
+    sample = UsageSample.of(CHAT, 500, VIEW, "base")
+    assert policy().estimate(CHAT, VIEW, usage=sample, view_key="other").usage is None
 
 
 def test_usage_after_a_rewind_is_ignored() -> None:
-    sample = UsageSample.of(500, VIEW, "")
+    sample = UsageSample.of(CHAT, 500, VIEW, "")
     edited = [VIEW[0], {"role": "user", "content": "something else"}, {"role": "assistant", "content": "ok"}]
-    assert policy().estimate(edited, usage=sample).usage is None
-    assert policy().estimate(VIEW[:1], usage=sample).usage is None
+    assert policy().estimate(CHAT, edited, usage=sample).usage is None
+    assert policy().estimate(CHAT, VIEW[:1], usage=sample).usage is None
 
 
 def test_usage_counts_even_when_smaller() -> None:
-    sample = UsageSample.of(2, VIEW, "")
-    assert policy().estimate(VIEW, usage=sample) == Estimate(tokens=15, chars=15, usage=2, tokenizer=None)
+    sample = UsageSample.of(CHAT, 2, VIEW, "")
+    assert policy().estimate(CHAT, VIEW, usage=sample) == Estimate(tokens=15, chars=15, usage=2, tokenizer=None)
 
 
 def test_should_compact_is_strictly_above_the_threshold() -> None:
@@ -183,16 +185,16 @@ def test_should_compact_is_strictly_above_the_threshold() -> None:
 
 def test_message_tokens_follow_the_estimator() -> None:
     message = {"role": "user", "content": "a b c d e f g h i j"}  # 19 chars, 10 words
-    assert policy("chars").message_tokens(message) == 7
-    assert policy("tokenizer").message_tokens(message) == 10 + MESSAGE_OVERHEAD_TOKENS
-    assert policy("max").message_tokens(message) == 14
+    assert policy("chars").message_tokens(CHAT, message) == 7
+    assert policy("tokenizer").message_tokens(CHAT, message) == 10 + MESSAGE_OVERHEAD_TOKENS
+    assert policy("max").message_tokens(CHAT, message) == 14
 
 
 def test_hashes_of_the_source_conversation_are_reused_as_cache_keys() -> None:
     counter = TokenCounter(WordEncoding())
     budget = ContextBudgetPolicy(estimator="tokenizer", counter=counter)
-    counter({"role": "user", "content": "w " * 50}, "known digest")
+    counter.message_tokens(CHAT, {"role": "user", "content": "w " * 50}, "known digest")
     message = {"role": "user", "content": "one"}
     clipped = {"role": "tool", "content": "two words"}
-    estimate = budget.estimate([message, clipped], source=([message], ["known digest"]))
+    estimate = budget.estimate(CHAT, [message, clipped], source=([message], ["known digest"]))
     assert estimate.tokenizer == (50 + MESSAGE_OVERHEAD_TOKENS) + (2 + MESSAGE_OVERHEAD_TOKENS) + REPLY_PRIMING_TOKENS

@@ -17,9 +17,10 @@ from click.testing import CliRunner, Result
 
 from proxy.cli import main
 from proxy.context.compactor import prefix_hash
-from proxy.context.messages import message_hash
 from proxy.context.projection import SUMMARY_END, SUMMARY_HEADER
 from proxy.context.tokens import TokenCounter
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 from proxy.settings import Settings
 from proxy.store import NewFact, SessionKey, open_store
 from tests.redisproc import free_port
@@ -81,7 +82,7 @@ def run(*args: str) -> Result:
 
 
 def tokens(msg: dict[str, Any]) -> int:
-    return TokenCounter().message_tokens(msg)
+    return TokenCounter().message_tokens(CHAT, msg)
 
 
 SUMMARY_MESSAGE = {"role": "user", "content": f"{SUMMARY_HEADER}\n\n{SUMMARY}"}

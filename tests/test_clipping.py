@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.clipping import clip_to_fit, cut_text, entry_namer
 from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter
+from proxy.dialects import CHAT
 from proxy.types import Message
 
 
@@ -38,7 +39,7 @@ def named(message: Message) -> str:
 def test_only_the_largest_result_is_cut_and_only_as_far_as_needed() -> None:
     big, small = result("a", words("b", 1000)), result("b", words("s", 100))
     view = [{"role": "user", "content": words("u", 2000)}, big, small]
-    clipped = clip_to_fit(view, 300, MEASURE, named)
+    clipped = clip_to_fit(CHAT, view, 300, MEASURE, named)
     assert clipped is not None
     assert clipped[0] is view[0] and clipped[2] is small
     text = clipped[1]["content"]
@@ -53,7 +54,7 @@ def test_only_the_largest_result_is_cut_and_only_as_far_as_needed() -> None:
 
 def test_results_larger_than_the_cap_are_cut_to_the_same_size() -> None:
     view = [result("a", words("a", 900)), result("b", words("b", 600)), result("c", words("c", 200))]
-    clipped = clip_to_fit(view, 800, MEASURE, named)
+    clipped = clip_to_fit(CHAT, view, 800, MEASURE, named)
     assert clipped is not None and clipped[2] is view[2]
     sizes = [MEASURE.text_tokens(m["content"]) for m in clipped[:2]]
     assert abs(sizes[0] - sizes[1]) <= 1
@@ -65,7 +66,7 @@ def test_text_parts_are_cut_in_place_and_keep_their_keys() -> None:
              {"type": "text", "text": "short", "cache_control": {"type": "ephemeral"}}]
     view = [result("a", parts)]
     before = copy.deepcopy(view)
-    clipped = clip_to_fit(view, 400, MEASURE, named)
+    clipped = clip_to_fit(CHAT, view, 400, MEASURE, named)
     assert clipped is not None
     content = clipped[0]["content"]
     assert [part["cache_control"] for part in content] == [{"type": "ephemeral"}] * 2
@@ -77,9 +78,9 @@ def test_text_parts_are_cut_in_place_and_keep_their_keys() -> None:
 def test_a_non_text_part_goes_only_when_the_cap_falls_below_it() -> None:
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}, "cache_control": {"x": 1}}
     view = [result("a", [{"type": "text", "text": words("t", 3000)}, image])]
-    kept = clip_to_fit(view, 1000, MEASURE, named)
+    kept = clip_to_fit(CHAT, view, 1000, MEASURE, named)
     assert kept is not None and kept[0]["content"][1] is image
-    gone = clip_to_fit(view, 3000 + NON_TEXT_PART_TOKENS - 500, MEASURE, named)
+    gone = clip_to_fit(CHAT, view, 3000 + NON_TEXT_PART_TOKENS - 500, MEASURE, named)
     assert gone is not None
     assert gone[0]["content"][1] == {"type": "text", "cache_control": {"x": 1},
                                      "text": "[image_url part elided by ctxproxy; kept in the fact log, message a]"}
@@ -89,8 +90,8 @@ def test_a_non_text_part_goes_only_when_the_cap_falls_below_it() -> None:
 
 def test_nothing_to_clip() -> None:
     view = [{"role": "user", "content": words("u", 100)}]
-    assert clip_to_fit(view, 50, MEASURE, named) is None
-    assert clip_to_fit([result("a", words("a", 100))], 0, MEASURE, named) is None
+    assert clip_to_fit(CHAT, view, 50, MEASURE, named) is None
+    assert clip_to_fit(CHAT, [result("a", words("a", 100))], 0, MEASURE, named) is None
 
 
 def test_the_marker_names_the_log_entry_when_it_is_known() -> None:
@@ -106,7 +107,7 @@ def test_the_marker_names_the_log_entry_when_it_is_known() -> None:
 def test_what_is_cut_saves_what_must_go_and_never_much_more(sizes: list[int], excess: int) -> None:
     view = [result(str(i), words("w", n)) for i, n in enumerate(sizes)]
     total = sum(sizes)
-    clipped = clip_to_fit(view, excess, MEASURE, named)
+    clipped = clip_to_fit(CHAT, view, excess, MEASURE, named)
     if clipped is None:
         assert all(n <= 40 for n in sizes) or excess <= 0, "only results smaller than a marker are left whole"
         return

@@ -30,7 +30,7 @@ from redis.crc import key_slot
 
 from proxy.constants import lock_key, log_key, meta_key
 from proxy.context.compactor import Checkpoint
-from proxy.context.messages import message_hash
+from proxy.dialects.chat import message_hash
 from proxy.errors import ConflictError, StoreUnavailable
 from proxy.sessions import tenant_of
 from proxy.store import SessionKey

@@ -20,20 +20,20 @@ from proxy.context.compactor import (
     prefix_hash,
     retain_budget_for,
 )
-from proxy.context.messages import message_hash
+from proxy.context.items import leading_system_count, round_start_for
 from proxy.context.projection import (
     SUMMARY_END,
     SUMMARY_HEADER,
     ProjectionBuilder,
-    leading_system_count,
-    round_start_for,
 )
 from proxy.context.summarizer import SummaryAnswer, SummaryGenerator
 from proxy.context.tokens import chars_tokens
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 from proxy.types import Message
 from tests.fakeupstream import full_summary, role_error
 
-COUNT = ContextBudgetPolicy(estimator="chars").message_tokens
+COUNT = ContextBudgetPolicy(estimator="chars").counter_for(CHAT)
 CREATED_AT = 1_700_000_000.5
 
 
@@ -65,7 +65,7 @@ def compactor(model: object, *, rounds: int = 10, timeout: float = 120.0) -> Con
         SummaryGenerator(model, timeout=timeout),  # type: ignore[arg-type]
         COUNT,
         clock=lambda: CREATED_AT,
-        projection=ProjectionBuilder(),
+        projection=ProjectionBuilder(CHAT),
         min_retain_rounds=rounds,
     )
 
@@ -107,15 +107,15 @@ def hashes_of(messages: Sequence[Message]) -> list[str]:
 
 def test_plan_keeps_the_last_rounds() -> None:
     messages = chat(12)
-    assert plan_retain_start(messages, [1] * 25, 10, 1000) == 5  # the user message of round 3
+    assert plan_retain_start(CHAT, messages, [1] * 25, 10, 1000) == 5  # the user message of round 3
 
 
 def test_plan_keeps_everything_when_there_are_few_rounds() -> None:
-    assert plan_retain_start(chat(10), [1] * 21, 10, 1000) == 1
+    assert plan_retain_start(CHAT, chat(10), [1] * 21, 10, 1000) == 1
 
 
 def test_plan_drops_rounds_over_the_budget() -> None:
-    assert plan_retain_start(chat(12), [1] * 25, 10, 6) == 19  # three rounds of two messages
+    assert plan_retain_start(CHAT, chat(12), [1] * 25, 10, 6) == 19  # three rounds of two messages
 
 
 @pytest.mark.parametrize(
@@ -129,19 +129,19 @@ def test_plan_drops_rounds_over_the_budget() -> None:
     ],
 )
 def test_plan_splits_inside_a_round_at_assistant_steps(budget: int, start: int) -> None:
-    assert plan_retain_start(AGENT, AGENT_COUNTS, 10, budget) == start
+    assert plan_retain_start(CHAT, AGENT, AGENT_COUNTS, 10, budget) == start
 
 
 def test_plan_rejects_bad_input() -> None:
     with pytest.raises(ValueError):
-        plan_retain_start(AGENT, [1], 10, 10)
+        plan_retain_start(CHAT, AGENT, [1], 10, 10)
     with pytest.raises(ValueError):
-        plan_retain_start(AGENT, AGENT_COUNTS, 0, 10)
+        plan_retain_start(CHAT, AGENT, AGENT_COUNTS, 0, 10)
 
 
 def test_plan_of_a_conversation_with_nothing_to_split() -> None:
-    assert plan_retain_start([{"role": "system"}], [1], 10, 10) == 1
-    assert plan_retain_start([], [], 10, 10) == 0
+    assert plan_retain_start(CHAT, [{"role": "system"}], [1], 10, 10) == 1
+    assert plan_retain_start(CHAT, [], [], 10, 10) == 0
 
 
 def test_retain_budget_for() -> None:
@@ -327,12 +327,12 @@ async def test_a_long_round_is_split_at_a_step_and_keeps_its_user_message() -> N
     result = await compactor(Model()).compact(messages, hashes_of(messages), None, budget=1000, model="m")
     checkpoint = result.checkpoint
     assert checkpoint is not None
-    # Seven steps of 125 tokens (25 for the call, 100 for its result) and the user message's 10 fit in 1000.
-    assert [COUNT(m) for m in messages[1:4]] == [10, 25, 100]
-    assert (checkpoint.retain_start_idx, checkpoint.round_start_idx) == (28, 1)
-    view = ProjectionBuilder().build(messages, checkpoint)
+    # Nine steps of 102 tokens (2 for the call, 100 for its result) and the user message's 10 fit in 1000.
+    assert [COUNT(m) for m in messages[1:4]] == [10, 2, 100]
+    assert (checkpoint.retain_start_idx, checkpoint.round_start_idx) == (24, 1)
+    view = ProjectionBuilder(CHAT).build(messages, checkpoint)
     assert view[1]["content"].endswith(SUMMARY_END + messages[1]["content"])
-    assert view[2:] == messages[28:]
+    assert view[2:] == messages[24:]
 
 
 async def test_each_level_shrinks_the_tail() -> None:
@@ -413,12 +413,12 @@ def assert_well_formed(view: Sequence[Message], had_system: bool, strict: bool =
 
 
 def tail_cost(messages: Sequence[Message], counts: Sequence[int], start: int) -> int:
-    opener = round_start_for(messages, start)
+    opener = round_start_for(CHAT, messages, start)
     return sum(counts[start:]) + (counts[opener] if opener is not None else 0)
 
 
 def cuts_of(messages: Sequence[Message]) -> list[int]:
-    return [i for i in range(leading_system_count(messages), len(messages)) if messages[i]["role"] != "tool"]
+    return [i for i in range(leading_system_count(CHAT, messages), len(messages)) if messages[i]["role"] != "tool"]
 
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -428,7 +428,7 @@ PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 @given(conversations(), st.integers(1, 12), st.integers(1, 4000))
 def test_plan_is_well_formed_and_fits_when_any_split_fits(messages: list[Message], rounds: int, budget: int) -> None:
     counts = [COUNT(m) for m in messages]
-    start = plan_retain_start(messages, counts, rounds, budget)
+    start = plan_retain_start(CHAT, messages, counts, rounds, budget)
     cuts = cuts_of(messages)
     assert start in cuts
     if any(tail_cost(messages, counts, i) <= budget for i in cuts):
@@ -436,10 +436,10 @@ def test_plan_is_well_formed_and_fits_when_any_split_fits(messages: list[Message
     users = [i for i in cuts if messages[i]["role"] == "user"]
     if len(users) > rounds and tail_cost(messages, counts, users[-rounds]) <= budget:
         assert start == users[-rounds]
-    checkpoint = Checkpoint("s", start, "", round_start_for(messages, start), 0, 0, "m", 0.0)
+    checkpoint = Checkpoint("s", start, "", round_start_for(CHAT, messages, start), 0, 0, "m", 0.0)
     for placement in ("user", "system"):
-        view = ProjectionBuilder(summary_placement=placement).build(messages, checkpoint)
-        assert_well_formed(view, had_system=bool(leading_system_count(messages)) or placement == "system",
+        view = ProjectionBuilder(CHAT, summary_placement=placement).build(messages, checkpoint)
+        assert_well_formed(view, had_system=bool(leading_system_count(CHAT, messages)) or placement == "system",
                            strict=role_error(messages) is None)
 
 
@@ -455,12 +455,12 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
 ) -> None:
     original = copy.deepcopy(messages)
     hashes = hashes_of(messages)
-    projection = ProjectionBuilder(summary_placement=placement)  # type: ignore[arg-type]
+    projection = ProjectionBuilder(CHAT, summary_placement=placement)  # type: ignore[arg-type]
     model = Model("summary of the work so far")
     engine = ContextCompactor(
         SummaryGenerator(model), COUNT, clock=lambda: 0.0, projection=projection, min_retain_rounds=3
     )
-    had_system = bool(leading_system_count(messages))
+    had_system = bool(leading_system_count(CHAT, messages))
 
     result = asyncio.run(engine.compact(messages, hashes, None, budget=budget, model="m", level=level))
     assert messages == original

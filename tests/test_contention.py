@@ -21,13 +21,13 @@ import orjson
 from aiohttp.test_utils import TestServer
 
 from proxy.context.history import HistoryManager
-from proxy.context.messages import message_hash
+from proxy.dialects.chat import message_hash
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store import open_store
 from proxy.store.base import SessionKey
 from proxy.store.redis import RedisFactLog
-from tests.proxyfixtures import ProxyFactory, read_log, replay, same_conversation
+from tests.proxyfixtures import ProxyFactory, read_log, replay, same_conversation, sync_chat
 from tests.proxyproc import ProxyProcess
 from tests.test_outage import metric
 
@@ -109,7 +109,7 @@ async def test_writers_of_several_processes_retry_conflicts_until_every_reply_la
         system = {"role": "system", "content": "You are an agent running sub-tasks."}
         answers = [{"role": "assistant", "content": f"answer {i}"} for i in range(FAN_OUT)]
         await asyncio.gather(*(
-            managers[i % len(managers)].sync(key, [system, {"role": "user", "content": f"sub-task {i}"}, answer],
+            sync_chat(managers[i % len(managers)], key, [system, {"role": "user", "content": f"sub-task {i}"}, answer],
                                              upstream_from=2)
             for i, answer in enumerate(answers)))
         facts = await read_log(stores[0], key)
@@ -130,7 +130,7 @@ async def test_requests_of_one_process_append_one_after_the_other(redis_store: R
     system = {"role": "system", "content": "You are an agent running sub-tasks."}
     await redis_store.client.config_resetstat()
     await asyncio.gather(*(
-        history.sync(key, [system, {"role": "user", "content": f"sub-task {i}"},
+        sync_chat(history, key, [system, {"role": "user", "content": f"sub-task {i}"},
                            {"role": "assistant", "content": f"answer {i}"}], upstream_from=2)
         for i in range(FAN_OUT)))
     stats = await redis_store.client.info("commandstats")

@@ -10,10 +10,11 @@ import pytest
 
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
-from proxy.context.messages import message_hash
 from proxy.context.projection import SUMMARY_END
 from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
 from proxy.context.tokens import chars_tokens
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey
 from tests.fakeupstream import full_summary
 from tests.proxyfixtures import read_log
@@ -65,7 +66,7 @@ async def prepare(engine: ContextEngine, messages: list[dict[str, Any]], complet
                   tools: list[dict[str, Any]] | None = None):
     hashes = [message_hash(m) for m in messages]
     state = await engine.history.sync(key, messages, hashes)
-    return await engine.prepare(key, messages, hashes, state, model="m", tools=tools, max_output=None,
+    return await engine.prepare(key, messages, hashes, state, dialect=CHAT, model="m", tools=tools, max_output=None,
                                 complete=complete)
 
 
@@ -95,8 +96,8 @@ async def test_a_second_process_sees_the_checkpoint(store: FactLog) -> None:
     other = engine_over(store)  # a fresh process: nothing cached
     state = await other.history.state(KEY)
     assert active_checkpoint(state) is not None
-    view = other.view(messages, [message_hash(m) for m in messages], state, window=WINDOW, tools=None,
-                      max_output=None)
+    view = other.view(messages, [message_hash(m) for m in messages], state, dialect=CHAT, window=WINDOW,
+                      tools=None, max_output=None)
     assert view.estimate.tokens <= view.threshold
 
 
@@ -152,14 +153,14 @@ async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and
     hashes = [message_hash(m) for m in edited]
     state = await engine.history.sync(KEY, edited, hashes)
     assert active_checkpoint(state) is None
-    view = engine.view(edited, hashes, state, window=WINDOW, tools=None, max_output=None)
+    view = engine.view(edited, hashes, state, dialect=CHAT, window=WINDOW, tools=None, max_output=None)
     assert view.messages == edited and not view.changed
     facts = await read_log(store, KEY)
     assert facts[-2].kind == "rewind" and (facts[-2].index, facts[-2].extra["from_seq"]) == (1, 0)
     assert facts[-1].message == edited[1]
     # Back to the original conversation: its checkpoint applies again, before anything is logged.
     original = [message_hash(m) for m in messages]
-    back = engine.view(messages, original, state, window=WINDOW, tools=None, max_output=None)
+    back = engine.view(messages, original, state, dialect=CHAT, window=WINDOW, tools=None, max_output=None)
     assert back.changed and back.checkpoint == active_checkpoint(await engine.history.sync(KEY, messages, original))
     assert len(await read_log(store, KEY)) == len(facts) + 1, "the return is one rewind"
 
@@ -178,8 +179,8 @@ async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summ
     messages = conversation(60)
     hashes = [message_hash(m) for m in messages]
     summariser = Summariser()
-    result, _ = await engine.compact(KEY, messages, hashes, trigger="manual", model="gpt-4o", complete=summariser,
-                                     window=engine.window_for("gpt-4o"))
+    result, _ = await engine.compact(KEY, messages, hashes, trigger="manual", dialect=CHAT, model="gpt-4o",
+                                     complete=summariser, window=engine.window_for("gpt-4o"))
     assert result.outcome == "ok"
     assert summariser.calls == calls
     assert summariser.max_tokens == [max_output] * calls

@@ -8,10 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.context.chain import chain_hash
 from proxy.context.history import HistoryManager
 from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.messages import chain_hash, message_hash
 from proxy.context.planning import plan_sync
+from proxy.dialects.chat import message_hash
 from proxy.store.base import NewFact, SessionKey, StoredFact
 from tests.proxyfixtures import replay
 
@@ -32,13 +33,13 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
     history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
     key = SessionKey("t", "s")
     for messages in requests:
-        assert history.hashes_for(key, messages, 100) == [message_hash(m) for m in messages]
+        assert history.hashes_for(key, messages, 100, message_hash) == [message_hash(m) for m in messages]
 
 
 def test_recent_requests_are_bounded_by_size() -> None:
     history = HistoryManager(log=None, clock=lambda: 0.0, recent_bytes=1000)  # type: ignore[arg-type]
     for i in range(5):
-        history.hashes_for(SessionKey("t", f"s{i}"), [{"role": "user", "content": str(i)}], 0)
+        history.hashes_for(SessionKey("t", f"s{i}"), [{"role": "user", "content": str(i)}], 0, message_hash)
     assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
 
 

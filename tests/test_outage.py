@@ -18,7 +18,7 @@ from proxy.sessions import tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.redis import RedisFactLog
-from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.proxyfixtures import read_log, replay, same_conversation, sync_chat
 from tests.redisproc import RedisProcess, free_port
 
 AUTH = {"Authorization": "Bearer sk-outage", "X-Session-Id": "outage"}
@@ -99,10 +99,10 @@ async def test_a_missed_reply_is_logged_in_the_background_once_the_store_is_back
     conversation = [{"role": "user", "content": "begin"}, {"role": "assistant", "content": "first"},
                     {"role": "user", "content": "and then?"}, {"role": "assistant", "content": "second"}]
     try:
-        await history.sync(key, conversation[:2], upstream_from=1)
+        await sync_chat(history, key, conversation[:2], upstream_from=1)
         redis.stop()
         with pytest.raises(StoreUnavailable):
-            await history.sync(key, conversation, upstream_from=3)
+            await sync_chat(history, key, conversation, upstream_from=3)
         retry = history.retry_of(key)
         assert retry is not None
         await asyncio.wait_for(failed.wait(), 30)  # a retry ran while the store was down, and was counted
@@ -129,16 +129,16 @@ async def test_a_reply_retried_on_another_branch_leaves_the_head_where_the_clien
     main = [{"role": "user", "content": "begin"}, {"role": "assistant", "content": "first"}]
     side = [{"role": "system", "content": "Write a title."}, {"role": "user", "content": "begin"}]
     try:
-        await history.sync(key, main, upstream_from=1)
+        await sync_chat(history, key, main, upstream_from=1)
         redis.stop()
         with pytest.raises(StoreUnavailable):
-            await history.sync(key, [*main, {"role": "user", "content": "more"}, {"role": "assistant",
+            await sync_chat(history, key, [*main, {"role": "user", "content": "more"}, {"role": "assistant",
                                                                                    "content": "lost?"}],
                                upstream_from=3)
         retry = history.retry_of(key)
         assert retry is not None
         redis.start()
-        await history.sync(key, side)  # the client's next request is another conversation
+        await sync_chat(history, key, side)  # the client's next request is another conversation
         await asyncio.wait_for(retry, 30)
         facts = await read_log(store, key)
         assert same_conversation(replay(facts), side), "the head is the conversation the client last sent"

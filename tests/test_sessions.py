@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from proxy.context.history import HistoryManager
+from proxy.dialects import CHAT
 from proxy.keys import history_key
 from proxy.sessions import credential, fingerprint_session, tenant_of
 from proxy.store.base import SessionKey
@@ -27,7 +28,7 @@ async def test_header_then_foreign_headers_then_fingerprint(proxy) -> None:
     assert await session_of(proxy, headers={"X-Session-Id": "mine", "session-id": "codex"}) == "mine"
     assert await session_of(proxy, headers={"session-id": "codex-123"}) == "codex-123"
     assert await session_of(proxy, headers={"x-claude-code-session-id": "cc-9"}) == "cc-9"
-    assert await session_of(proxy, headers={"helicone-session-id": "not valid!"}) == fingerprint_session(
+    assert await session_of(proxy, headers={"helicone-session-id": "not valid!"}) == fingerprint_session(CHAT,
         BODY["messages"])
     assert (await session_of(proxy)).startswith("auto-")
 
@@ -36,9 +37,9 @@ def test_fingerprint_uses_whole_messages_not_a_prefix() -> None:
     long = "x" * 10_000
     a = [{"role": "system", "content": long + "A"}, {"role": "user", "content": "go"}]
     b = [{"role": "system", "content": long + "B"}, {"role": "user", "content": "go"}]
-    assert fingerprint_session(a) != fingerprint_session(b)
+    assert fingerprint_session(CHAT, a) != fingerprint_session(CHAT, b)
     later = [*a, {"role": "assistant", "content": "done"}, {"role": "user", "content": "more"}]
-    assert fingerprint_session(a) == fingerprint_session(later)
+    assert fingerprint_session(CHAT, a) == fingerprint_session(CHAT, later)
 
 
 def test_tenant_is_a_hash_of_the_key() -> None:

@@ -16,6 +16,7 @@ from proxy.context.summarizer import (
     serialise_message,
     take_chunk,
 )
+from proxy.dialects import CHAT
 from proxy.types import Message
 from tests.fakeupstream import full_summary
 
@@ -53,19 +54,20 @@ class Recorder:
 
 
 def test_serialise_message() -> None:
-    assert serialise_message(MESSAGES[0], 4, 100) == "[#4 user]\nfix the parser"
-    assert serialise_message(MESSAGES[1], 5, 100) == '[#5 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)'
-    assert serialise_message(MESSAGES[2], 6, 100) == "[#6 tool result for call c1]\ndef parse(): ..."
+    assert serialise_message(CHAT, MESSAGES[0], 4, 100) == "[#4 user]\nfix the parser"
+    assert serialise_message(CHAT, MESSAGES[1], 5, 100) == (
+        '[#5 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)')
+    assert serialise_message(CHAT, MESSAGES[2], 6, 100) == "[#6 tool result for call c1]\ndef parse(): ..."
 
 
 def test_serialise_clips_tool_output_and_arguments() -> None:
     tool = {"role": "tool", "tool_call_id": "c1", "name": "read", "content": "x" * 30}
-    assert serialise_message(tool, 9, 10) == (
-        "[#9 tool result read for call c1]\n"
+    assert serialise_message(CHAT, tool, 9, 10) == (
+        "[#9 tool result for call c1]\n"
         "xxxxx\n[… 20 characters elided by ctxproxy; full text in the fact log, message index 9 …]\nxxxxx"
     )
     call = {"id": "c", "function": {"name": "write", "arguments": "y" * 30}}
-    assert serialise_message({"role": "assistant", "content": None, "tool_calls": [call]}, 3, 10) == (
+    assert serialise_message(CHAT, {"role": "assistant", "content": None, "tool_calls": [call]}, 3, 10) == (
         "[#3 assistant]\n-> call write "
         "yyyyy\n[… 20 characters elided by ctxproxy; full text in the fact log, message index 3 …]\nyyyyy (id c)"
     )
@@ -101,7 +103,7 @@ def test_take_chunk() -> None:
 
 async def test_rolling_input_is_previous_summary_plus_new_messages() -> None:
     model = Recorder(f"  {S('NEW SUMMARY')} \n")
-    result = await SummaryGenerator(model).summarise("OLD SUMMARY", MESSAGES[1:], first_index=12)
+    result = await SummaryGenerator(model).summarise("OLD SUMMARY", MESSAGES[1:], CHAT, first_index=12)
     assert result == SummaryResult("ok", summary=S("NEW SUMMARY"), calls=1)
     assert model.user_texts() == [
         "<previous-summary>\nOLD SUMMARY\n</previous-summary>\n\n<new-messages>\n"
@@ -112,7 +114,7 @@ async def test_rolling_input_is_previous_summary_plus_new_messages() -> None:
 
 async def test_instructions_steer_the_summary() -> None:
     model = Recorder(S("S"))
-    await SummaryGenerator(model).summarise(None, MESSAGES, instructions="focus on tests")
+    await SummaryGenerator(model).summarise(None, MESSAGES, CHAT, instructions="focus on tests")
     assert model.user_texts()[0].endswith("Additional instructions for this summary:\nfocus on tests")
 
 
@@ -126,7 +128,7 @@ def small_generator(model: Recorder | object, **kwargs: object) -> SummaryGenera
 
 async def test_large_input_is_folded_chunk_by_chunk_in_order() -> None:
     model = Recorder(S("S1"), S("S2"), S("S3"))
-    result = await small_generator(model).summarise(S("S0"), MESSAGES)
+    result = await small_generator(model).summarise(S("S0"), MESSAGES, CHAT)
     assert result == SummaryResult("ok", summary=S("S3"), calls=3)
     texts = model.user_texts()
     assert [t.split("</previous-summary>")[0] for t in texts] == [
@@ -148,7 +150,8 @@ async def test_prompt_too_long_halves_the_chunk_and_retries() -> None:
             raise SummaryInputTooLong("prompt is too long")
         return SummaryAnswer(S(f"S{len(transcripts)}"))
 
-    result = await small_generator(picky).summarise(S("S0"), [*MESSAGES[:1], {"role": "user", "content": "z" * 60}])
+    result = await small_generator(picky).summarise(S("S0"), [*MESSAGES[:1], {"role": "user", "content": "z" * 60}],
+                                                 CHAT)
     assert result.outcome == "ok"
     assert [len(t) for t in transcripts] == [
         len("[#0 user]\nfix the parser"),  # 24: accepted
@@ -164,7 +167,7 @@ async def test_prompt_too_long_gives_up_at_the_minimum_chunk() -> None:
     async def never_fits(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
         raise SummaryInputTooLong("prompt is too long")
 
-    result = await small_generator(never_fits, min_chunk_tokens=30).summarise(S("S0"), MESSAGES)
+    result = await small_generator(never_fits, min_chunk_tokens=30).summarise(S("S0"), MESSAGES, CHAT)
     assert result.outcome == "failed"
     assert result.summary is None
     assert result.error == "chunk limit 20 under the minimum"
@@ -178,7 +181,7 @@ async def test_timeout_gives_timeout_and_no_summary() -> None:
         await never.wait()
         return SummaryAnswer("unreachable")
 
-    result = await SummaryGenerator(hangs, timeout=0.01).summarise("OLD", MESSAGES)
+    result = await SummaryGenerator(hangs, timeout=0.01).summarise("OLD", MESSAGES, CHAT)
     assert result == SummaryResult("timeout", calls=1, error="no summary within 0.01 s")
 
 
@@ -186,13 +189,13 @@ async def test_exception_gives_failed() -> None:
     async def broken(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
         raise ConnectionError("upstream reset")
 
-    result = await SummaryGenerator(broken).summarise("OLD", MESSAGES)
+    result = await SummaryGenerator(broken).summarise("OLD", MESSAGES, CHAT)
     assert result == SummaryResult("failed", calls=1, error="ConnectionError: upstream reset")
 
 
 @pytest.mark.parametrize("answer", ["", "   \n\t"])
 async def test_empty_answer_gives_failed(answer: str) -> None:
-    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES)
+    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES, CHAT)
     assert result == SummaryResult("failed", calls=1, error="empty summary")
 
 
@@ -202,13 +205,14 @@ async def test_a_failure_after_some_chunks_discards_the_partial_fold() -> None:
             raise RuntimeError("boom")
         return SummaryAnswer(S("S1"))
 
-    result = await small_generator(fails_second).summarise(S("S0"), MESSAGES)
+    result = await small_generator(fails_second).summarise(S("S0"), MESSAGES, CHAT)
     assert result == SummaryResult("failed", calls=2, error="RuntimeError: boom")
 
 
 async def test_nothing_to_summarise_is_a_failure_without_a_call() -> None:
     model = Recorder()
-    assert await SummaryGenerator(model).summarise("OLD", []) == SummaryResult("failed", error="nothing to summarise")
+    result = await SummaryGenerator(model).summarise("OLD", [], CHAT)
+    assert result == SummaryResult("failed", error="nothing to summarise")
     assert model.prompts == []
 
 
@@ -233,13 +237,13 @@ REFUSAL = "I'm sorry, I can't help with that."
     ("## 1. Goals\nKeep going.\n## 8. Identifiers\nFACT-1", "summary lacks section 2 (Work completed)"),
 ], ids=["refusal", "length", "content-filter", "no-section-5", "two-sections"])
 async def test_an_unusable_answer_is_a_failure(answer: str | SummaryAnswer, error: str) -> None:
-    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES)
+    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES, CHAT)
     assert result == SummaryResult("failed", calls=1, error=error)
 
 
 async def test_an_unusable_answer_mid_fold_discards_the_partial_fold() -> None:
     model = Recorder(S("S1"), REFUSAL, S("S3"))
-    result = await small_generator(model).summarise(S("S0"), MESSAGES)
+    result = await small_generator(model).summarise(S("S0"), MESSAGES, CHAT)
     assert result == SummaryResult("failed", calls=2, error="summary lacks section 1 (Goals and constraints)")
 
 
@@ -256,7 +260,7 @@ def test_section_headings_are_matched_leniently_but_all_and_in_order() -> None:
 
 async def test_the_output_bound_goes_with_every_call() -> None:
     model = Recorder(S("S1"), S("S2"), S("S3"))
-    await small_generator(model, max_output_tokens=333).summarise(S("S0"), MESSAGES)
+    await small_generator(model, max_output_tokens=333).summarise(S("S0"), MESSAGES, CHAT)
     assert model.max_tokens == [333, 333, 333]
 
 
@@ -290,6 +294,6 @@ async def test_the_timeout_bounds_all_chunk_calls_together() -> None:
         return SummaryAnswer(S(f"S{len(started)}"))
 
     messages: list[Message] = [{"role": "user", "content": f"step {n} " + "w" * 50} for n in range(7)]
-    result = await small_generator(slow, timeout=0.6).summarise(S("S0"), messages)
+    result = await small_generator(slow, timeout=0.6).summarise(S("S0"), messages, CHAT)
     assert result == SummaryResult("timeout", calls=2, error="no summary within 0.6 s")
     assert (started, ended) == ([1, 2], [1])

@@ -12,11 +12,11 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.dialects.chat import output_bound_field
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
-from proxy.summarycall import output_bound_field
 from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose

@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
 from proxy.context.projection import SUMMARY_HEADER
+from proxy.dialects import CHAT
 from proxy.keys import store_key
 from proxy.logs import JsonFormatter, RedactRequestBytes, default_log_config
 from proxy.sessions import fingerprint_session, tenant_of
@@ -138,7 +139,7 @@ async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_pr
     proxy = await make_proxy(context_window=4096, min_retain_rounds=2)
     store = proxy.app[store_key]
     messages = conversation(1)
-    session = fingerprint_session(messages) if route == "auto" else SESSION
+    session = fingerprint_session(CHAT, messages) if route == "auto" else SESSION
     if route == "url":
         b_log = await tenant_b_session(proxy, fake, session, headers={}, path=f"/s/{session}/v1/chat/completions")
     else:

@@ -13,9 +13,9 @@ from proxy.context.tokens import (
     bundled_encoding,
     bundled_encoding_name,
     chars_tokens,
-    message_text,
     tools_chars,
 )
+from proxy.dialects import CHAT
 
 
 class WordEncoding:
@@ -50,7 +50,7 @@ def test_message_text_covers_what_the_model_reads() -> None:
         "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": 1}'}}],
         "name": "bot",
     }
-    assert message_text(message) == ('look\nread\n{"p": 1}\nbot', 1)
+    assert CHAT.text(message) == ('look\nread\n{"p": 1}\nbot', 1)
 
 
 def test_encoding_name_prefers_o200k(tmp_path: Path) -> None:
@@ -87,23 +87,23 @@ def test_bundled_encoding_loads_offline_and_restores_the_environment(tmp_path: P
 
 def test_message_tokens_add_overhead_and_non_text_parts() -> None:
     counter = TokenCounter(WordEncoding())
-    assert counter.message_tokens({"role": "user", "content": "one two three"}) == 3 + MESSAGE_OVERHEAD_TOKENS
+    assert counter.message_tokens(CHAT, {"role": "user", "content": "one two three"}) == 3 + MESSAGE_OVERHEAD_TOKENS
     image = {"role": "user", "content": [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {}}]}
-    assert counter(image) == 1 + NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS
+    assert counter.message_tokens(CHAT, image) == 1 + NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS
 
 
 def test_counts_are_cached_per_digest() -> None:
     encoding = WordEncoding()
     counter = TokenCounter(encoding)
     message = {"role": "user", "content": "a b"}
-    assert counter(message, "d1") == 6
-    assert counter(message, "d1") == 6
+    assert counter.message_tokens(CHAT, message, "d1") == 6
+    assert counter.message_tokens(CHAT, message, "d1") == 6
     assert encoding.calls == 1
     # The digest is the key: the caller's hash is trusted, so no hashing on the hot path.
-    assert counter({"role": "user", "content": "x y z w"}, "d1") == 6
+    assert counter.message_tokens(CHAT, {"role": "user", "content": "x y z w"}, "d1") == 6
     # Without a digest the message hash is computed, and equal messages share it.
-    assert counter({"role": "user", "content": "a b"}) == 6
-    assert counter({"role": "user", "content": " a b "}) == 6
+    assert counter.message_tokens(CHAT, {"role": "user", "content": "a b"}) == 6
+    assert counter.message_tokens(CHAT, {"role": "user", "content": " a b "}) == 6
     assert encoding.calls == 2
 
 
@@ -111,12 +111,12 @@ def test_cache_is_a_bounded_lru() -> None:
     encoding = WordEncoding()
     counter = TokenCounter(encoding, maxsize=2)
     for digest in ("a", "b", "a", "c"):
-        counter({"role": "user", "content": "w"}, digest)
+        counter.message_tokens(CHAT, {"role": "user", "content": "w"}, digest)
     assert len(counter) == 2
     assert encoding.calls == 3
-    counter({"role": "user", "content": "w"}, "a")  # recently used: kept
+    counter.message_tokens(CHAT, {"role": "user", "content": "w"}, "a")  # recently used: kept
     assert encoding.calls == 3
-    counter({"role": "user", "content": "w"}, "b")  # least recently used: evicted
+    counter.message_tokens(CHAT, {"role": "user", "content": "w"}, "b")  # least recently used: evicted
     assert encoding.calls == 4
 
 

@@ -248,7 +248,7 @@ async def test_a_rebuilt_request_is_exactly_what_went_upstream(make_proxy, fake)
     assert len(points) == len(fake.requests) == 20
     summarised = 0
     for point, sent in zip(points, fake.requests, strict=True):
-        found = await rebuild(store, key, point, checkpoints.get(point.view_key), engine.projection())
+        found = await rebuild(store, key, point, checkpoints.get(point.view_key), engine.projection)
         assert found.view == sent["messages"]
         assert found.matches()
         summarised += found.checkpoint is not None

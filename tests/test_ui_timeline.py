@@ -9,10 +9,13 @@ import orjson
 import pytest
 
 from proxy.compactions import RecentCompactions
+from proxy.context.budget import ContextBudgetPolicy
+from proxy.context.clipping import clip_to_fit, entry_namer
 from proxy.context.compactor import Checkpoint, CompactionResult, prefix_hash
-from proxy.context.messages import message_hash
-from proxy.context.projection import ProjectionBuilder
+from proxy.context.projection import SUMMARY_END, ProjectionBuilder
 from proxy.context.tokens import TokenCounter
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
 from proxy.ui import cookie
 from proxy.ui.request import Origin, origins
@@ -51,7 +54,7 @@ def test_the_fold_follows_rewinds_and_counts_what_each_request_sent() -> None:
     t.extend([fact(0, "message", 0, m[0]), fact(1, "message", 1, m[1]),
               fact(2, "message", 2, m[2], "upstream", usage={"prompt_tokens": 77}, view={"key": "", "length": 2}),
               fact(3, "rewind", 1), fact(4, "message", 1, m[3]), fact(5, "message", 2, m[4], "upstream")])
-    tokens = [counter.message_tokens(x) for x in m]
+    tokens = [counter.message_tokens(CHAT, x) for x in m]
     assert [(p.seq, p.index, p.sent, p.seen, p.measured) for p in t.points] == [
         (2, 2, tokens[0] + tokens[1], 77, True),
         (5, 2, tokens[0] + tokens[3], tokens[0] + tokens[3], False),  # no usage: the estimate, all of it in view
@@ -71,10 +74,11 @@ def test_without_usage_the_estimate_is_the_view_the_checkpoint_makes() -> None:
     facts.append(fact(7, "message", 6, m[6], "upstream", view={"key": checkpoint.view_key, "length": 5}))
     t = Timeline()
     t.extend(facts)
-    view = ProjectionBuilder().build(m[:6], checkpoint)
-    assert [x["content"] for x in view][2:] == [m[3]["content"], m[4]["content"], m[5]["content"]]  # opener back
+    view = ProjectionBuilder(CHAT).build(m[:6], checkpoint)
+    assert view[1]["content"].endswith(SUMMARY_END + m[3]["content"])  # the opener back, the summary leading it
+    assert [x["content"] for x in view][2:] == [m[4]["content"], m[5]["content"]]
     [point] = t.points
-    assert point.seen == sum(counter.message_tokens(x) for x in view) and not point.measured
+    assert point.seen == sum(counter.message_tokens(CHAT, x) for x in view) and not point.measured
     [mark] = t.marks
     assert (mark.seq, mark.position, mark.first, mark.retain_start, mark.tokens_before, mark.tokens_after) == (
         6, 0, 1, 4, 500, 100)
@@ -128,12 +132,18 @@ def test_origins_of_view_messages() -> None:
     m = [msg("system", "sys"), msg("user", "old"), msg("assistant", "old answer"), msg("user", "now"),
          {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
                                                                 "function": {"name": "f", "arguments": "{}"}}]}, tool]
+    seqs = [10, 11, 12, 13, 14, 15]
     checkpoint = Checkpoint("S", 3, prefix_hash([message_hash(x) for x in m], 3), None, 10, 5, "m", 0.0)
-    view = ProjectionBuilder(clip_chars=100).build(m, checkpoint)
-    assert origins(view, m) == [Origin("verbatim", 0), Origin("summary", None), Origin("verbatim", 3),
-                                Origin("verbatim", 4), Origin("clipped", 5, 400)]
-    merged = ProjectionBuilder(summary_placement="system").build(m, checkpoint)
-    assert origins(merged, m)[0] == Origin("summary", 0)
+    view = ProjectionBuilder(CHAT).build(m, checkpoint)
+    clipped = clip_to_fit(CHAT, view, 50, ContextBudgetPolicy(estimator="chars"), entry_namer(m, seqs))
+    assert clipped is not None
+    kept = clipped[-1]["content"].split("\n")
+    assert kept[1] == "[… 253 characters elided by ctxproxy; full text in the fact log, entry seq 15 …]"
+    elided = 253
+    assert origins(clipped, m, CHAT, seqs) == [Origin("verbatim", 0), Origin("summary", None), Origin("verbatim", 4),
+                                               Origin("clipped", 5, elided)]
+    merged = ProjectionBuilder(CHAT, summary_placement="system").build(m, checkpoint)
+    assert origins(merged, m, CHAT, seqs)[0] == Origin("summary", 0)
 
 
 def test_cookie_is_signed_expires_and_never_holds_the_token() -> None:

@@ -26,14 +26,21 @@ compaction starts, ``hard_limit`` what the upstream would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
 import orjson
 
-from proxy.context.messages import message_hash, text_length
-from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter, chars_tokens, tools_chars
+from proxy.context.items import ItemModel
+from proxy.context.tokens import (
+    NON_TEXT_PART_TOKENS,
+    MessageCounter,
+    TokenCounter,
+    chars_tokens,
+    text_length,
+    tools_chars,
+)
 from proxy.types import Message
 
 Estimator = Literal["chars", "tokenizer", "max"]
@@ -65,8 +72,8 @@ class UsageSample:
     last_hash: str
 
     @classmethod
-    def of(cls, prompt_tokens: int, view: Sequence[Message], view_key: str = "") -> UsageSample:
-        return cls(prompt_tokens, view_key, len(view), message_hash(view[-1]) if view else "")
+    def of(cls, dialect: ItemModel, prompt_tokens: int, view: Sequence[Message], view_key: str = "") -> UsageSample:
+        return cls(prompt_tokens, view_key, len(view), dialect.hash(view[-1]) if view else "")
 
 
 @dataclass(frozen=True)
@@ -77,15 +84,6 @@ class Estimate:
     chars: int | None
     usage: int | None
     tokenizer: int | None
-
-
-def requested_output_tokens(body: Mapping[str, Any]) -> int | None:
-    """The answer size a Chat Completions request reserves (``max_completion_tokens`` wins, as upstream)."""
-    for field in ("max_completion_tokens", "max_tokens"):
-        value = body.get(field)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 class ContextBudgetPolicy:
@@ -146,8 +144,9 @@ class ContextBudgetPolicy:
             reserve = min(DEFAULT_ANSWER_RESERVE, share)
         return self.context_window - reserve
 
-    def tail_budget(self, current: Estimate, threshold: int, retain_budget: int, *, head: Sequence[Message],
-                    head_hashes: Sequence[str], summary: str | None, tools: Sequence[Any] | None) -> int:
+    def tail_budget(self, dialect: ItemModel, current: Estimate, threshold: int, retain_budget: int, *,
+                    head: Sequence[Message], head_hashes: Sequence[str], summary: str | None,
+                    tools: Sequence[Any] | None) -> int:
         """Tokens the retained tail may take: the compacted view then sits at ``POST_COMPACTION_SHARE`` of it.
 
         ``threshold`` is the effective one: with window 8,000 and ``max_tokens``
@@ -159,8 +158,9 @@ class ContextBudgetPolicy:
         measure (``current``), the tail shrinks by that ratio: the next threshold
         check believes the upstream.
         """
-        fixed = self.tools_tokens(tools) + sum(map(self.message_tokens, head, head_hashes))
-        fixed += self.message_tokens({"role": "user", "content": summary}) if summary is not None else 0
+        fixed = self.tools_tokens(tools) + sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes,
+                                                                                                  strict=True))
+        fixed += self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary is not None else 0
         local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
         scale = max(1.0, current.tokens / local)
         return max(1, min(retain_budget, int(threshold * POST_COMPACTION_SHARE / scale) - fixed))
@@ -179,14 +179,23 @@ class ContextBudgetPolicy:
         chars = chars_tokens(tools_chars(tools)) if self._uses_chars else 0
         return max(chars, self.counter.tools_tokens(tools)) if self._uses_tokenizer else chars
 
-    def message_tokens(self, message: Message, digest: str | None = None, /) -> int:
+    def message_tokens(self, dialect: ItemModel, message: Message, digest: str | None = None, /) -> int:
         """Per-message figure for planning a compaction, by the same estimator as ``estimate``."""
-        chars = chars_tokens(text_length(message)) if self._uses_chars else 0
-        tokenized = self.counter(message, digest) if self._uses_tokenizer else 0
+        chars = chars_tokens(text_length(dialect, message)) if self._uses_chars else 0
+        tokenized = self.counter.message_tokens(dialect, message, digest) if self._uses_tokenizer else 0
         return max(chars, tokenized)
+
+    def counter_for(self, dialect: ItemModel) -> MessageCounter:
+        """``message_tokens`` bound to one dialect: the compactor's counter."""
+
+        def count(message: Message, digest: str | None = None, /) -> int:
+            return self.message_tokens(dialect, message, digest)
+
+        return count
 
     def estimate(
         self,
+        dialect: ItemModel,
         view: Sequence[Message],
         *,
         tools: Sequence[Any] | None = None,
@@ -208,17 +217,17 @@ class ContextBudgetPolicy:
             digests = [known.get(id(m)) for m in view]
         chars = None
         if self._uses_chars:
-            chars = chars_tokens(sum(text_length(m) for m in view) + tools_chars(tools))
+            chars = chars_tokens(sum(text_length(dialect, m) for m in view) + tools_chars(tools))
         tokenized = None
         if self._uses_tokenizer:
-            counted = self.counter.count_many(view, digests) + self.counter.tools_tokens(tools)
+            counted = self.counter.count_many(dialect, view, digests) + self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
-        measured = self._usage_estimate(view, digests, usage, view_key)
+        measured = self._usage_estimate(dialect, view, digests, usage, view_key)
         figures = [figure for figure in (chars, measured, tokenized) if figure is not None]
         return Estimate(max(figures, default=0), chars, measured, tokenized)
 
-    def _usage_estimate(self, view: Sequence[Message], digests: Sequence[str | None], usage: UsageSample | None,
-                        view_key: str) -> int | None:
+    def _usage_estimate(self, dialect: ItemModel, view: Sequence[Message], digests: Sequence[str | None],
+                        usage: UsageSample | None, view_key: str) -> int | None:
         """The upstream's count of the base, plus what was added since, measured like any message.
 
         Characters ÷ 3 of a large tool result added since the last call more
@@ -228,10 +237,10 @@ class ContextBudgetPolicy:
         """
         if usage is None or usage.view_key != view_key or not 0 < usage.view_length <= len(view):
             return None
-        if message_hash(view[usage.view_length - 1]) != usage.last_hash:
+        if dialect.hash(view[usage.view_length - 1]) != usage.last_hash:
             return None
         start = usage.view_length
-        added = sum(self.message_tokens(m, d) for m, d in zip(view[start:], digests[start:], strict=True))
+        added = sum(self.message_tokens(dialect, m, d) for m, d in zip(view[start:], digests[start:], strict=True))
         return usage.prompt_tokens + added
 
     def should_compact(self, estimate: Estimate, max_output_tokens: int | None = None) -> bool:

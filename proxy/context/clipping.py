@@ -24,14 +24,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.context.budget import Estimate
+from proxy.context.items import ItemModel
 from proxy.types import Message
 
 CLIP_MARKER = "[… {count} characters elided by ctxproxy; full text in the fact log, {where} …]"
 PART_PLACEHOLDER = "[{kind} part elided by ctxproxy; kept in the fact log, {where}]"
-CLIPPED_ROLES = frozenset({"tool", "function"})
 #: The widest name a marker may carry, to price markers before they are written.
 _WIDEST_NAME = "entry seq 999999999"
 
+#: Where an item holds tool output (``ItemModel.result_paths``).
+Path = tuple[str | int, ...]
 #: Names the log entry of a conversation message: ``entry seq 12``, or ``message index 5`` before it is logged.
 Namer = Callable[[Message], str]
 
@@ -46,29 +48,47 @@ class Measure(Protocol):
 
 @dataclass(frozen=True)
 class _Unit:
-    """One piece that can be cut: a string content (``part`` None) or one part of a content list."""
+    """One piece that can be cut: a string output (``part`` None) or one part of an output list."""
 
     message: int
+    path: Path
     part: int | None
     tokens: int
     text: str | None  # None: a non-text part, replaced whole or kept
 
 
-def _units(view: Sequence[Message], measure: Measure) -> list[_Unit]:
+def _get(item: Any, path: Path) -> Any:
+    for step in path:
+        item = item[step]
+    return item
+
+
+def _set(item: Any, path: Path, value: Any) -> Any:
+    """A copy of ``item`` with ``value`` at ``path``; everything off the path is shared, not copied."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(item, list):
+        copy = list(item)
+        copy[int(head)] = _set(item[int(head)], rest, value)
+        return copy
+    return {**item, head: _set(item[head], rest, value)}
+
+
+def _units(dialect: ItemModel, view: Sequence[Message], measure: Measure) -> list[_Unit]:
     units: list[_Unit] = []
     for position, message in enumerate(view):
-        if message.get("role") not in CLIPPED_ROLES:
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            units.append(_Unit(position, None, measure.text_tokens(content), content))
-        elif isinstance(content, list):
-            for index, part in enumerate(content):
-                text = part.get("text") if isinstance(part, dict) else None
-                if isinstance(text, str):
-                    units.append(_Unit(position, index, measure.text_tokens(text), text))
-                else:
-                    units.append(_Unit(position, index, measure.part_tokens(part), None))
+        for path in dialect.result_paths(message):
+            output = _get(message, path)
+            if isinstance(output, str):
+                units.append(_Unit(position, path, None, measure.text_tokens(output), output))
+            elif isinstance(output, list):
+                for index, part in enumerate(output):
+                    text = part.get("text") if isinstance(part, dict) else None
+                    if isinstance(text, str):
+                        units.append(_Unit(position, path, index, measure.text_tokens(text), text))
+                    else:
+                        units.append(_Unit(position, path, index, measure.part_tokens(part), None))
     return units
 
 
@@ -133,14 +153,15 @@ def cut_text(text: str, tokens: int, cap: int, measure: Measure, where: str) -> 
     return f"{text[:head]}\n{marker}\n{text[len(text) - tail:] if tail else ''}"
 
 
-def clip_to_fit(view: Sequence[Message], excess: int, measure: Measure, name: Namer) -> list[Message] | None:
+def clip_to_fit(dialect: ItemModel, view: Sequence[Message], excess: int, measure: Measure,
+                name: Namer) -> list[Message] | None:
     """``view`` with tool results cut to save at least ``excess`` tokens, or None when none can be cut.
 
     Non-text parts over the cap go first (they cannot shrink in part), then the
     text is capped again for what is still missing, so text is not cut further
     than those parts' removal leaves necessary.
     """
-    units = _units(view, measure)
+    units = _units(dialect, view, measure)
     if not units or excess <= 0:
         return None
     marker = measure.text_tokens(CLIP_MARKER.format(count=10**9, where=_WIDEST_NAME)) + 2
@@ -162,9 +183,9 @@ def clip_to_fit(view: Sequence[Message], excess: int, measure: Measure, name: Na
         else:
             replacement = None
         if unit.part is None:
-            clipped[unit.message] = {**message, "content": replacement}
+            clipped[unit.message] = _set(message, unit.path, replacement)
             continue
-        parts = list(message["content"])
+        parts = list(_get(message, unit.path))
         part = parts[unit.part]
         if replacement is not None:
             parts[unit.part] = {**part, "text": replacement}
@@ -173,12 +194,13 @@ def clip_to_fit(view: Sequence[Message], excess: int, measure: Measure, name: Na
             text = PART_PLACEHOLDER.format(kind=kind if isinstance(kind, str) else "non-text", where=where)
             kept = {key: part[key] for key in ("cache_control",) if isinstance(part, dict) and key in part}
             parts[unit.part] = {"type": "text", "text": text, **kept}
-        clipped[unit.message] = {**message, "content": parts}
+        clipped[unit.message] = _set(message, unit.path, parts)
     return clipped
 
 
-def fit_by_clipping(view: Sequence[Message], excess: int, limit: int, measure: Measure, name: Namer,
-                    estimate: Callable[[list[Message]], Estimate]) -> tuple[list[Message], Estimate] | None:
+def fit_by_clipping(dialect: ItemModel, view: Sequence[Message], excess: int, limit: int, measure: Measure,
+                    name: Namer, estimate: Callable[[list[Message]], Estimate],
+                    ) -> tuple[list[Message], Estimate] | None:
     """``view`` clipped until ``estimate`` puts it at ``limit`` or under, and that estimate; None if nothing can be cut.
 
     Markers and cut points are priced ahead, so one pass nearly always fits; a
@@ -186,7 +208,7 @@ def fit_by_clipping(view: Sequence[Message], excess: int, limit: int, measure: M
     """
     best: tuple[list[Message], Estimate] | None = None
     for _ in range(3):
-        clipped = clip_to_fit(view, excess, measure, name)
+        clipped = clip_to_fit(dialect, view, excess, measure, name)
         if clipped is None:
             break
         best = clipped, estimate(clipped)
@@ -198,7 +220,7 @@ def fit_by_clipping(view: Sequence[Message], excess: int, limit: int, measure: M
 
 def entry_namer(messages: Sequence[Message], seqs: Sequence[int]) -> Namer:
     """Names a message of ``messages`` by the seq of its log entry (``seqs`` covers the logged prefix)."""
-    positions = {id(m): i for i, m in enumerate(messages) if m.get("role") in CLIPPED_ROLES}
+    positions = {id(m): i for i, m in enumerate(messages)}
 
     def name(message: Message) -> str:
         index = positions.get(id(message))

@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.context.messages import chain_hash
-from proxy.context.projection import ProjectionBuilder, leading_system_count, round_start_for
+from proxy.context.chain import chain_hash
+from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
+from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
 from proxy.types import Message
@@ -35,7 +36,6 @@ DEFAULT_RETAIN_FRACTION = 0.35
 #: the view is over the window: then any gain counts, and clipping takes care of the rest.
 DEFAULT_MIN_GAIN = 0.10
 CHECKPOINT_FORMAT = 1
-_UNSPLITTABLE_ROLES = frozenset({"tool", "function"})
 
 
 def retain_budget_for(context_window: int, fraction: float = DEFAULT_RETAIN_FRACTION) -> int:
@@ -106,38 +106,39 @@ class CompactionResult:
 
 
 def plan_retain_start(
-    messages: Sequence[Message], counts: Sequence[int], min_retain_rounds: int, retain_budget: int
+    dialect: ItemModel, messages: Sequence[Message], counts: Sequence[int], min_retain_rounds: int, retain_budget: int
 ) -> int:
     """Index where the verbatim tail should start.
 
     The last ``min_retain_rounds`` rounds, moved later until the tail (plus the
     round's opening user message, re-inserted when the split falls inside a
-    round) fits ``retain_budget``. Splits happen only before a non-tool message,
-    so an assistant's tool calls and their results stay together. When nothing
-    fits, the tail is the last step alone: the smallest well-formed tail.
-    Returns the first non-system index when there is nothing to split off.
+    round) fits ``retain_budget``. Splits happen only at the dialect's cut
+    points (``cut_points``: never between a call and its result, nor after an
+    item that travels with the next). When nothing fits, the tail is the last
+    step alone: the smallest well-formed tail. Returns the first non-system
+    index when there is nothing to split off.
     """
     if len(counts) != len(messages):
         raise ValueError(f"{len(counts)} counts for {len(messages)} messages")
     if min_retain_rounds < 1:
         raise ValueError(f"min_retain_rounds must be at least 1, got {min_retain_rounds}")
-    floor = leading_system_count(messages)
-    cuts = [i for i in range(floor, len(messages)) if messages[i].get("role") not in _UNSPLITTABLE_ROLES]
+    floor = leading_system_count(dialect, messages)
+    cuts = cut_points(dialect, messages, floor)
     if not cuts:
         return floor
-    rounds = [i for i in cuts if messages[i].get("role") == "user"]
+    roles = [dialect.role(m) for m in messages]
+    rounds = [i for i in cuts if roles[i] == "user"]
     by_rounds = rounds[-min_retain_rounds] if len(rounds) > min_retain_rounds else floor
     suffix = [0] * (len(messages) + 1)
     for i in range(len(messages) - 1, -1, -1):
         suffix[i] = suffix[i + 1] + counts[i]
+    at_cut = set(cuts)
     opener: int | None = None
     for i in range(floor, len(messages)):
-        role = messages[i].get("role")
-        at_cut = role not in _UNSPLITTABLE_ROLES
-        reinserted = counts[opener] if opener is not None and role != "user" else 0
-        if role == "user":
+        reinserted = counts[opener] if opener is not None and roles[i] != "user" else 0
+        if roles[i] == "user":
             opener = i
-        if at_cut and i >= by_rounds and suffix[i] + reinserted <= retain_budget:
+        if i in at_cut and i >= by_rounds and suffix[i] + reinserted <= retain_budget:
             return i
     return cuts[-1]
 
@@ -199,14 +200,14 @@ class ContextCompactor:
         count: MessageCounter,
         *,
         clock: Callable[[], float],
-        projection: ProjectionBuilder | None = None,
+        projection: ProjectionBuilder,
         min_retain_rounds: int = DEFAULT_MIN_RETAIN_ROUNDS,
         min_gain: float = DEFAULT_MIN_GAIN,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
         self.clock = clock
-        self.projection = projection if projection is not None else ProjectionBuilder()
+        self.projection = projection
         self.min_retain_rounds = min_retain_rounds
         self.min_gain = min_gain
 
@@ -246,20 +247,23 @@ class ContextCompactor:
         before = self.view_tokens(self.projection.build(messages, previous), known)
         counts = self.message_counts(messages, hashes)
         rounds = max(1, self.min_retain_rounds >> level)
-        start = plan_retain_start(messages, counts, rounds, max(1, budget >> level))
-        base = previous.retain_start_idx if previous is not None else leading_system_count(messages)
+        dialect = self.projection.dialect
+        start = plan_retain_start(dialect, messages, counts, rounds, max(1, budget >> level))
+        system_end = leading_system_count(dialect, messages)
+        base = previous.retain_start_idx if previous is not None else system_end
         if start <= base:
             return CompactionResult("skipped", None, before, before, "nothing new to summarise")
-        opener = round_start_for(messages, start)
-        planned = sum(counts[: leading_system_count(messages)]) + sum(counts[start:])
+        opener = round_start_for(dialect, messages, start)
+        planned = sum(counts[:system_end]) + sum(counts[start:])
         planned += counts[opener] if opener is not None else 0
         if previous is not None:
-            planned += self.count({"role": "user", "content": previous.summary})
+            planned += self.count(dialect.with_summary(None, previous.summary))
         if before - planned < gain * before or before <= planned:
             return CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         result = await self.summarizer.summarise(
             previous.summary if previous is not None else None,
             messages[base:start],
+            dialect,
             first_index=base,
             instructions=instructions,
         )

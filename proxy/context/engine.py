@@ -31,8 +31,9 @@ from proxy.context.compactor import (
     retain_budget_for,
 )
 from proxy.context.history import HistoryManager
+from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.projection import ProjectionBuilder, SummaryPlacement, leading_system_count, summary_text
+from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.window import context_window_for
@@ -91,11 +92,11 @@ class PreparedView:
         return f"{key}+clipped" if self.clipped else key
 
 
-def _usage_sample(state: ConversationState | None) -> UsageSample | None:
+def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
     if state is None or state.last_usage is None:
         return None
     view = state.last_view
-    prompt = state.last_usage.get("prompt_tokens")
+    prompt = dialect.prompt_tokens(state.last_usage)
     if not isinstance(view, Mapping) or not isinstance(prompt, int):
         return None
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
@@ -166,11 +167,11 @@ class ContextEngine:
             self._policies[window] = policy
         return policy
 
-    def projection(self) -> ProjectionBuilder:
-        return ProjectionBuilder(summary_placement=self.settings.summary_placement)
+    def projection(self, dialect: ItemModel) -> ProjectionBuilder:
+        return ProjectionBuilder(dialect, summary_placement=self.settings.summary_placement)
 
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
-             window: int, tools: Sequence[Any] | None, max_output: int | None,
+             dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none", limit: int | None = None, fit: bool = True) -> PreparedView:
         """Build and estimate the view under the session's active checkpoint. Read-only.
 
@@ -178,10 +179,10 @@ class ContextEngine:
         refuse) has tool results clipped until it fits (``proxy.context.clipping``).
         """
         checkpoint = active_checkpoint(state, hashes)
-        view = self.projection().build(messages, checkpoint)
+        view = self.projection(dialect).build(messages, checkpoint)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
-        estimate = policy.estimate(view, tools=tools, usage=_usage_sample(state),
+        estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state),
                                    view_key=checkpoint.view_key if checkpoint else "",
                                    source=(view if not changed else messages, hashes))
         limit = policy.hard_limit(max_output) if limit is None else limit
@@ -190,16 +191,17 @@ class ContextEngine:
             return prepared
         # Over the limit after compaction had its chance: rare, so whole-view work is fine here.
         seqs = state.seqs[: common_prefix(state.hashes, hashes)] if state is not None else []
-        fitted = fit_by_clipping(view, estimate.tokens - limit, limit, policy, entry_namer(messages, seqs),
-                                 lambda clipped: policy.estimate(clipped, tools=tools, source=(messages, hashes)))
+        fitted = fit_by_clipping(
+            dialect, view, estimate.tokens - limit, limit, policy, entry_namer(messages, seqs),
+            lambda clipped: policy.estimate(dialect, clipped, tools=tools, source=(messages, hashes)))
         if fitted is None:
             return prepared
         return replace(prepared, messages=fitted[0], changed=True, estimate=fitted[1], clipped=True,
                        compacted="proactive" if compacted == "none" else compacted)
 
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
-                      state: ConversationState | None, *, model: str, tools: Sequence[Any] | None,
-                      max_output: int | None, complete: Complete) -> PreparedView:
+                      state: ConversationState | None, *, dialect: ItemModel, model: str,
+                      tools: Sequence[Any] | None, max_output: int | None, complete: Complete) -> PreparedView:
         """The proactive trigger: over the threshold, compact first; a failed compaction sends the view as is.
 
         ``state`` may lag the request (its new messages are logged with the
@@ -207,23 +209,26 @@ class ContextEngine:
         the conversation so that its checkpoint covers logged messages.
         """
         window = self.window_for(model)
-        prepared = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output, fit=False)
+        prepared = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
+                             max_output=max_output, fit=False)
         if prepared.estimate.tokens <= prepared.threshold:
             return prepared
         if state is None or not self.backoff.allowed(f"{key.tenant}:{key.session}"):
-            return self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
-        result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
+            return self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
+                             max_output=max_output)
+        result, state = await self.compact(key, messages, hashes, trigger="proactive", dialect=dialect, model=model,
                                            complete=complete, window=window, threshold=prepared.threshold,
                                            tools=tools, max_output=max_output,
                                            over_limit=prepared.estimate.tokens > prepared.limit)
-        after = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output)
+        after = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools, max_output=max_output)
         # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
         if result.outcome == "ok" or (after.checkpoint is not None and after.checkpoint != prepared.checkpoint):
             return replace(after, compacted="proactive")
         return after
 
     async def compact(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str], *,
-                      trigger: Trigger, model: str, complete: Complete, window: int, level: int = 0,
+                      trigger: Trigger, dialect: ItemModel, model: str, complete: Complete, window: int,
+                      level: int = 0,
                       threshold: int | None = None, instructions: str | None = None,
                       tools: Sequence[Any] | None = None, max_output: int | None = None, over_limit: bool = False,
                       ) -> tuple[CompactionResult, ConversationState | None]:
@@ -241,7 +246,7 @@ class ContextEngine:
         state: ConversationState | None
         try:
             # A checkpoint must cover logged messages: log the conversation first (usually a no-op).
-            state = await self.history.sync(key, messages, hashes)
+            state = await self.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
             if not await self._acquire(key, token, ttl):
                 state = await self.history.state(key, refresh=True)
                 return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
@@ -250,22 +255,22 @@ class ContextEngine:
             try:
                 state = await self.history.state(key, refresh=True)
                 previous = active_checkpoint(state, hashes)
-                fresh = self.view(messages, hashes, state, window=window, tools=tools, max_output=max_output,
-                                  fit=False)
+                fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
+                                  max_output=max_output, fit=False)
                 if (threshold is not None and previous is not None and level == 0
                         and fresh.estimate.tokens <= threshold):  # another request compacted while we waited
                     skipped = CompactionResult("skipped", None, 0, 0, "already compacted")
                     return self._observe(key, trigger, skipped, started), state
-                system = leading_system_count(messages)
+                system = leading_system_count(dialect, messages)
                 budget = self.policy(window).tail_budget(
-                    fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
+                    dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
                     summary=summary_text(previous) if previous is not None else None)
-                result = await self._compactor(complete, window).compact(
+                result = await self._compactor(complete, window, dialect).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 else None)
                 if result.outcome == "ok" and result.checkpoint is not None:
-                    state = await self._record(key, result.checkpoint)
+                    state = await self._record(key, result.checkpoint, dialect)
             finally:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -277,7 +282,7 @@ class ContextEngine:
         self.backoff.record(f"{key.tenant}:{key.session}", result.outcome)
         return self._observe(key, trigger, result, started), state
 
-    def _compactor(self, complete: Complete, window: int) -> ContextCompactor:
+    def _compactor(self, complete: Complete, window: int, dialect: ItemModel) -> ContextCompactor:
         """``window`` is the request model's; the summary call is sized for the summary model's own."""
         policy = self.policy(window)
         summary_model = self.settings.summary_model
@@ -287,8 +292,8 @@ class ContextEngine:
         summarizer = SummaryGenerator.for_window(
             complete, window if summary_model is None else self.window_for(summary_model),
             max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout)
-        return ContextCompactor(summarizer, policy.message_tokens, clock=self.clock,
-                                projection=self.projection(), min_retain_rounds=self.settings.min_retain_rounds)
+        return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
+                                projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds)
 
     @property
     def lock_lease(self) -> float:
@@ -317,9 +322,9 @@ class ContextEngine:
             delay = min(delay * 2, 0.5)
         return True
 
-    async def _record(self, key: SessionKey, checkpoint: Checkpoint) -> ConversationState:
+    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel) -> ConversationState:
         summary = NewFact(kind="summary", index=checkpoint.retain_start_idx, source="proxy",
-                          message={"role": "user", "content": summary_text(checkpoint)})
+                          message=dialect.with_summary(None, summary_text(checkpoint)), extra={"dialect": dialect.name})
         record = NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy",
                          extra={"checkpoint": orjson.loads(checkpoint.to_json())})
         return await self.history.append_proxy_facts(key, [summary, record])

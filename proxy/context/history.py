@@ -38,7 +38,6 @@ from functools import partial
 from typing import Any
 
 from proxy.context.lineage import ConversationState
-from proxy.context.messages import message_hash
 from proxy.context.pending import PendingReplies, PendingReply, pending_replies
 from proxy.context.planning import plan_pending, plan_sync
 from proxy.errors import ConflictError, StoreError
@@ -111,7 +110,8 @@ class HistoryManager:
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)
 
-    def hashes_for(self, key: SessionKey, messages: list[Message], size: int) -> list[str]:
+    def hashes_for(self, key: SessionKey, messages: list[Message], size: int,
+                   hash_item: Callable[[Message], str]) -> list[str]:
         """Message hashes, computed only for what differs from the session's previous request.
 
         An agent resends its whole history each step; comparing the parsed
@@ -129,7 +129,7 @@ class HistoryManager:
             hashes = old_hashes[:reused]
         else:
             hashes = []
-        hashes.extend(message_hash(m) for m in messages[reused:])
+        hashes.extend(hash_item(m) for m in messages[reused:])
         # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
         self._remember_recent(key, (messages, hashes, size + 400 * len(messages)))
         return hashes
@@ -162,23 +162,25 @@ class HistoryManager:
         self,
         key: SessionKey,
         messages: Sequence[Message],
-        hashes: Sequence[str] | None = None,
+        hashes: Sequence[str],
         *,
         upstream_from: int | None = None,
         extra_upstream: Mapping[str, Any] | None = None,
+        extra_client: Mapping[str, Any] | None = None,
     ) -> ConversationState:
         """Make the log's head ``messages`` and return the state.
 
         Raises ``StoreError`` when the store fails; replies from the upstream in
         ``messages`` are then kept in memory and retried in the background.
         """
-        digests = list(hashes) if hashes is not None else [message_hash(m) for m in messages]
+        digests = list(hashes)
         upstream_from = len(messages) if upstream_from is None else upstream_from
         extra = extra_upstream or {}
+        client = extra_client or {}
         try:
             state = await self._append(
-                key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra)
-            )
+                key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra,
+                                             client))
         except StoreError:
             self._keep_pending(key, pending_replies(self._states.get(key), messages, digests, upstream_from, extra))
             raise

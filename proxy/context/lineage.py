@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.context.messages import chain_hash
+from proxy.context.chain import chain_hash
 from proxy.store.base import StoredFact
 
 #: The head before the first message: a rewind with ``from_seq: null`` returns there.

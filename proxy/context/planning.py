@@ -29,6 +29,7 @@ def plan_sync(
     upstream_from: int,
     pending: Mapping[str, PendingReply],
     extra_upstream: Mapping[str, Any],
+    extra_client: Mapping[str, Any] | None = None,
 ) -> list[NewFact]:
     """The facts that make the log's head ``messages``: maybe a rewind, then only what the log lacks.
 
@@ -37,7 +38,7 @@ def plan_sync(
     rewind names the message the conversation continues from. Messages at
     ``upstream_from`` and beyond came from the upstream in this request; a new
     client message whose hash matches a reply kept in ``pending`` is logged as
-    that reply, with its upstream source.
+    that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their dialect).
     """
     keep, base = state.locate(hashes)
     facts: list[NewFact] = []
@@ -47,7 +48,7 @@ def plan_sync(
         digest = hashes[i]
         source: Source = "client"
         message = messages[i]
-        extra: Mapping[str, Any] = {}
+        extra: Mapping[str, Any] = extra_client or {}
         if i >= upstream_from:
             source, extra = "upstream", extra_upstream
         elif digest in pending:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
+from proxy.context.items import ItemModel, leading_system_count
 from proxy.types import Message
 
 if TYPE_CHECKING:
@@ -48,30 +49,6 @@ SUMMARY_HEADER = (
 ELISION_MARKER = "[… {count} characters elided by ctxproxy; full text in the fact log, message index {index} …]"
 
 
-def leading_system_count(messages: Sequence[Message]) -> int:
-    """Number of system/developer messages at the head: they are always in view and never summarised."""
-    count = 0
-    for message in messages:
-        if message.get("role") not in SYSTEM_ROLES:
-            break
-        count += 1
-    return count
-
-
-def round_start_for(messages: Sequence[Message], index: int) -> int | None:
-    """The user message opening the round that ``index`` falls inside.
-
-    ``None`` when ``index`` is itself a round boundary (a user message, or the
-    end of the conversation) or when no user message precedes it.
-    """
-    if index >= len(messages) or messages[index].get("role") == "user":
-        return None
-    for i in range(index - 1, -1, -1):
-        if messages[i].get("role") == "user":
-            return i
-    return None
-
-
 def clip_text(text: str, max_chars: int, index: int) -> str:
     """Head and tail of ``text`` around a marker that says where the whole text is kept."""
     if len(text) <= max_chars:
@@ -86,61 +63,44 @@ def summary_text(checkpoint: Checkpoint) -> str:
     return f"{SUMMARY_HEADER}\n\n{checkpoint.summary.strip()}"
 
 
-def _with_summary_in_system(head: list[Message], text: str) -> list[Message]:
-    if not head:
-        return [{"role": "system", "content": text}]
-    last = head[-1]
-    content = last.get("content")
-    if isinstance(content, list):
-        merged: Message = {**last, "content": [*content, {"type": "text", "text": text}]}
-    else:
-        prior = content if isinstance(content, str) else ""
-        merged = {**last, "content": f"{prior}\n\n{text}" if prior else text}
-    return [*head[:-1], merged]
-
-
-def _with_summary_in_user(message: Message, text: str) -> Message:
-    """``message`` (a user message) with the summary as its leading part."""
-    content = message.get("content")
-    if isinstance(content, list):
-        return {**message, "content": [{"type": "text", "text": text + SUMMARY_END}, *content]}
-    if isinstance(content, str) and content:
-        return {**message, "content": text + SUMMARY_END + content}
-    return {**message, "content": text}
-
-
 class ProjectionBuilder:
-    """Builds model views with one placement of the summary."""
+    """Builds model views for one API (``dialect``) with one placement of the summary."""
 
-    def __init__(self, *, summary_placement: SummaryPlacement = "user") -> None:
+    def __init__(self, dialect: ItemModel, *, summary_placement: SummaryPlacement = "user") -> None:
         if summary_placement not in ("user", "system"):
             raise ValueError(f"summary_placement must be 'user' or 'system', got {summary_placement!r}")
+        self.dialect = dialect
         self.summary_placement = summary_placement
 
     def build(self, messages: Sequence[Message], checkpoint: Checkpoint | None) -> list[Message]:
         if checkpoint is None:
             return list(messages)
-        system_end = leading_system_count(messages)
+        model = self.dialect
+        system_end = leading_system_count(model, messages)
         text = summary_text(checkpoint)
         round_start = checkpoint.round_start_idx
         body: list[Message] = []
         if round_start is not None and system_end <= round_start < checkpoint.retain_start_idx:
             body.append(messages[round_start])
         body.extend(messages[max(checkpoint.retain_start_idx, system_end):])
+        head = list(messages[:system_end])
         if self.summary_placement == "system":
-            return [*_with_summary_in_system(list(messages[:system_end]), text), *body]
-        if body and body[0].get("role") == "user":
-            body[0] = _with_summary_in_user(body[0], text)
+            merged = model.system_with_summary(head[-1] if head else None, text)
+            if merged is not None:
+                return [*head[:-1], merged, *body]
+        if body and model.role(body[0]) == "user":
+            body[0] = model.with_summary(body[0], text + SUMMARY_END)
         else:
-            body.insert(0, {"role": "user", "content": text})
-        return [*messages[:system_end], *body]
+            body.insert(0, model.with_summary(None, text))
+        return [*head, *body]
 
 
 def build_model_view(
+    dialect: ItemModel,
     messages: Sequence[Message],
     checkpoint: Checkpoint | None,
     *,
     summary_placement: SummaryPlacement = "user",
 ) -> list[Message]:
     """The messages to send upstream for ``messages`` under ``checkpoint`` (see the module docstring)."""
-    return ProjectionBuilder(summary_placement=summary_placement).build(messages, checkpoint)
+    return ProjectionBuilder(dialect, summary_placement=summary_placement).build(messages, checkpoint)

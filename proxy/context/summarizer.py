@@ -24,10 +24,9 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-import orjson
-
+from proxy.context.items import ItemModel
 from proxy.context.projection import clip_text
 from proxy.context.tokens import chars_tokens
 from proxy.types import Message
@@ -125,34 +124,15 @@ def unusable(answer: SummaryAnswer) -> str | None:
     return None
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") if isinstance(p, dict) else None for p in content]
-        return "\n".join(p if isinstance(p, str) else "[non-text part]" for p in parts)
-    return ""
-
-
-def serialise_message(message: Message, index: int, clip_chars: int) -> str:
-    """One message as transcript text; tool outputs and call arguments clipped head + tail."""
-    role = str(message.get("role") or "unknown")
-    text = _content_text(message.get("content"))
-    if role in ("tool", "function"):
-        label = f"tool result {message.get('name') or ''} for call {message.get('tool_call_id') or '?'}"
-        header = f"[#{index} {' '.join(label.split())}]"
-        text = clip_text(text, clip_chars, index)
+def serialise_message(dialect: ItemModel, message: Message, index: int, clip_chars: int) -> str:
+    """One item as transcript text: its role (a tool result names its call), then its text, long parts clipped."""
+    role = dialect.role(message)
+    if role == "tool":
+        header = f"[#{index} tool result for call {', '.join(dialect.results(message)) or '?'}]"
     else:
         header = f"[#{index} {role}]"
-    lines = [header, text] if text else [header]
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(function, dict):
-            lines.append(f"-> call {orjson.dumps(call).decode()}")
-            continue
-        arguments = clip_text(str(function.get("arguments") or ""), clip_chars, index)
-        lines.append(f"-> call {function.get('name')} {arguments} (id {call.get('id')})")
-    return "\n".join(lines)
+    text = dialect.transcript(message, lambda part: clip_text(part, clip_chars, index))
+    return f"{header}\n{text}" if text else header
 
 
 def build_prompt(previous: str | None, transcript: str, instructions: str | None = None) -> list[Message]:
@@ -239,12 +219,13 @@ class SummaryGenerator:
         self,
         previous: str | None,
         messages: Sequence[Message],
+        dialect: ItemModel,
         *,
         first_index: int = 0,
         instructions: str | None = None,
     ) -> SummaryResult:
         """Fold ``messages`` (conversation indices from ``first_index``) into ``previous``, within ``timeout``."""
-        pending = [serialise_message(m, i, self.tool_clip_chars) for i, m in enumerate(messages, first_index)]
+        pending = [serialise_message(dialect, m, i, self.tool_clip_chars) for i, m in enumerate(messages, first_index)]
         if not pending:
             return SummaryResult("failed", error="nothing to summarise")
         summary = previous

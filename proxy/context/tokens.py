@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from proxy.context.messages import message_hash
+from proxy.context.items import ItemModel
 from proxy.context.window import litellm_dir
 from proxy.types import Message
 
@@ -36,16 +36,13 @@ CHARS_PER_TOKEN = 3
 MESSAGE_OVERHEAD_TOKENS = 4
 #: A flat guess for an image, audio or file part: its bytes say nothing about its token cost.
 NON_TEXT_PART_TOKENS = 1024
-#: Reasoning an assistant message carries and clients echo (DeepSeek, vLLM's reasoning parsers, OpenRouter).
-#: Not part of the message's identity (``message_hash``), but the upstream may read it, so it is counted.
-REASONING_FIELDS = ("reasoning_content", "reasoning")
 #: Preferred first: o200k_base is what current OpenAI models use and is closer for CJK.
 ENCODING_PREFERENCE = ("o200k_base", "cl100k_base")
 TOKENIZERS_SUBDIR = ("litellm_core_utils", "tokenizers")
 
 
 class MessageCounter(Protocol):
-    """Tokens of one message; ``digest`` is its ``message_hash`` when the caller already has it."""
+    """Tokens of one item; ``digest`` is its hash when the caller already has it."""
 
     def __call__(self, message: Message, digest: str | None = None, /) -> int: ...
 
@@ -55,49 +52,15 @@ def chars_tokens(chars: int) -> int:
     return -(-chars // CHARS_PER_TOKEN)
 
 
+def text_length(dialect: ItemModel, item: Message) -> int:
+    """Characters the model reads in an item, a non-text part priced as ``NON_TEXT_PART_TOKENS`` of them."""
+    text, non_text = dialect.text(item)
+    return len(text) + non_text * NON_TEXT_PART_TOKENS * CHARS_PER_TOKEN
+
+
 def tools_chars(tools: Sequence[Any] | None) -> int:
     """Characters of the tool definitions: the model reads them as part of the prompt."""
     return len(orjson.dumps(list(tools))) if tools else 0
-
-
-def message_text(message: Message) -> tuple[str, int]:
-    """What the model reads of a message, and how many non-text parts it carries."""
-    pieces: list[str] = []
-    non_text = 0
-    content = message.get("content")
-    if isinstance(content, str):
-        pieces.append(content)
-    elif isinstance(content, list):
-        for part in content:
-            text = part.get("text") if isinstance(part, dict) else None
-            if isinstance(text, str):
-                pieces.append(text)
-            else:
-                non_text += 1
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        for call in calls:
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                pieces.extend(str(function.get(key) or "") for key in ("name", "arguments"))
-            else:
-                pieces.append(orjson.dumps(call).decode())
-    for field in ("name", "tool_call_id", *REASONING_FIELDS):
-        value = message.get(field)
-        if isinstance(value, str):
-            pieces.append(value)
-    return "\n".join(pieces), non_text
-
-
-def _cache_key(message: Message, digest: str) -> str:
-    """The count's cache key: the hash, told apart by the reasoning's length when the message carries some.
-
-    The hash leaves reasoning out (clients drop it when echoing), the count must
-    not: the same message with and without its reasoning differ in size.
-    """
-    if "reasoning_content" in message or "reasoning" in message:
-        return f"{digest}+r{sum(len(str(message.get(f) or '')) for f in REASONING_FIELDS)}"
-    return digest
 
 
 def bundled_encoding_name(directory: Path) -> str | None:
@@ -164,17 +127,15 @@ class TokenCounter:
             self._cache.popitem(last=False)
         return value
 
-    def message_tokens(self, message: Message, digest: str | None = None, /) -> int:
-        key = _cache_key(message, digest if digest is not None else message_hash(message))
+    def message_tokens(self, dialect: ItemModel, message: Message, digest: str | None = None, /) -> int:
+        key = dialect.count_key(message, digest if digest is not None else dialect.hash(message))
         cached = self._cached(key)
         if cached is not None:
             return cached
-        text, non_text = message_text(message)
+        text, non_text = dialect.text(message)
         return self._store(key, self.text_tokens(text) + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS)
 
-    __call__ = message_tokens
-
-    def count_many(self, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
+    def count_many(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
         """Sum of ``message_tokens`` over a view: the per-request hot loop, so cache hits skip the LRU bookkeeping.
 
         Hits are not moved to the end of the LRU here; the messages of a live
@@ -183,8 +144,8 @@ class TokenCounter:
         cache = self._cache
         total = 0
         for message, digest in zip(messages, digests, strict=True):
-            value = cache.get(_cache_key(message, digest)) if digest is not None else None
-            total += value if value is not None else self.message_tokens(message, digest)
+            value = cache.get(dialect.count_key(message, digest)) if digest is not None else None
+            total += value if value is not None else self.message_tokens(dialect, message, digest)
         return total
 
     def tools_tokens(self, tools: Sequence[Any] | None) -> int:

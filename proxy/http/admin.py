@@ -27,8 +27,9 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.dialects.base import parse_json
 from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
-from proxy.http.body import parse_json, read_body
+from proxy.http.body import read_body
 from proxy.http.clients import open_route
 from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
@@ -177,9 +178,10 @@ async def compact_session(request: web.Request) -> web.Response:
         raise _not_found(key)
     model = _model(request)
     complete = summary_completer(app[client_key], settings, _upstream_headers(request),
-                                 settings.summary_model or model)
-    result, _ = await engine.compact(key, lineage.messages, lineage.hashes, trigger="manual", model=model,
-                                     complete=complete, window=engine.window_for(model), instructions=instructions)
+                                 settings.summary_model or model, lineage.dialect)
+    result, _ = await engine.compact(key, lineage.messages, lineage.hashes, trigger="manual", dialect=lineage.dialect,
+                                     model=model, complete=complete, window=engine.window_for(model),
+                                     instructions=instructions)
     checkpoint = orjson.loads(result.checkpoint.to_json()) if result.checkpoint is not None else None
     return _json({"outcome": result.outcome, "checkpoint": checkpoint, "tokens_before": result.tokens_before,
                   "tokens_after": result.tokens_after, "detail": result.detail})

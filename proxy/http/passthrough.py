@@ -7,6 +7,9 @@ The path goes upstream as the client encoded it, below the upstream URL's own
 prefix and never outside it: a dot segment (``..``, also as ``%2e%2e`` or
 behind ``%2F``) would let a client walk out of ``https://host/prefix/v1`` to
 any path of that host, carrying ``--upstream-key``; it gets a 400.
+
+A request carrying ``anthropic-version`` (Claude Code's, at ``ANTHROPIC_BASE_URL``)
+goes to ``--anthropic-upstream`` instead.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.constants import HEADER_SESSION
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import BadRequest, ProxyError, UpgradeRequired
 from proxy.http.body import read_body
 from proxy.keys import client_key, metrics_key, settings_key
 from proxy.sessions import explicit_session
@@ -35,14 +38,25 @@ def upstream_url(request: web.Request, base: str) -> URL:
     return URL(base + "/" + raw_tail, encoded=True)
 
 
+async def responses_socket(request: web.Request) -> web.StreamResponse:
+    """``GET /v1/responses``: a websocket upgrade gets 426, so Codex falls back to HTTP streaming."""
+    if request.headers.get("Upgrade", "").lower() == "websocket":
+        request.app[metrics_key].requests.labels(route="responses", status="426").inc()
+        raise UpgradeRequired("This proxy speaks the Responses API over HTTP only; use POST /v1/responses.",
+                              code="websocket_not_supported")
+    return await passthrough(request)
+
+
 async def passthrough(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     settings = request.app[settings_key]
     metrics = request.app[metrics_key]
     session = explicit_session(request.match_info.get("session"), request.headers)
     body = await read_body(request, settings) if request.body_exists else None
-    url = upstream_url(request, settings.upstream_base)
-    headers = request_headers(request.headers, settings, identity=False)
+    # Anthropic clients (Claude Code at ANTHROPIC_BASE_URL) send anthropic-version on every request.
+    anthropic = "anthropic-version" in request.headers
+    url = upstream_url(request, settings.anthropic_base + "/v1" if anthropic else settings.upstream_base)
+    headers = request_headers(request.headers, settings, identity=False, anthropic=anthropic)
     status = 502
     upstream_seconds = 0.0
     try:

@@ -1,11 +1,15 @@
-"""Relaying the upstream's answer to a chat request, and capturing the assistant reply on the side.
+"""Relaying the upstream's answer to a front door's request, and capturing the reply on the side.
 
 Streams are relayed event by event the moment each event is complete: nothing
-waits for the end of the stream. Two events are held back or hidden: the
-usage-only chunk the proxy asked for on the client's behalf (the client did not
-ask for it, so it must not see it), and ``[DONE]``, which is written only after
-the reply has been logged, so a client that sends its next request the instant
-the stream ends always finds its previous reply in the log.
+waits for the end of the stream. The dialect's ``ReplyReader`` reads a copy of
+each event; two kinds are held back or hidden: what the proxy asked for on the
+client's behalf (Chat's usage-only chunk: the client did not ask for it, so it
+must not see it), and the terminal event (``[DONE]``, ``response.completed``,
+``message_stop``), written only after the reply has been logged, so a client
+that sends its next request the instant the stream ends always finds its
+previous reply in the log. Before relaying begins, the events that commit
+nothing (``response.created``, ``message_start``) are held, so an overflow
+error that follows them can still be retried unseen.
 """
 
 from __future__ import annotations
@@ -21,23 +25,17 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.context.items import Item
+from proxy.dialects.base import Dialect, ReplyReader, Verdict
 from proxy.errors import UpstreamError
-from proxy.sse import (
-    EventTooLarge,
-    SSEEvent,
-    SSESplitter,
-    StreamAssembler,
-    is_usage_only,
-    message_from_completion,
-    parse_event,
-)
-from proxy.types import Message
+from proxy.overflow import Overflow, classify_sse_event
+from proxy.sse import EventTooLarge, SSESplitter, parse_event
 from proxy.upstream import response_headers
 
 logger = logging.getLogger(__name__)
 
-#: Called once with the assembled reply (or None), its usage, and whether it is complete.
-ReplySink = Callable[[Message | None, dict[str, Any] | None, bool], Awaitable[None]]
+#: Called once with the reply's items (none: nothing to log), its usage, and whether it is complete.
+ReplySink = Callable[[list[Item], dict[str, Any] | None, bool], Awaitable[None]]
 
 
 @dataclass
@@ -61,12 +59,22 @@ async def read_whole(resp: aiohttp.ClientResponse, timing: RelayTiming) -> bytes
     return body
 
 
-async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming,
-                           limit: int) -> tuple[list[bytes], SSEEvent | None]:
-    """Read until the first event that carries data, so an error in it can still be retried unseen.
+def event_data(text: str) -> Any:
+    """An event's data, decoded when it is JSON, else the text itself (``[DONE]``, an old llama.cpp error)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
 
-    What is held meanwhile is bounded by ``limit``; past it nothing has reached
-    the client yet, so the request fails as a 502.
+
+async def read_until_commit(resp: aiohttp.ClientResponse, timing: RelayTiming, limit: int,
+                            dialect: Dialect) -> tuple[list[bytes], Overflow | None]:
+    """Read until an event that commits the answer (``Dialect.commits``), or an overflow before one.
+
+    Returns the chunks read (to be relayed first) and the overflow, if one of the
+    withheld events was the upstream saying the prompt is too long. What is held
+    meanwhile is bounded by ``limit``; past it nothing has reached the client
+    yet, so the request fails as a 502.
     """
     splitter = SSESplitter(limit)
     chunks: list[bytes] = []
@@ -83,8 +91,15 @@ async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming,
                 events, too_large = exc.events, exc
             for raw in events:
                 event = parse_event(raw)
-                if event is not None and event.data:
-                    return chunks, event
+                if event is None or not event.data:
+                    continue
+                data = event_data(event.data)
+                refusal = dialect.refusal_of(data)
+                overflow = classify_sse_event(event.data if refusal is data else orjson.dumps(refusal))
+                if overflow is not None:
+                    return chunks, overflow
+                if dialect.commits(data):
+                    return chunks, None
             if too_large is not None or held > limit:
                 raise UpstreamError(f"The upstream sent over {limit} bytes (--max-event-bytes) without an event "
                                     "to relay.", code="upstream_event_too_large")
@@ -94,7 +109,7 @@ async def read_first_event(resp: aiohttp.ClientResponse, timing: RelayTiming,
 
 
 async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: dict[str, str], sink: ReplySink,
-                      ) -> web.Response:
+                      dialect: Dialect) -> web.Response:
     """A non-streaming answer (or any error), already read: log the reply, relay it byte for byte."""
     if resp.status == 200 and resp.content_type == "application/json":
         try:
@@ -102,24 +117,22 @@ async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: 
         except orjson.JSONDecodeError:
             parsed = None
         if isinstance(parsed, dict):
-            message, usage = message_from_completion(parsed)
-            if message is not None:
-                await sink(message, usage, True)
+            items, usage, _ = dialect.reply_from_body(parsed)
+            if items:
+                await sink(items, usage, True)
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     return web.Response(status=resp.status, headers=headers, body=body)
 
 
 class _StreamRelay:
-    """A relayed stream: cut into events, each written to the client; the reply assembled on the side, logged once."""
+    """A relayed stream: cut into events, each written to the client; the reply read on the side, logged once."""
 
-    def __init__(self, out: web.StreamResponse, sink: ReplySink, hide_usage: bool, limit: int) -> None:
+    def __init__(self, out: web.StreamResponse, sink: ReplySink, reader: ReplyReader, limit: int) -> None:
         self.out = out
         self.splitter = SSESplitter(limit)
         self.sink = sink
-        self.hide_usage = hide_usage
-        self.assembler = StreamAssembler()
-        self.received = False  # whether any completion chunk arrived: an empty stream logs no reply
+        self.reader = reader
         self.logged = False
 
     async def forward(self, chunk: bytes) -> None:
@@ -133,39 +146,27 @@ class _StreamRelay:
 
     async def _relay(self, events: list[bytes]) -> None:
         for raw in events:
-            relay, done = self.inspect(raw)
-            if done:
+            event = parse_event(raw)
+            verdict = Verdict.RELAY
+            if event is not None and event.data:
+                verdict = self.reader.feed(event.event, event_data(event.data))
+            if verdict is Verdict.TERMINAL:
                 await self.log(True)
-            if relay:
+            if verdict is not Verdict.HIDE:
                 await self.out.write(raw)
-
-    def inspect(self, raw: bytes) -> tuple[bool, bool]:
-        """Whether to relay this raw event, and whether it is ``[DONE]``."""
-        event = parse_event(raw)
-        if event is None or not event.data:
-            return True, False
-        if event.is_done:
-            return True, True
-        obj = _json_or_none(event.data)
-        if isinstance(obj, dict):
-            self.received = self.received or bool(obj.get("choices"))
-            self.assembler.feed(obj)
-            if self.hide_usage and is_usage_only(obj):
-                return False, False
-        return True, False
 
     async def log(self, complete: bool) -> None:
         if self.logged:
             return
         self.logged = True
-        message = self.assembler.message() if self.received else None
-        await self.sink(message, self.assembler.usage, complete and self.assembler.finished)
+        reader = self.reader
+        await self.sink(reader.items() if reader.received else [], reader.usage, complete and reader.finished)
 
 
 async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],
-                       sink: ReplySink, timing: RelayTiming, *, hide_usage: bool,
+                       sink: ReplySink, timing: RelayTiming, *, reader: ReplyReader,
                        prefix: list[bytes], limit: int) -> web.StreamResponse:
-    """Relay an SSE stream as it arrives; log the assembled reply before ``[DONE]`` reaches the client.
+    """Relay an SSE stream as it arrives; log the reply before the terminal event reaches the client.
 
     ``prefix`` holds the chunks already read to look at the first event; they go out first.
     An event longer than ``limit`` bytes ends the stream as an upstream failure does.
@@ -173,7 +174,7 @@ async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     out = web.StreamResponse(status=resp.status, headers=headers)
-    relay = _StreamRelay(out, sink, hide_usage, limit)
+    relay = _StreamRelay(out, sink, reader, limit)
 
     try:
         await out.prepare(request)
@@ -203,10 +204,3 @@ async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra
         if request.transport is not None:
             request.transport.close()
     return out
-
-
-def _json_or_none(data: str) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return None

@@ -263,7 +263,7 @@ async def request_view(request: web.Request) -> web.Response:
         checkpoint = t.checkpoints.get(point.view_key) if point is not None else None
     if point is None:
         return _html(pages.message_page("Not a request", f"Entry #{seq} is not an upstream reply."), status=404)
-    found = await rebuild(store, key, point, checkpoint, engine.projection())
+    found = await rebuild(store, key, point, checkpoint, engine.projection)
     section = request_html(found, engine.counter, entry=links.entry)
     if request.query.get("fragment") == "1":
         return _html(section)

@@ -16,7 +16,7 @@ import orjson
 
 from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
-from proxy.render import fact_line, iso_time
+from proxy.render import dialect_of, fact_line, iso_time
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
 from proxy.ui import template
 from proxy.ui.markup import e, entry_html, message_html, text_html
@@ -166,7 +166,7 @@ def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links) -> str:
     marks = {m.seq: m for m in t.marks}
     out = []
     for fact in facts:
-        tokens = t.counter.message_tokens(dict(fact.message), fact.hash) if fact.message else None
+        tokens = t.counter.message_tokens(dialect_of(fact), dict(fact.message), fact.hash) if fact.message else None
         request = links.request(fact.seq) if fact.kind == "message" and fact.source == "upstream" else None
         out.append(entry_html(fact, tokens=tokens, mark=marks.get(fact.seq), entry_url=links.entry(fact.seq),
                               request_url=request))

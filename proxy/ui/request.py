@@ -17,10 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.blocks import content_text, role_label
+from proxy.blocks import role_label
+from proxy.context.clipping import CLIP_MARKER
 from proxy.context.compactor import Checkpoint
-from proxy.context.messages import message_hash
-from proxy.context.projection import ELISION_MARKER, SYSTEM_ROLES, ProjectionBuilder
+from proxy.context.items import ItemModel
+from proxy.context.projection import ProjectionBuilder
 from proxy.context.tokens import TokenCounter
 from proxy.render import iso_time, replay
 from proxy.store.base import FactLog, SessionKey
@@ -29,7 +30,9 @@ from proxy.ui.markup import e, message_html, message_preview
 from proxy.ui.timeline import Point
 
 OriginKind = Literal["verbatim", "clipped", "summary"]
-ELIDED = re.compile(re.escape(ELISION_MARKER).replace(r"\{count\}", "([0-9]+)").replace(r"\{index\}", "([0-9]+)"))
+#: The marker ``proxy.context.clipping`` leaves in a clipped tool output: how much, and which entry holds it whole.
+ELIDED = re.compile(re.escape(CLIP_MARKER).replace(r"\{count\}", "([0-9]+)").replace(
+    r"\{where\}", "(?:entry seq ([0-9]+)|message index ([0-9]+))"))
 #: Rows of one run of summarised messages shown in the history column (the first and last halves).
 MAX_RUN_ROWS = 200
 
@@ -43,17 +46,20 @@ class Origin:
     elided: int = 0
 
 
-def origins(view: Sequence[Message], messages: Sequence[Message]) -> list[Origin]:
+def origins(view: Sequence[Message], messages: Sequence[Message], dialect: ItemModel,
+            seqs: Sequence[int]) -> list[Origin]:
     positions = {id(m): i for i, m in enumerate(messages)}
+    by_seq = {seq: i for i, seq in enumerate(seqs)}
     out = []
     for position, message in enumerate(view):
         index = positions.get(id(message))
-        match = ELIDED.search(content_text(message.get("content"))) if index is None else None
+        match = ELIDED.search(dialect.text(message)[0]) if index is None else None
         if index is not None:
             out.append(Origin("verbatim", index))
         elif match is not None:
-            out.append(Origin("clipped", int(match.group(2)), int(match.group(1))))
-        elif message.get("role") in SYSTEM_ROLES and position < len(messages):
+            clipped = by_seq.get(int(match.group(2))) if match.group(2) else int(match.group(3))
+            out.append(Origin("clipped", clipped, int(match.group(1))))
+        elif dialect.role(message) == "system" and position < len(messages):
             out.append(Origin("summary", position))  # the system message the summary was appended to
         else:
             out.append(Origin("summary", None))
@@ -69,24 +75,26 @@ class RequestView:
     checkpoint: Checkpoint | None
     logged_view: Mapping[str, Any]
     reply: Mapping[str, Any]
+    dialect: ItemModel
 
     def matches(self) -> bool:
         """Whether the rebuilt view has the logged view's length and last message."""
         if not self.view:
             return False
         return (self.logged_view.get("length") == len(self.view)
-                and self.logged_view.get("last") == message_hash(self.view[-1]))
+                and self.logged_view.get("last") == self.dialect.hash(self.view[-1]))
 
 
 async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Checkpoint | None,
-                  projection: ProjectionBuilder) -> RequestView:
+                  projection: Callable[[ItemModel], ProjectionBuilder]) -> RequestView:
     """Request ``point`` again: the lineage as it stood at its reply, projected under ``checkpoint``."""
     lineage = await replay(store, key, until=point.seq)
     reply = (await store.read(key, after=point.seq - 1, limit=1))[0]
     messages = lineage.messages[:point.index]
     logged = reply.extra.get("view")
-    return RequestView(point, messages, lineage.state.seqs, projection.build(messages, checkpoint), checkpoint,
-                       logged if isinstance(logged, Mapping) else {}, reply.message or {})
+    view = projection(lineage.dialect).build(messages, checkpoint)
+    return RequestView(point, messages, lineage.state.seqs, view, checkpoint,
+                       logged if isinstance(logged, Mapping) else {}, reply.message or {}, lineage.dialect)
 
 
 def _figures(r: RequestView) -> str:
@@ -109,7 +117,7 @@ def _view_rows(r: RequestView, kinds: list[Origin], counter: TokenCounter, entry
     rows = []
     summarised = _summarised_span(r, kinds)
     for message, origin in zip(r.view, kinds, strict=True):
-        tokens = f"{counter.message_tokens(message):,} tokens"
+        tokens = f"{counter.message_tokens(r.dialect, message):,} tokens"
         at = f"[{origin.index}] " if origin.index is not None else ""
         badge = ""
         if origin.kind == "summary":
@@ -167,7 +175,7 @@ def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], st
 
 def request_html(r: RequestView, counter: TokenCounter, *, entry: Callable[[int], str]) -> str:
     """The request's section: figures, the view and the history side by side, and the reply."""
-    kinds = origins(r.view, r.messages)
+    kinds = origins(r.view, r.messages, r.dialect, r.seqs)
     p = r.point
     return (f'<section class="request" id="request-view" data-seq="{p.seq}">'
             f"<h2>Request {p.n + 1} · entry #{p.seq} · {e(iso_time(p.ts))}</h2>{_figures(r)}"

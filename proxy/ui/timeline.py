@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.context.compactor import Checkpoint
+from proxy.context.items import leading_system_count
 from proxy.context.lineage import common_prefix
-from proxy.context.projection import leading_system_count, summary_text
-from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from proxy.context.projection import SUMMARY_END, summary_text
+from proxy.context.tokens import TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
 
@@ -95,7 +96,7 @@ class Timeline:
         self.points: list[Point] = []
         self.marks: list[Mark] = []
         self.checkpoints: dict[str, Checkpoint] = {}
-        self._summary_tokens: dict[str, int] = {}
+        self._summary_tokens: dict[tuple[str, int | None], int] = {}
         self.kinds: Counter[str] = Counter()
         self.next_seq = 0
         self.updated_at = 0.0
@@ -127,7 +128,8 @@ class Timeline:
         del known[keep:], self.prefix[keep + 1:]
         for i in range(keep, len(hashes)):
             known.append(hashes[i])
-            self.prefix.append(self.prefix[-1] + self.counter.message_tokens(self.lineage.messages[i], hashes[i]))
+            self.prefix.append(self.prefix[-1] + self.counter.message_tokens(self.lineage.dialect,
+                                                                                 self.lineage.messages[i], hashes[i]))
 
     def _mark(self, fact: StoredFact) -> None:
         payload = fact.extra.get("checkpoint")
@@ -136,7 +138,8 @@ class Timeline:
         except ValueError:
             return
         self.checkpoints[checkpoint.view_key] = checkpoint
-        self.marks.append(Mark(fact.seq, fact.ts, len(self.points), leading_system_count(self.lineage.messages),
+        system = leading_system_count(self.lineage.dialect, self.lineage.messages)
+        self.marks.append(Mark(fact.seq, fact.ts, len(self.points), system,
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
                                checkpoint.view_key))
 
@@ -153,19 +156,33 @@ class Timeline:
                                  bool(fact.extra.get("partial"))))
 
     def _estimate(self, index: int, view_key: str) -> int:
-        """The view's tokens from the prefix sums: system, summary, the split round's opener, the tail."""
+        """The view's tokens from the prefix sums: system, the split round's opener, the tail, and the summary.
+
+        The summary leads the view's first user item (``ProjectionBuilder``), so
+        what it adds is that item folded less that item alone, counted once per
+        checkpoint and item.
+        """
         checkpoint = self.checkpoints.get(view_key)
         if checkpoint is None:
             return self.prefix[index]
-        system_end = min(leading_system_count(self.lineage.messages), index)
+        dialect, messages = self.lineage.dialect, self.lineage.messages
+        system_end = min(leading_system_count(dialect, messages), index)
         start = min(max(checkpoint.retain_start_idx, system_end), index)
-        summary = self._summary_tokens.get(view_key)
-        if summary is None:
-            summary = self.counter.text_tokens(summary_text(checkpoint)) + MESSAGE_OVERHEAD_TOKENS
-            self._summary_tokens[view_key] = summary
         opener = checkpoint.round_start_idx
-        reinserted = self.message_tokens(opener) if opener is not None and system_end <= opener < start else 0
-        return self.prefix[system_end] + summary + reinserted + self.prefix[index] - self.prefix[start]
+        reinserted = opener is not None and system_end <= opener < start
+        first = opener if reinserted else start if start < index else None
+        key = (view_key, first)
+        summary = self._summary_tokens.get(key)
+        if summary is None:
+            text = summary_text(checkpoint)
+            if first is not None and dialect.role(messages[first]) == "user":
+                folded = dialect.with_summary(messages[first], text + SUMMARY_END)
+                summary = self.counter.message_tokens(dialect, folded) - self.message_tokens(first)
+            else:
+                summary = self.counter.message_tokens(dialect, dialect.with_summary(None, text))
+            self._summary_tokens[key] = summary
+        extra = self.message_tokens(opener) if reinserted and opener is not None else 0
+        return self.prefix[system_end] + summary + extra + self.prefix[index] - self.prefix[start]
 
 
 class TimelineCache:

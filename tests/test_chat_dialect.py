@@ -1,10 +1,12 @@
-"""Message identity: cosmetic differences clients introduce when echoing a message do not change its hash."""
+"""The chat dialect's identity: cosmetic differences clients make when echoing a message keep its hash."""
 
 from __future__ import annotations
 
 import pytest
 
-from proxy.context.messages import message_hash, text_length
+from proxy.context.tokens import text_length
+from proxy.dialects.chat import DIALECT as CHAT
+from proxy.dialects.chat import message_hash
 
 CALL = {"id": "call_1", "type": "function", "function": {"name": "run", "arguments": '{"cmd": "ls", "n": 2}'}}
 
@@ -50,7 +52,7 @@ def test_arguments_nested_deeper_than_orjson_writes_still_hash(depth: int) -> No
 
 
 def test_text_length_counts_what_the_model_reads() -> None:
-    assert text_length({"role": "user", "content": "abc"}) == 3
+    assert text_length(CHAT, {"role": "user", "content": "abc"}) == 3
     parts = [{"type": "text", "text": "ab"}, {"type": "text", "text": "c"}]
-    assert text_length({"role": "user", "content": parts}) == 3
-    assert text_length({"role": "tool", "tool_call_id": "id", "content": "x"}) == 3
+    assert text_length(CHAT, {"role": "user", "content": parts}) == 4  # the parts, joined by a newline
+    assert text_length(CHAT, {"role": "tool", "tool_call_id": "id", "content": "x"}) == 4

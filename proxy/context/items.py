@@ -1,0 +1,155 @@
+"""The engine's whole knowledge of a wire format: a few questions about one item.
+
+An *item* is one entry of a conversation exactly as its API sent it: a Chat
+Completions message, a Responses API input item, an Anthropic message. The
+engine (history, budget, compactor, summariser, projection) never looks inside
+one; it asks the conversation's ``ItemModel``:
+
+- ``role``: ``system`` (stays at the head, never summarised), ``user`` (opens a
+  turn: a round boundary), ``assistant``, ``tool`` (a result), ``other``;
+- ``calls`` / ``results``: the ids that pair a call with its result
+  (``tool_call_id``, ``call_id``, ``tool_use_id``);
+- ``travels_with_next``: the item must never be separated from the one after it
+  (a Responses ``reasoning`` item);
+- ``identity``: the part that survives a client's echo, for the item's hash;
+- ``text``: what the model reads, for token counts and the summariser;
+- ``with_summary``: how the summary enters the view (folded into a user item).
+
+Everything else stays in the item's native JSON, untouched: encrypted
+reasoning and thinking signatures survive because nothing here rebuilds an
+item it does not have to. The implementations live in ``proxy.dialects``.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+import orjson
+
+from proxy.types import Message
+
+Item = Message
+Role = Literal["system", "user", "assistant", "tool", "other"]
+
+
+class ItemModel(abc.ABC):
+    """One API's answers to the engine's questions about an item. Stateless; one instance per API."""
+
+    #: The dialect's name as the log records it: ``chat``, ``responses``, ``messages``.
+    name: str
+
+    @abc.abstractmethod
+    def role(self, item: Item) -> Role:
+        """The item's part in a turn."""
+
+    def calls(self, item: Item) -> tuple[str, ...]:
+        """Ids of the tool calls this item makes."""
+        return ()
+
+    def results(self, item: Item) -> tuple[str, ...]:
+        """Ids of the tool calls this item answers."""
+        return ()
+
+    def travels_with_next(self, item: Item) -> bool:
+        """Whether the item is invalid without the item that follows it."""
+        return False
+
+    @abc.abstractmethod
+    def identity(self, item: Item) -> Any:
+        """The identity-bearing part of the item, in a form that survives the client's round trip."""
+
+    @abc.abstractmethod
+    def text(self, item: Item) -> tuple[str, int]:
+        """What the model reads of the item, and how many non-text parts (images, files) it carries."""
+
+    def transcript(self, item: Item, clip: Callable[[str], str]) -> str:
+        """The item's text for the summariser, long parts passed through ``clip`` (which keeps head and tail)."""
+        text, non_text = self.text(item)
+        text = clip(text)
+        if non_text:
+            return f"{text}\n[{non_text} non-text part(s)]" if text else f"[{non_text} non-text part(s)]"
+        return text
+
+    @abc.abstractmethod
+    def with_summary(self, item: Item | None, text: str) -> Item:
+        """``text`` as the leading part of ``item`` (a user item) or, with None, a user item holding only it."""
+
+    def system_with_summary(self, item: Item | None, text: str) -> Item | None:
+        """``text`` appended to ``item`` (the last leading system item, or None: a new one); None if the API
+        keeps its system prompt outside the items, and the summary then leads a user item instead."""
+        return None
+
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        """Where the item holds tool output (a string or a list of parts), for clipping a view that cannot fit."""
+        return []
+
+    @abc.abstractmethod
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """Prompt tokens the upstream counted in a reply's ``usage``, cached ones included."""
+
+    @abc.abstractmethod
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """The part of ``prompt_tokens`` served from the provider's prompt cache."""
+
+    def count_key(self, item: Item, digest: str) -> str:
+        """The key a token count is cached under: the hash, unless the item holds text its identity leaves out."""
+        return digest
+
+    def hash(self, item: Item) -> str:
+        """32 hex digits of the canonical JSON of ``identity``, prefixed by the dialect so APIs never collide."""
+        payload = orjson.dumps(self.identity(item), option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        return hashlib.blake2b(self._prefix + payload, digest_size=16).hexdigest()
+
+    @property
+    def _prefix(self) -> bytes:
+        return b"ctxproxy-" + self.name.encode() + b"-v1\x00"
+
+
+def leading_system_count(model: ItemModel, items: Sequence[Item]) -> int:
+    """Number of system items at the head: they are always in view and never summarised."""
+    count = 0
+    for item in items:
+        if model.role(item) != "system":
+            break
+        count += 1
+    return count
+
+
+def round_start_for(model: ItemModel, items: Sequence[Item], index: int) -> int | None:
+    """The user item opening the round that ``index`` falls inside.
+
+    ``None`` when ``index`` is itself a round boundary (a user item, or the end
+    of the conversation) or when no user item precedes it.
+    """
+    if index >= len(items) or model.role(items[index]) == "user":
+        return None
+    for i in range(index - 1, -1, -1):
+        if model.role(items[i]) == "user":
+            return i
+    return None
+
+
+def cut_points(model: ItemModel, items: Sequence[Item], start: int = 0) -> list[int]:
+    """Indices ``i >= start`` where a conversation may be split into ``items[:i]`` and ``items[i:]``.
+
+    A split is valid when no call made before it is answered after it, the item
+    before it does not travel with the next, and the item at it is not a result.
+    Calls still open at the end of the conversation do not block a split after
+    them (the client is about to answer them).
+    """
+    answered_at: dict[str, int] = {}
+    for index, item in enumerate(items):
+        for call_id in model.results(item):
+            answered_at.setdefault(call_id, index)
+    points: list[int] = []
+    open_until = -1  # last index holding a result of a call made so far
+    for index, item in enumerate(items):
+        after_pair = index == 0 or not model.travels_with_next(items[index - 1])
+        if index >= start and index > open_until and after_pair and model.role(item) != "tool":
+            points.append(index)
+        for call_id in model.calls(item):
+            open_until = max(open_until, answered_at.get(call_id, -1))
+    return points

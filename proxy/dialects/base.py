@@ -1,0 +1,230 @@
+"""The dialect interface: everything one wire API means to the proxy, in one class per API.
+
+A dialect extends the engine's ``ItemModel`` (roles, pairing, identity, text:
+see ``proxy.context.items``) with what the HTTP layer needs:
+
+    request bytes ──parse──► ParsedRequest(payload, items) ──engine──► view items
+                                                                          │
+    upstream ◄──────────────── render(request, view items) ◄──────────────┘
+       │
+       ├─ JSON body ──reply_from_body──► reply items + usage ──► the log
+       └─ SSE stream ──ReplyReader.feed (event by event, relayed unchanged)──► the log
+
+plus the upstream's URL, the usage figures, the terminal event of a stream
+(held back until the reply is logged, so a client that answers at once finds it
+there), the events that may still be retried unseen (an overflow error before
+any output), and the shape of a summary call in that API. Adding an API is one
+new module with one ``Dialect`` subclass.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.context.items import Item, ItemModel
+from proxy.errors import BadRequest
+from proxy.settings import Settings
+
+#: orjson reads 1024 levels of nesting but writes only 254; what could not be written again is refused.
+_FLAT = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRequest:
+    """A validated request: its bytes, its JSON object, and the conversation items inside it."""
+
+    raw: bytes
+    payload: dict[str, Any]
+    items: list[Item]
+
+    @property
+    def stream(self) -> bool:
+        return self.payload.get("stream") is True
+
+    @property
+    def model(self) -> str | None:
+        model = self.payload.get("model")
+        return model if isinstance(model, str) else None
+
+    @property
+    def tools(self) -> list[Any] | None:
+        tools = self.payload.get("tools")
+        return tools if isinstance(tools, list) else None
+
+
+class Verdict(enum.Enum):
+    """What the relay does with one upstream event."""
+
+    RELAY = "relay"
+    #: Not for the client's eyes (usage the proxy asked for on its behalf).
+    HIDE = "hide"
+    #: The stream's last word: relayed only once the reply is in the log.
+    TERMINAL = "terminal"
+
+
+class ReplyReader(abc.ABC):
+    """Reads one reply stream on the side: the items it adds to the conversation, its usage, its end."""
+
+    usage: dict[str, Any] | None = None
+    #: Whether the model ended its turn (False: the stream was cut and the reply is partial).
+    finished: bool = False
+    #: Whether any reply content arrived: an empty stream logs nothing.
+    received: bool = False
+
+    @abc.abstractmethod
+    def feed(self, event: str, data: Any) -> Verdict:
+        """Take one event: its SSE ``event`` name and its data, decoded when JSON, else the raw text."""
+
+    @abc.abstractmethod
+    def items(self) -> list[Item]:
+        """The reply's items so far, as the client will send them back."""
+
+
+class Dialect(ItemModel):
+    """One wire API. Subclasses are stateless singletons."""
+
+    #: The request field holding the conversation.
+    items_field: str
+    #: Path below the upstream base that the front door posts to.
+    path: str
+    #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
+    anthropic: bool = False
+
+    def upstream_url(self, settings: Settings, path: str | None = None) -> str:
+        """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
+        base = settings.anthropic_base if self.anthropic else settings.upstream_base
+        return base + (self.path if path is None else path)
+
+    def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
+        """Fields to add so a streamed answer reports its usage, when the client did not ask for it itself;
+        what they add is hidden from the client (``ReplyReader`` with ``hide_usage``)."""
+        return None
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def parse(self, raw: bytes) -> ParsedRequest:
+        """Validate a request body; ``BadRequest`` (a 4xx) for anything the proxy cannot work with."""
+        payload = parse_json(raw)
+        if not isinstance(payload, dict):
+            raise BadRequest("Request body must be a JSON object.", code="invalid_json")
+        items = self.items_of(payload)
+        check_writable(payload, self.items_field, items)
+        return ParsedRequest(raw, payload, items)
+
+    @abc.abstractmethod
+    def items_of(self, payload: dict[str, Any]) -> list[Item]:
+        """The conversation items of a request; ``BadRequest`` when malformed."""
+
+    def render(self, request: ParsedRequest, items: Sequence[Item], extra: Mapping[str, Any] | None = None) -> bytes:
+        """The upstream body: the client's payload with ``items`` (and ``extra`` fields) in place."""
+        payload = dict(request.payload)
+        payload[self.items_field] = list(items)
+        if extra:
+            payload.update(extra)
+        return orjson.dumps(payload)
+
+    @abc.abstractmethod
+    def max_output(self, payload: Mapping[str, Any]) -> int | None:
+        """Tokens the request reserves for the answer."""
+
+    # -- replies --------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def reply_from_body(self, body: Mapping[str, Any]) -> tuple[list[Item], dict[str, Any] | None, bool]:
+        """A non-streamed answer's items, usage and whether it finished normally."""
+
+    @abc.abstractmethod
+    def reader(self, *, hide_usage: bool = False) -> ReplyReader:
+        """A fresh reader for one streamed answer."""
+
+    # -- summary calls --------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        """A non-streaming request in this API asking ``model`` for a summary."""
+
+    @abc.abstractmethod
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
+        """The summary text of an answer, whether it finished normally, and the upstream's word for how it ended;
+        ``ValueError`` if it holds no text."""
+
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """A session id the client put in the body itself (used when no header names one)."""
+        return None
+
+    def commits(self, data: Any) -> bool:
+        """Whether relaying must start with this stream event: anything before it may be withheld and retried."""
+        return True
+
+    def refusal_of(self, data: Any) -> Any:
+        """The part of a stream event that may say "prompt too long" (``proxy.overflow`` reads it)."""
+        return data
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
+
+
+def check_writable(payload: Mapping[str, Any], field: str, items: Sequence[Item]) -> None:
+    """Refuse what orjson could read but not write, before hashing, logging or forwarding tries to.
+
+    Only what can nest is written: the payload without its items, and the items
+    holding anything but scalars, each wrapped as deep as it sits in the
+    payload. Flat items (most of a long history) cost nothing.
+    """
+    try:
+        orjson.dumps({key: value for key, value in payload.items() if key != field})
+        for item in items:
+            for value in item.values():  # a plain loop: this runs for every item of every request
+                if not isinstance(value, _FLAT):
+                    orjson.dumps({field: [item]})
+                    break
+    except orjson.JSONEncodeError as exc:
+        raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
+
+
+def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False) -> list[Item]:
+    """``payload[field]`` as a non-empty list of objects; ``BadRequest`` otherwise."""
+    value = payload.get(field)
+    if allow_string and isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise BadRequest(f"'{field}' must be a non-empty array of objects.", param=field)
+    for index, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise BadRequest(f"{field}[{index}] must be an object.", param=f"{field}[{index}]")
+    return value
+
+
+def positive_int(payload: Mapping[str, Any], *names: str) -> int | None:
+    """The first of ``names`` holding a positive integer (bool excluded)."""
+    for name in names:
+        value = payload.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def text_of(content: Any, text_types: frozenset[str]) -> tuple[list[str], int]:
+    """Texts of a content value (a string or a list of typed parts), and the count of non-text parts."""
+    if isinstance(content, str):
+        return [content], 0
+    texts: list[str] = []
+    non_text = 0
+    if isinstance(content, list):
+        for part in content:
+            text = part.get("text") if isinstance(part, dict) else None
+            if isinstance(text, str) and part.get("type", "text") in text_types:
+                texts.append(text)
+            else:
+                non_text += 1
+    return texts, non_text

@@ -1,0 +1,251 @@
+"""Anthropic Messages (``POST /v1/messages``), as Claude Code speaks it.
+
+Items are messages whose content is a string or a list of blocks: ``text``,
+``image``, ``thinking`` (with its ``signature``) / ``redacted_thinking``,
+``tool_use`` in assistant turns, ``tool_result`` in user turns, paired by
+``tool_use_id``. A user message carrying tool results continues the turn
+(role ``tool`` to the engine); only a user message without them opens one.
+``system`` is a request field the proxy never touches, but Claude Code also
+puts role ``"system"`` entries between turns (e.g. "Today's date is …"): they
+stay where they are and open no turn. Thinking blocks ride inside their
+message, so they are never separated from their tool use, and the kept tail is
+byte-identical, signatures included.
+
+Identity ignores ``cache_control``: Claude Code moves its breakpoints forward
+every turn, and a moved breakpoint is not an edit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from proxy.context.items import Item, Role
+from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.errors import BadRequest
+
+_TEXT = frozenset({"text"})
+#: Events before any content block: held back, so an error that follows can be retried unseen.
+PREAMBLE_EVENTS = frozenset({"message_start", "ping"})
+FINISHED = frozenset({"end_turn", "stop_sequence"})
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content.strip()}]
+    return [_block(block) for block in content] if isinstance(content, list) else []
+
+
+def _block(block: Any) -> Any:
+    if not isinstance(block, dict):
+        return block
+    out = {key: value for key, value in block.items() if key != "cache_control" and value is not None}
+    if out.get("type") == "text" and isinstance(out.get("text"), str):
+        out["text"] = out["text"].strip()
+    if out.get("type") == "tool_result" and "content" in out:
+        out["content"] = _blocks(out["content"])
+    return out
+
+
+def _has(item: Item, block_type: str) -> list[Mapping[str, Any]]:
+    content = item.get("content")
+    if not isinstance(content, list):
+        return []
+    return [block for block in content if isinstance(block, dict) and block.get("type") == block_type]
+
+
+class MessagesDialect(Dialect):
+    name = "messages"
+    items_field = "messages"
+    path = "/v1/messages"
+    anthropic = True
+
+    def items_of(self, payload: dict[str, Any]) -> list[Item]:
+        messages = require_items(payload, "messages")
+        for i, message in enumerate(messages):
+            if not isinstance(message.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}]")
+            content = message.get("content")
+            if content is not None and not isinstance(content, str | list):
+                raise BadRequest(f"messages[{i}].content must be a string or an array.",
+                                 param=f"messages[{i}].content")
+        return messages
+
+    def role(self, item: Item) -> Role:
+        role = item.get("role")
+        if role == "user":
+            return "tool" if _has(item, "tool_result") else "user"
+        if role == "assistant":
+            return "assistant"
+        return "system" if role == "system" else "other"
+
+    def calls(self, item: Item) -> tuple[str, ...]:
+        if item.get("role") != "assistant":
+            return ()
+        return tuple(b["id"] for b in _has(item, "tool_use") if isinstance(b.get("id"), str))
+
+    def results(self, item: Item) -> tuple[str, ...]:
+        if item.get("role") != "user":
+            return ()
+        return tuple(b["tool_use_id"] for b in _has(item, "tool_result") if isinstance(b.get("tool_use_id"), str))
+
+    def identity(self, item: Item) -> Any:
+        return {"role": item.get("role"), "content": _blocks(item.get("content"))}
+
+    def text(self, item: Item) -> tuple[str, int]:
+        content = item.get("content")
+        if not isinstance(content, list):
+            return (content if isinstance(content, str) else ""), 0
+        texts: list[str] = []
+        non_text = 0
+        for block in content:
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" or kind == "thinking":
+                texts.append(str(block.get(kind) or ""))
+            elif kind in ("tool_use", "server_tool_use"):
+                texts.append(f"{block.get('name')} {orjson.dumps(block.get('input')).decode()}")
+            elif kind == "tool_result":
+                inner, inner_non_text = text_of(block.get("content"), _TEXT)
+                texts.extend(inner)
+                non_text += inner_non_text
+            elif kind != "redacted_thinking":
+                non_text += 1
+        return "\n".join(texts), non_text
+
+    def with_summary(self, item: Item | None, text: str) -> Item:
+        block = {"type": "text", "text": text}
+        if item is None:
+            return {"role": "user", "content": [block]}
+        content = item.get("content")
+        if isinstance(content, str):
+            return {**item, "content": [block, {"type": "text", "text": content}]}
+        return {**item, "content": [block, *(content if isinstance(content, list) else [])]}
+
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        content = item.get("content")
+        if item.get("role") != "user" or not isinstance(content, list):
+            return []
+        return [("content", i, "content") for i, block in enumerate(content)
+                if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block]
+
+    def max_output(self, payload: Mapping[str, Any]) -> int | None:
+        return positive_int(payload, "max_tokens")
+
+    def reply_from_body(self, body: Mapping[str, Any]) -> tuple[list[Item], dict[str, Any] | None, bool]:
+        content = body.get("content")
+        usage = body.get("usage")
+        items = [{"role": "assistant", "content": content}] if isinstance(content, list) else []
+        return items, usage if isinstance(usage, dict) else None, body.get("stop_reason") is not None
+
+    def reader(self, *, hide_usage: bool = False) -> ReplyReader:
+        return MessagesReader()
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        parts = [usage.get(key) for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+        numbers = [part for part in parts if isinstance(part, int)]
+        return sum(numbers) if numbers else None
+
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        value = usage.get("cache_read_input_tokens")
+        return value if isinstance(value, int) else None
+
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """Claude Code's ``metadata.user_id`` is a JSON string holding its ``session_id``."""
+        metadata = payload.get("metadata")
+        user_id = metadata.get("user_id") if isinstance(metadata, Mapping) else None
+        if not isinstance(user_id, str) or not user_id.startswith("{"):
+            return None
+        try:
+            session = orjson.loads(user_id).get("session_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return session if isinstance(session, str) else None
+
+    def commits(self, data: Any) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        return kind not in PREAMBLE_EVENTS and kind != "error"
+
+    def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        return {"model": model, "system": system, "max_tokens": max_tokens, "stream": False,
+                "messages": [{"role": "user", "content": user}]}
+
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
+        content = body.get("content")
+        texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
+                 and isinstance(b.get("text"), str)] if isinstance(content, list) else []
+        if not texts:
+            raise ValueError("the summary answer holds no text block")
+        reason = body.get("stop_reason")
+        return "".join(texts), reason in FINISHED, str(reason) if reason else "missing"
+
+
+class MessagesReader(ReplyReader):
+    """Rebuilds the assistant message from content-block events, as the non-streamed answer would hold it."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+
+    def feed(self, event: str, data: Any) -> Verdict:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        if not isinstance(data, Mapping) or not isinstance(kind, str):
+            return Verdict.RELAY
+        index = data.get("index")
+        if kind == "message_start":
+            message = data.get("message")
+            usage = message.get("usage") if isinstance(message, Mapping) else None
+            self.usage = dict(usage) if isinstance(usage, Mapping) else None
+        elif kind == "content_block_start" and isinstance(index, int):
+            block = data.get("content_block")
+            if isinstance(block, Mapping):
+                self._blocks[index] = dict(block)
+                self.received = True
+        elif kind == "content_block_delta" and isinstance(index, int) and index in self._blocks:
+            self._delta(index, data.get("delta"))
+        elif kind == "message_delta":
+            self._message_delta(data)
+        elif kind == "message_stop":
+            return Verdict.TERMINAL
+        return Verdict.RELAY
+
+    def _delta(self, index: int, delta: Any) -> None:
+        if not isinstance(delta, Mapping):
+            return
+        block = self._blocks[index]
+        kind = delta.get("type")
+        if kind == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json") or ""))
+            return
+        field = {"text_delta": "text", "thinking_delta": "thinking", "signature_delta": "signature"}.get(str(kind))
+        if field is not None:
+            block[field] = str(block.get(field) or "") + str(delta.get(field) or "")
+        elif kind == "citations_delta":
+            block.setdefault("citations", []).append(delta.get("citation"))
+
+    def _message_delta(self, data: Mapping[str, Any]) -> None:
+        delta = data.get("delta")
+        if isinstance(delta, Mapping) and delta.get("stop_reason") is not None:
+            self.finished = True
+        usage = data.get("usage")
+        if isinstance(usage, Mapping):
+            self.usage = {**(self.usage or {}), **{k: v for k, v in usage.items() if v is not None}}
+
+    def items(self) -> list[Item]:
+        if not self._blocks:
+            return []
+        blocks = []
+        for index in sorted(self._blocks):
+            block = dict(self._blocks[index])
+            if index in self._json:
+                text = "".join(self._json[index])
+                try:
+                    block["input"] = orjson.loads(text) if text else {}
+                except orjson.JSONDecodeError:
+                    block["input"] = text  # a cut stream: keep what arrived
+            blocks.append(block)
+        return [{"role": "assistant", "content": blocks}]
+
+
+DIALECT = MessagesDialect()

@@ -1,0 +1,209 @@
+"""The OpenAI Responses API (``POST /v1/responses``), as Codex speaks it.
+
+Items are flat: messages (``developer``/``user``/``assistant``), ``reasoning``
+(with ``encrypted_content``), ``function_call`` / ``function_call_output``
+paired by ``call_id`` (and the ``custom_tool_call``, ``local_shell_call``,
+``computer_call`` families), ``compaction`` items and others. Two rules the
+API enforces shape the engine's answers: a reasoning item is rejected without
+the item that followed it (``travels_with_next``), and every output needs its
+call. The stream has no ``[DONE]``: ``response.completed`` (or ``incomplete`` /
+``failed``) is the last word, held back until the reply is logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from proxy.context.items import Item, Role
+from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.dialects.chat import canonical_arguments
+
+CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "computer_call"})
+OUTPUT_TYPES = frozenset(
+    {"function_call_output", "custom_tool_call_output", "local_shell_call_output", "computer_call_output"}
+)
+TEXT_TYPES = frozenset({"input_text", "output_text", "text", "summary_text", "reasoning_text"})
+TERMINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed"})
+#: Events sent before the model produced anything: held back, so an overflow that follows can be retried unseen.
+PREAMBLE_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
+#: Fields that differ between the item the upstream sent and the one the client echoes, without meaning.
+_VOLATILE = frozenset({"id", "status"})
+
+
+def _type(item: Mapping[str, Any]) -> str:
+    kind = item.get("type")
+    if isinstance(kind, str):
+        return kind
+    return "message" if "role" in item else ""
+
+
+def _parts(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content.strip()}]
+    if not isinstance(content, list):
+        return []
+    out: list[Any] = []
+    for part in content:
+        if isinstance(part, dict) and part.get("type") in TEXT_TYPES and isinstance(part.get("text"), str):
+            out.append({"type": "text", "text": part["text"].strip()})
+        else:
+            out.append(part)
+    return out
+
+
+class ResponsesDialect(Dialect):
+    name = "responses"
+    items_field = "input"
+    path = "/responses"
+
+    def items_of(self, payload: dict[str, Any]) -> list[Item]:
+        return require_items(payload, "input", allow_string=True)
+
+    def role(self, item: Item) -> Role:
+        kind = _type(item)
+        if kind == "message":
+            role = item.get("role")
+            if role in ("system", "developer"):
+                return "system"
+            return "user" if role == "user" else "assistant"
+        if kind in OUTPUT_TYPES:
+            return "tool"
+        if kind == "reasoning" or kind in CALL_TYPES or kind.endswith("_call"):
+            return "assistant"
+        return "other"
+
+    def calls(self, item: Item) -> tuple[str, ...]:
+        call_id = item.get("call_id")
+        return (call_id,) if _type(item) in CALL_TYPES and isinstance(call_id, str) else ()
+
+    def results(self, item: Item) -> tuple[str, ...]:
+        call_id = item.get("call_id")
+        return (call_id,) if _type(item) in OUTPUT_TYPES and isinstance(call_id, str) else ()
+
+    def travels_with_next(self, item: Item) -> bool:
+        return _type(item) == "reasoning"
+
+    def identity(self, item: Item) -> Any:
+        kind = _type(item)
+        if kind == "message":
+            return {"type": kind, "role": item.get("role"), "content": _parts(item.get("content"))}
+        if kind == "function_call":
+            return {"type": kind, "call_id": item.get("call_id"), "name": item.get("name"),
+                    "arguments": canonical_arguments(item.get("arguments"))}
+        if kind == "reasoning" and item.get("encrypted_content"):
+            return {"type": kind, "encrypted_content": item.get("encrypted_content")}
+        out = {key: value for key, value in item.items() if key not in _VOLATILE and value is not None}
+        output = out.get("output")
+        if isinstance(output, str):
+            out["output"] = output.strip()
+        out["type"] = kind
+        return out
+
+    def text(self, item: Item) -> tuple[str, int]:
+        kind = _type(item)
+        if kind == "message":
+            texts, non_text = text_of(item.get("content"), TEXT_TYPES)
+        elif kind == "reasoning":
+            texts, non_text = text_of(item.get("summary"), TEXT_TYPES)
+        elif kind in OUTPUT_TYPES:
+            texts, non_text = text_of(item.get("output"), TEXT_TYPES)
+        else:
+            texts = [str(item.get(key)) for key in ("name", "arguments", "input", "action") if item.get(key)]
+            non_text = 0
+        return "\n".join(texts), non_text
+
+    def with_summary(self, item: Item | None, text: str) -> Item:
+        part = {"type": "input_text", "text": text}
+        if item is None:
+            return {"type": "message", "role": "user", "content": [part]}
+        content = item.get("content")
+        if isinstance(content, str):
+            return {**item, "content": [part, {"type": "input_text", "text": content}]}
+        return {**item, "content": [part, *(content if isinstance(content, list) else [])]}
+
+    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+        return [("output",)] if _type(item) in OUTPUT_TYPES else []
+
+    def max_output(self, payload: Mapping[str, Any]) -> int | None:
+        return positive_int(payload, "max_output_tokens")
+
+    def reply_from_body(self, body: Mapping[str, Any]) -> tuple[list[Item], dict[str, Any] | None, bool]:
+        output = body.get("output")
+        items = [item for item in output if isinstance(item, dict)] if isinstance(output, list) else []
+        usage = body.get("usage")
+        return items, usage if isinstance(usage, dict) else None, body.get("status") == "completed"
+
+    def reader(self, *, hide_usage: bool = False) -> ReplyReader:
+        return ResponsesReader()
+
+    def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        value = usage.get("input_tokens")
+        return value if isinstance(value, int) else None
+
+    def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        details = usage.get("input_tokens_details")
+        value = details.get("cached_tokens") if isinstance(details, Mapping) else None
+        return value if isinstance(value, int) else None
+
+    def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
+        return {"model": model, "instructions": system, "store": False, "stream": False,
+                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
+                "max_output_tokens": max_tokens}
+
+    def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
+        items, _, finished = self.reply_from_body(body)
+        texts = [text for item in items if _type(item) == "message" for text in text_of(
+            item.get("content"), frozenset({"output_text", "text"}))[0]]
+        if not texts:
+            raise ValueError("the summary answer holds no output text")
+        return "".join(texts), finished, str(body.get("status") or "missing")
+
+    def session_hint(self, payload: Mapping[str, Any]) -> str | None:
+        """Codex sets ``prompt_cache_key`` to its conversation id."""
+        key = payload.get("prompt_cache_key")
+        return key if isinstance(key, str) else None
+
+    def commits(self, data: Any) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        return kind not in PREAMBLE_EVENTS and kind not in ("error", "response.failed")
+
+    def refusal_of(self, data: Any) -> Any:
+        """``response.failed`` carries its error one level down; every other event is classified as it is."""
+        if isinstance(data, Mapping) and data.get("type") == "response.failed":
+            return data.get("response")
+        return data
+
+
+class ResponsesReader(ReplyReader):
+    """Collects the final form of each output item (``response.output_item.done``) and the usage."""
+
+    def __init__(self) -> None:
+        self._items: dict[int, Item] = {}
+        self._final: list[Item] | None = None
+
+    def feed(self, event: str, data: Any) -> Verdict:
+        if not isinstance(data, Mapping):
+            return Verdict.RELAY
+        kind = data.get("type")
+        if kind == "response.output_item.done":
+            item, index = data.get("item"), data.get("output_index")
+            if isinstance(item, dict):
+                self._items[index if isinstance(index, int) else len(self._items)] = item
+                self.received = True
+        elif kind in TERMINAL_EVENTS:
+            response = data.get("response")
+            if isinstance(response, Mapping):
+                items, usage, finished = DIALECT.reply_from_body(response)
+                self._final, self.usage, self.finished = items, usage, finished
+                self.received = self.received or bool(items)
+            return Verdict.TERMINAL
+        return Verdict.RELAY
+
+    def items(self) -> list[Item]:
+        if self._items:
+            return [self._items[index] for index in sorted(self._items)]
+        return list(self._final or [])
+
+
+DIALECT = ResponsesDialect()

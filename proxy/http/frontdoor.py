@@ -1,0 +1,298 @@
+"""The front doors: Chat Completions, the Responses API and Anthropic Messages, one handler each, one engine.
+
+Every door does the same, in its own API's words (``proxy.dialects``): sync
+the log, build the view, forward, relay, log the reply. When the upstream
+refuses the prompt as too long (recognised by ``proxy.overflow`` in the error
+body, or in a stream event before anything reached the client), the turn
+compacts harder and retries, at most ``reactive_retries`` times; then the
+client gets the upstream's first refusal, status and body unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
+from proxy.context.budget import retry_limit
+from proxy.context.engine import ContextEngine, PreparedView
+from proxy.context.items import Item
+from proxy.context.lineage import ConversationState
+from proxy.context.summarizer import SummaryAnswer
+from proxy.dialects.base import Dialect, ParsedRequest
+from proxy.errors import ProxyError, StoreError
+from proxy.http.body import read_body
+from proxy.http.relay import RelayTiming, ReplySink, read_until_commit, read_whole, relay_stream, relay_whole
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
+from proxy.metrics import Metrics
+from proxy.overflow import Overflow, classify_overflow
+from proxy.sessions import agent_of, credential, explicit_session, fingerprint_session, tenant_of, valid_session
+from proxy.settings import Settings
+from proxy.store.base import SessionKey
+from proxy.store.codec import check_encodable
+from proxy.summarycall import summary_completer
+from proxy.types import Message
+from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
+
+logger = logging.getLogger(__name__)
+access_logger = logging.getLogger("proxy.access")
+
+
+@dataclass
+class Refusal:
+    """The upstream's first too-long answer, relayed unchanged if no retry rescues the request."""
+
+    status: int
+    headers: Any
+    body: bytes
+
+
+@dataclass
+class Turn:
+    """One request's journey; holds what the reply sink and the retries need."""
+
+    request: web.Request
+    dialect: Dialect
+    parsed: ParsedRequest
+    key: SessionKey
+    hashes: list[str]
+    state: ConversationState | None
+    settings: Settings
+    metrics: Metrics
+    engine: ContextEngine
+    timing: RelayTiming = field(default_factory=RelayTiming)
+    status: int = 502
+    refusal: Refusal | None = None
+    attempts: int = 0
+
+    @property
+    def max_output(self) -> int | None:
+        return self.dialect.max_output(self.parsed.payload)
+
+    def upstream_body(self, view: PreparedView) -> bytes:
+        """The client's bytes when nothing changes; otherwise the payload with only what must change."""
+        usage = self.dialect.usage_request(self.parsed)
+        if not view.changed and usage is None:
+            return self.parsed.raw
+        return self.dialect.render(self.parsed, view.messages, usage)
+
+    def sink_for(self, view: PreparedView) -> ReplySink:
+        history = self.request.app[history_key]
+        dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
+        last = view.messages[-1]
+        view_info = {"key": view.view_key, "length": len(view.messages),
+                     "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
+
+        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
+            if not reply:
+                return
+            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info}
+            if usage is not None:
+                extra["usage"] = usage
+            if not complete:
+                extra["partial"] = True
+            try:
+                for item in reply:  # an unwritable reply is refused here, never kept for a retry
+                    check_encodable(item, extra)
+                await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
+                                   upstream_from=len(items), extra_upstream=extra,
+                                   extra_client={"dialect": dialect.name})
+            except StoreError as exc:
+                self.metrics.store_errors.inc()
+                logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
+
+        return sink
+
+    def headers(self, view: PreparedView, started: float) -> dict[str, str]:
+        overhead = (time.perf_counter() - started - self.timing.upstream) * 1000
+        return {HEADER_SESSION: self.key.session, HEADER_COMPACTED: view.compacted,
+                HEADER_VIEW_TOKENS: str(view.estimate.tokens), HEADER_OVERHEAD: f"{overhead:.2f}"}
+
+    async def prepare(self) -> PreparedView:
+        """The view to send: the proactive trigger, unless the client keeps its history upstream."""
+        tools, model = self.parsed.tools, self.parsed.model or ""
+        if "previous_response_id" in self.parsed.payload:
+            # Responses API with server-side state: the items are only what is new; forwarded as they are.
+            return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
+                                    window=self.engine.window_for(model), tools=tools, max_output=self.max_output,
+                                    fit=False)
+        return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
+                                         model=model, tools=tools, max_output=self.max_output,
+                                         complete=self.summarise)
+
+    async def rescue(self, overflow: Overflow, refused: PreparedView) -> PreparedView | None:
+        """Compact harder after a too-long refusal; the new view, or None when nothing can be done.
+
+        Each attempt is one level harder: the compactor halves the retained tail
+        and its rounds per level, down to the split-inside-a-round minimum. The
+        retry must also come in under what was refused (``retry_limit``), with
+        tool results clipped if that is what it takes, so a view that compaction
+        cannot shrink (one huge result in the last step) still gets through.
+        """
+        self.attempts += 1
+        attempt = self.attempts
+        if attempt > self.settings.reactive_retries or "previous_response_id" in self.parsed.payload:
+            return None
+        model = self.parsed.model or ""
+        if overflow.limit_tokens is not None:
+            self.engine.learn_window(model, overflow.limit_tokens)
+        window = self.engine.window_for(model)
+        items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
+        compacted = False
+        if self.state is not None:  # without a state the store is down: no compaction, clipping still helps
+            result, state = await self.engine.compact(self.key, items, self.hashes, trigger="reactive",
+                                                      dialect=self.dialect, model=model, complete=self.summarise,
+                                                      window=window, level=attempt, tools=tools,
+                                                      max_output=max_output)
+            compacted = result.outcome == "ok"
+            self.state = state if state is not None else self.state
+        limit = retry_limit(self.engine.policy(window).hard_limit(max_output), refused.estimate.tokens)
+        view = self.engine.view(items, self.hashes, self.state, dialect=self.dialect, window=window, tools=tools,
+                                max_output=max_output, compacted="reactive", limit=limit)
+        if not compacted and not view.estimate.tokens < refused.estimate.tokens:
+            self.metrics.reactive_retries.labels(outcome="failed").inc()
+            return None
+        return view
+
+    async def summarise(self, messages: list[Message], max_tokens: int) -> SummaryAnswer:
+        """The summary call, as the caller; its headers are built only when a compaction needs them."""
+        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
+                                     self.settings.summary_model or self.parsed.model or "", self.dialect)
+        return await complete(messages, max_tokens)
+
+
+async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow:
+    """One upstream attempt: the response to give the client, or the upstream's too-long refusal."""
+    settings, dialect, request = turn.settings, turn.dialect, turn.request
+    headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic)
+    url = dialect.upstream_url(settings)
+    async with map_upstream_errors():
+        turn.timing.wait_started()
+        async with request.app[client_key].post(url, data=turn.upstream_body(view), headers=headers,
+                                                params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
+            turn.timing.wait_ended()
+            turn.status = resp.status
+            streaming = turn.parsed.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            if streaming:
+                prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect)
+                if overflow is None:
+                    reader = dialect.reader(hide_usage=dialect.usage_request(turn.parsed) is not None)
+                    return await relay_stream(request, resp, turn.headers(view, started), turn.sink_for(view),
+                                              turn.timing, reader=reader, prefix=prefix,
+                                              limit=settings.max_event_bytes)
+                body = b"".join(prefix) + await read_whole(resp, turn.timing)
+            else:
+                body = await read_whole(resp, turn.timing)
+                overflow = classify_overflow(resp.status, body, resp.headers) if resp.status != 200 else None
+            if overflow is not None:
+                if turn.refusal is None:
+                    turn.refusal = Refusal(resp.status, resp.headers.copy(), body)
+                return overflow
+            return await relay_whole(resp, body, turn.headers(view, started), turn.sink_for(view), dialect)
+
+
+def _refuse(turn: Turn, view: PreparedView, started: float) -> web.Response:
+    """The upstream's first too-long answer, as it sent it: no retry could rescue the request."""
+    if turn.refusal is None:
+        raise RuntimeError("no refusal to relay")
+    headers = response_headers(turn.refusal.headers, decoded=True)
+    headers.update(turn.headers(view, started))
+    turn.status = turn.refusal.status
+    return web.Response(status=turn.refusal.status, headers=headers, body=turn.refusal.body)
+
+
+def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) -> str:
+    """The URL's or a header's session, else one the client put in the body, else the conversation's fingerprint;
+    a sub-agent's requests are the session ``<session>/<agent>``."""
+    session = explicit_session(request.match_info.get("session"), request.headers)
+    if session is None:
+        hint = dialect.session_hint(parsed.payload)
+        session = hint if hint is not None and valid_session(hint) else None
+    if session is None:
+        system = parsed.payload.get("system", parsed.payload.get("instructions"))
+        session = fingerprint_session(dialect, parsed.items, system)
+    agent = agent_of(request.headers)
+    return f"{session}/{agent}" if agent is not None else session
+
+
+async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
+    """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
+    app = request.app
+    settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
+    parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
+    key = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
+    metrics.session_seen(key)
+    hashes = history.hashes_for(key, parsed.items, len(parsed.raw), dialect.hash)
+    # The request's items are logged together with the reply (one append per step, after the upstream
+    # answered); the view needs only the session's checkpoint, which the cached state has.
+    state: ConversationState | None = None
+    try:
+        state = await history.state(key)  # the cached state; the log is read only for a session new here
+    except StoreError as exc:
+        metrics.store_errors.inc()
+        logger.warning("store error while reading session %s: %s", key.session, exc)
+    return Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
+
+
+def front_door(dialect: Dialect) -> Handler:
+    """The handler of ``dialect``'s front door."""
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        metrics = request.app[metrics_key]
+        turn: Turn | None = None
+        status: int | None = None  # the upstream's, unless the request failed on its own
+        view: PreparedView | None = None  # for the access line when the request fails before a view exists
+        try:
+            turn = await open_turn(request, dialect)
+            view = await turn.prepare()
+            while True:
+                outcome = await _send(turn, view, started)
+                if isinstance(outcome, web.StreamResponse):
+                    if view.compacted == "reactive":
+                        metrics.reactive_retries.labels(outcome="ok").inc()
+                    return outcome
+                retry = await turn.rescue(outcome, view)  # the refused response is closed: no connection held
+                if retry is None:
+                    return _refuse(turn, view, started)
+                view = retry
+        except ProxyError as exc:
+            status = exc.status
+            raise
+        except asyncio.CancelledError:
+            status = 499  # the client went away (nginx's convention): not an upstream failure
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            if status is None:
+                status = turn.status if turn is not None else 502
+            _account(metrics, dialect.name, turn, status, view, time.perf_counter() - started)
+
+    return handle
+
+
+def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,
+             total: float) -> None:
+    upstream = turn.timing.upstream if turn is not None else 0.0
+    session = turn.key.session if turn is not None else None
+    metrics.requests.labels(route=route, status=str(status)).inc()
+    metrics.upstream_seconds.observe(upstream)
+    metrics.overhead_seconds.observe(max(total - upstream, 0.0))
+    access_logger.info(
+        "%s session=%s status=%s upstream_ms=%.1f proxy_ms=%.2f",
+        route, session, status, upstream * 1000, (total - upstream) * 1000,
+        extra={"fields": {
+            "event": route, "session": session, "tenant": turn.key.tenant if turn is not None else None,
+            "status": status, "view_tokens": view.estimate.tokens if view is not None else None,
+            "compacted": view.compacted if view is not None else None,
+            "upstream_ms": round(upstream * 1000, 1), "overhead_ms": round((total - upstream) * 1000, 2),
+        }},
+    )
