@@ -22,7 +22,7 @@ from proxy.context.tokens import bundled_encoding
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
-from proxy.http.frontdoor import front_door
+from proxy.http.frontdoor import compact_endpoint, front_door
 from proxy.http.middleware import error_middleware, remember_prepared
 from proxy.keys import (
     client_key,
@@ -30,11 +30,13 @@ from proxy.keys import (
     engine_key,
     history_key,
     metrics_key,
+    secret_key,
     settings_key,
     store_key,
     timelines_key,
 )
 from proxy.metrics import Metrics
+from proxy.secret import ServerSecret
 from proxy.settings import Settings
 from proxy.store import open_store
 from proxy.store.base import SessionKey
@@ -55,6 +57,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     settings, metrics = app[settings_key], app[metrics_key]
     store = await open_store(settings.store)
     app[store_key] = store
+    app[secret_key] = ServerSecret(settings.secret, store)
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
                              on_error=metrics.store_errors.inc)
     app[history_key] = history
@@ -64,13 +67,16 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
         metrics.compaction_done(trigger, result, seconds)
         compactions.record(key, trigger, result, seconds)
 
-    app[engine_key] = ContextEngine(history, engine_settings(settings), observer=observe)
+    engine = ContextEngine(history, engine_settings(settings), observer=observe,
+                           wait_observer=metrics.compaction_wait_seconds.observe)
+    app[engine_key] = engine
     if settings.estimator != "chars":
         await asyncio.to_thread(bundled_encoding)  # ~0.5 s: paid at startup, not by the first request
     try:
         yield
     finally:
         try:
+            await engine.aclose()  # background compactions use the history and the store: stopped first
             await history.aclose()  # background retries of pending replies use the store: stop them first
         finally:
             await store.aclose()
@@ -82,7 +88,7 @@ def engine_settings(settings: Settings) -> EngineSettings:
         min_retain_rounds=settings.min_retain_rounds, summary_timeout=settings.summary_timeout,
         summary_model=settings.summary_model, summary_max_tokens=settings.summary_max_tokens,
         estimator=settings.estimator, summary_placement="system" if settings.summary_placement == "system" else "user",
-        failure_cooldown=settings.compaction_cooldown,
+        failure_cooldown=settings.compaction_cooldown, precompact_threshold=settings.precompact_threshold,
     )
 
 
@@ -106,6 +112,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
         app.router.add_post(prefix + "/v1/responses", responses)
         app.router.add_get(prefix + "/v1/responses", passthrough.responses_socket)
         app.router.add_post(prefix + "/v1/responses/input_tokens", counts.input_tokens)
+        app.router.add_post(prefix + "/v1/responses/compact", compact_endpoint)
         app.router.add_post(prefix + "/v1/messages", messages)
         app.router.add_post(prefix + "/v1/messages/count_tokens", counts.count_tokens)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)

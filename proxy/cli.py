@@ -59,6 +59,9 @@ def _store_option(f: Any) -> Any:
               help="Tokens [default: the model's input window from the bundled model map, else 128000]")
 @click.option("--compression-threshold", envvar="CTXPROXY_COMPRESSION_THRESHOLD", type=float, default=None,
               show_envvar=True, help="Compact when the estimate exceeds window x threshold [default: 0.8]")
+@click.option("--precompact-threshold", envvar="CTXPROXY_PRECOMPACT_THRESHOLD", type=float, default=None,
+              show_envvar=True, help="Start a background summary when the estimate exceeds window x this, so the "
+                                     "request at the compression threshold finds it ready [default: 0.6]")
 @click.option("--min-retain-rounds", envvar="CTXPROXY_MIN_RETAIN_ROUNDS", type=int, default=None, show_envvar=True,
               help="Recent rounds kept verbatim [default: 10]")
 @click.option("--summary-model", envvar="CTXPROXY_SUMMARY_MODEL", default=None, show_envvar=True,

@@ -37,6 +37,8 @@ HEADER_SESSION = "X-Session-Id"
 HEADER_COMPACTED = "X-Ctxproxy-Compacted"
 HEADER_VIEW_TOKENS = "X-Ctxproxy-View-Tokens"
 HEADER_OVERHEAD = "X-Ctxproxy-Overhead-Ms"
+#: Codex's per-turn metadata (JSON; ``request_kind: "compaction"`` on its compaction turns).
+HEADER_TURN_METADATA = "x-codex-turn-metadata"
 
 #: Headers a client's key may come in, in the order ``proxy.sessions.credential`` reads them.
 CREDENTIAL_HEADERS = ("Authorization", "api-key", "x-api-key")

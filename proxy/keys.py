@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from proxy.context.engine import ContextEngine
     from proxy.context.history import HistoryManager
     from proxy.metrics import Metrics
+    from proxy.secret import ServerSecret
     from proxy.settings import Settings
     from proxy.store.base import FactLog
     from proxy.ui.timeline import TimelineCache
@@ -23,3 +24,4 @@ history_key: web.AppKey[HistoryManager] = web.AppKey("history")
 engine_key: web.AppKey[ContextEngine] = web.AppKey("engine")
 compactions_key: web.AppKey[RecentCompactions] = web.AppKey("compactions")
 timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")
+secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")

@@ -105,6 +105,10 @@ class Metrics:
                                    registry=r)
         self.compaction_seconds = Histogram("ctxproxy_compaction_seconds", "Time a compaction took.",
                                             buckets=COMPACTION_BUCKETS, registry=r)
+        self.compaction_wait_seconds = Histogram(
+            "ctxproxy_compaction_wait_seconds", "How long a request past the trigger waited on a compaction "
+            "(0: a background summary was ready, or on its way while the view still fit).",
+            buckets=COMPACTION_BUCKETS, registry=r)
         self.tokens_before = Counter("ctxproxy_tokens_before_compaction", "View tokens before compactions.",
                                      registry=r)
         self.tokens_after = Counter("ctxproxy_tokens_after_compaction", "View tokens after compactions.", registry=r)

@@ -56,6 +56,21 @@ async def server_secret(configured: str | None, store: FactLog) -> bytes:
     return await store.secret()
 
 
+class ServerSecret:
+    """The signing key, fetched when first needed and kept: a store that is down at start delays it, no more."""
+
+    def __init__(self, configured: str | None, store: FactLog) -> None:
+        self._configured = configured
+        self._store = store
+        self._value: bytes | None = None
+
+    async def get(self) -> bytes:
+        """The key; ``StoreError`` while the store cannot give it (nothing is signed or checked meanwhile)."""
+        if self._value is None:
+            self._value = await server_secret(self._configured, self._store)
+        return self._value
+
+
 def is_reference(token: str) -> bool:
     """Whether ``token`` claims to be one of ours (as opposed to an upstream's own encrypted content)."""
     return token.startswith(PREFIX + ".")

@@ -45,6 +45,9 @@ class Settings:
     #: None: the model's input window from the bundled model map, else 128000.
     context_window: int | None = None
     compression_threshold: float = 0.8
+    #: Start a background summary when the estimate passes window x this; at or above the compression threshold,
+    #: there is no background compaction.
+    precompact_threshold: float = 0.6
     min_retain_rounds: int = 10
     summary_model: str | None = None
     summary_timeout: float = 120.0
@@ -81,8 +84,9 @@ class Settings:
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
-        if not 0 < self.compression_threshold <= 1:
-            raise ValueError("compression_threshold must be in (0, 1]")
+        for name in ("compression_threshold", "precompact_threshold"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1]")
         if self.context_window is not None and self.context_window < 1024:
             raise ValueError("context_window must be at least 1024 tokens")
         if self.min_retain_rounds < 1:
@@ -99,12 +103,9 @@ class Settings:
             raise ValueError("max_event_bytes must be at least 1024")
         if self.reactive_retries < 0:
             raise ValueError("reactive_retries must be 0 or more")
-        if self.estimator not in ("tokenizer", "chars", "max"):
-            raise ValueError("estimator must be 'tokenizer', 'chars' or 'max'")
-        if self.summary_placement not in ("user", "system"):
-            raise ValueError("summary_placement must be 'user' or 'system'")
-        if self.log_format not in ("text", "json"):
-            raise ValueError("log_format must be 'text' or 'json'")
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}")
 
     @property
     def upstream_base(self) -> str:
@@ -132,10 +133,13 @@ class Settings:
         return cls(**values)
 
 
+#: Settings that take one of a few words.
+_CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("user", "system"),
+            "log_format": ("text", "json")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
          "reactive_retries"}
-_FLOATS = {"compression_threshold", "summary_timeout", "upstream_timeout", "connect_timeout", "client_timeout",
-           "compaction_cooldown"}
+_FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
+           "connect_timeout", "client_timeout", "compaction_cooldown"}
 
 
 def _coerce(name: str, raw: str) -> Any:

@@ -66,12 +66,14 @@ class _Supervisor:
         self.metrics_dir = metrics_dir
         self.procs: list[subprocess.Popen[bytes]] = []
         self.stopping = False
+        #: Whether the workers got SIGTERM already: a second one would cut their graceful stop short.
+        self.terminated = False
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         # Only a flag and kill(2) here: a handler that took a lock could deadlock against the interrupted code.
         # A second signal (Ctrl-C twice) does not wait for in-flight requests.
         self.signal_all(signal.SIGKILL if self.stopping else signal.SIGTERM)
-        self.stopping = True
+        self.stopping = self.terminated = True
 
     def signal_all(self, sig: signal.Signals) -> None:
         for proc in self.procs:
@@ -109,7 +111,9 @@ class _Supervisor:
         """SIGTERM every worker still running, wait up to STOP_GRACE, SIGKILL what is left. 1 if any failed."""
         from prometheus_client import multiprocess
 
-        self.signal_all(signal.SIGTERM)
+        if not self.terminated:
+            self.signal_all(signal.SIGTERM)
+            self.terminated = True
         failed = 0
         deadline = time.monotonic() + STOP_GRACE
         for index, proc in enumerate(self.procs):

@@ -115,6 +115,9 @@ class FakeUpstream:
         self.overflow_in_stream = False
         self.summary_mode = "facts"
         self.summary_requests: list[dict[str, Any]] = []
+        #: When set, summary requests wait for it (a slow summary model); ``summaries_answered`` counts the done.
+        self.summary_gate: asyncio.Event | None = None
+        self.summaries_answered = 0
         self.prompt_tokens: list[int] = []
         self.refused = 0
         #: Refuse views a strict chat template rejects (``role_error``) with vLLM's 400.
@@ -163,8 +166,11 @@ class FakeUpstream:
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         if self.summary_mode == "hang":
             await asyncio.Event().wait()
+        if self.summary_gate is not None:
+            await self.summary_gate.wait()
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
         text = "" if self.summary_mode == "empty" else full_summary("Keep going.", facts)
+        self.summaries_answered += 1
         return summary_response(text, model=body.get("model"))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:

@@ -63,7 +63,10 @@ ProxyFactory = Callable[..., Any]
 @pytest.fixture
 def make_proxy(aiohttp_client: Any, upstream: TestServer, store_url: str) -> ProxyFactory:
     async def make(**overrides: Any) -> TestClient[Any, Any]:
-        settings = Settings(upstream=str(upstream.make_url("/v1")), store=store_url, **overrides)
+        # Background compaction is off unless a test turns it on (tests/test_background.py): most tests read the
+        # log right after a request, when a background summary could still be on its way to it.
+        settings = Settings(upstream=str(upstream.make_url("/v1")), store=store_url,
+                            **{"precompact_threshold": 1.0, **overrides})
         client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
         return client
 

@@ -50,7 +50,7 @@ class ProxyProcess:
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "proxy", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-                "--upstream", self.upstream, "--store", self.store, *self.args]
+                "--upstream", self.upstream, "--store", self.store, "--precompact-threshold", "1", *self.args]
 
     async def start(self, ready_timeout: float = 20.0) -> None:
         if self.proc is not None:

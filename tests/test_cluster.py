@@ -292,7 +292,8 @@ class Replica:
     def __init__(self, port: int, upstream: str, store: str, log: Path) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
         args = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream,
-                "--store", store, "--context-window", str(WINDOW), "--log-level", "WARNING"]
+                "--store", store, "--context-window", str(WINDOW), "--precompact-threshold", "1",
+                "--log-level", "WARNING"]
         self.base = f"http://127.0.0.1:{port}"
         self.log = log
         with open(log, "wb") as out:

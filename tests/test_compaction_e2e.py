@@ -58,11 +58,9 @@ async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy,
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "Refactor the parser module."}]
-    compacted = set()
     for step in range(60):
         fake.script.append(tool_call(step))
-        resp, reply = await send(proxy, messages, "tools60", stream=step % 3 == 0)
-        compacted.add(resp.headers["X-Ctxproxy-Compacted"])
+        _, reply = await send(proxy, messages, "tools60", stream=step % 3 == 0)
         messages.append(reply)
         fact = " The secret build flag is FACT-Zebra42." if step == 0 else ""
         messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
@@ -72,7 +70,6 @@ async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy,
     messages.append(final)
 
     assert fake.refused == 0 and max(fake.prompt_tokens) <= WINDOW
-    assert "proactive" in compacted
     assert fake.summary_requests, "a summary was written"
     last_view = orjson.dumps(fake.requests[-1]["messages"]).decode()
     assert "FACT-Zebra42" in last_view
@@ -131,8 +128,8 @@ async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: Fak
     assert fake.refused == 0
     assert summaries[-1] >= 2, "the run compacted at least twice"
     views = [request["messages"] for request in fake.requests]
-    stable = [i for i in range(len(views) - 1) if summaries[i] == summaries[i + 1]]  # no compaction in between
-    assert len(stable) >= len(views) // 2
-    for i in stable:
-        assert views[i + 1][: len(views[i])] == views[i], f"request {i + 1} does not extend request {i}"
+    # Each compaction changes the prompt prefix once (when its checkpoint is first used); otherwise views grow.
+    changed = [i for i in range(len(views) - 1) if views[i + 1][: len(views[i])] != views[i]]
+    assert 1 <= len(changed) <= summaries[-1]
+    assert len(views) - 1 - len(changed) >= len(views) // 2
     await check_log(proxy, session, messages)

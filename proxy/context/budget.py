@@ -128,6 +128,13 @@ class ContextBudgetPolicy:
             return self.context_window - max_output_tokens
         return limit
 
+    def soft_threshold(self, share: float, threshold: int) -> int:
+        """Where a background summary starts: ``share`` of the window, never past the trigger ``threshold``
+        (a large ``max_tokens`` lowers the trigger, and the soft threshold with it, in proportion)."""
+        soft = int(self.context_window * share)
+        full = int(self.context_window * self.compression_threshold)
+        return min(soft * threshold // max(1, full), threshold)
+
     def hard_limit(self, max_output_tokens: int | None = None) -> int:
         """Prompt tokens the view must stay under: the window less the room kept for the answer.
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.context.background import BackgroundCompactions
 from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import (
@@ -43,7 +44,7 @@ from proxy.types import Message
 
 logger = logging.getLogger(__name__)
 
-Trigger = Literal["proactive", "reactive", "manual"]
+Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
 Compacted = Literal["none", "proactive", "reactive"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
@@ -66,6 +67,8 @@ class EngineSettings:
     #: Consecutive failed compactions before proactive attempts pause, and for how long.
     max_failures: int = 3
     failure_cooldown: float = 300.0
+    #: Share of the window past which a summary starts in the background (at most the trigger).
+    precompact_threshold: float = 0.6
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,14 @@ def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageS
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
 
 
+def _failed(job: asyncio.Task[Any]) -> bool:
+    """Whether a background compaction ended without a usable outcome (failed, timed out, cancelled, raised)."""
+    if job.cancelled() or job.exception() is not None:
+        return True
+    result, _ = job.result()
+    return bool(result.outcome in ("failed", "timeout"))
+
+
 def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None) -> Checkpoint | None:
     """The checkpoint that applies to the conversation ``hashes`` (default: the logged lineage)."""
     if state is None:
@@ -124,12 +135,16 @@ class ContextEngine:
         *,
         clock: Callable[[], float] = time.time,
         observer: CompactionObserver | None = None,
+        wait_observer: Callable[[float], None] | None = None,
         counter: TokenCounter | None = None,
     ) -> None:
         self.history = history
         self.settings = settings
         self.clock = clock
         self.observer = observer
+        #: Told how long each request over the trigger waited on a compaction (0: it did not).
+        self.wait_observer = wait_observer
+        self.background = BackgroundCompactions()
         self.counter = counter if counter is not None else TokenCounter()
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
                                          cooldown=settings.failure_cooldown)
@@ -202,29 +217,67 @@ class ContextEngine:
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, dialect: ItemModel, model: str,
                       tools: Sequence[Any] | None, max_output: int | None, complete: Complete) -> PreparedView:
-        """The proactive trigger: over the threshold, compact first; a failed compaction sends the view as is.
+        """The proactive path: summarise ahead in the background, and make a request wait only when it must.
+
+        Past the soft threshold (``precompact_threshold``) a background
+        compaction starts; its checkpoint is in the state when it is done, and
+        the next view uses it. Past the trigger (``threshold``) with none ready:
+        while one runs and the view still fits under the hard limit, the view
+        goes as it is; otherwise the request waits for it, or compacts itself. A
+        failed compaction sends the view as is (clipped if over the window).
 
         ``state`` may lag the request (its new messages are logged with the
         reply): a view needs only the checkpoint, and a compaction first logs
         the conversation so that its checkpoint covers logged messages.
         """
         window = self.window_for(model)
-        prepared = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
-                             max_output=max_output, fit=False)
+        options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
+        prepared = self.view(messages, hashes, state, fit=False, **options)
+        allowed = state is not None and self.backoff.allowed(f"{key.tenant}:{key.session}")
+        soft = self.policy(window).soft_threshold(self.settings.precompact_threshold, prepared.threshold)
+        # A soft threshold at the trigger (or above) turns background compaction off.
+        ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
+        if allowed and ahead and self.background.running(key) is None:
+            self.background.start(key, self.compact(key, list(messages), list(hashes), trigger="background",
+                                                    model=model, complete=complete, threshold=soft, **options))
         if prepared.estimate.tokens <= prepared.threshold:
             return prepared
-        if state is None or not self.backoff.allowed(f"{key.tenant}:{key.session}"):
-            return self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
-                             max_output=max_output)
-        result, state = await self.compact(key, messages, hashes, trigger="proactive", dialect=dialect, model=model,
-                                           complete=complete, window=window, threshold=prepared.threshold,
-                                           tools=tools, max_output=max_output,
-                                           over_limit=prepared.estimate.tokens > prepared.limit)
-        after = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools, max_output=max_output)
+        started = time.monotonic()
+        job = self.background.running(key)
+        if job is not None:
+            if prepared.estimate.tokens <= prepared.limit:  # the summary is on its way and the view still fits
+                self._waited(0.0)
+                return prepared
+            await self.background.join(key)
+            after = self.view(messages, hashes, state, fit=False, **options)
+            if after.estimate.tokens <= after.threshold:
+                self._waited(time.monotonic() - started)
+                return replace(after, compacted="proactive")
+            if _failed(job):  # one summary attempt per request: a failed job is not tried again at once
+                self._waited(time.monotonic() - started)
+                return self.view(messages, hashes, state, **options)
+            # It made a checkpoint for an earlier step, or skipped: this request compacts further itself.
+            allowed = self.backoff.allowed(f"{key.tenant}:{key.session}")
+        if not allowed:
+            self._waited(time.monotonic() - started)
+            return self.view(messages, hashes, state, **options)
+        result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
+                                           complete=complete, threshold=prepared.threshold,
+                                           over_limit=prepared.estimate.tokens > prepared.limit, **options)
+        self._waited(time.monotonic() - started)
+        after = self.view(messages, hashes, state, **options)
         # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
         if result.outcome == "ok" or (after.checkpoint is not None and after.checkpoint != prepared.checkpoint):
             return replace(after, compacted="proactive")
         return after
+
+    async def aclose(self) -> None:
+        """Cancel the background compactions (shutdown): a cancelled one has written nothing."""
+        await self.background.aclose()
+
+    def _waited(self, seconds: float) -> None:
+        if self.wait_observer is not None:
+            self.wait_observer(seconds)
 
     async def compact(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str], *,
                       trigger: Trigger, dialect: ItemModel, model: str, complete: Complete, window: int,

@@ -167,6 +167,7 @@ class HistoryManager:
         upstream_from: int | None = None,
         extra_upstream: Mapping[str, Any] | None = None,
         extra_client: Mapping[str, Any] | None = None,
+        extra_rewind: Mapping[str, Any] | None = None,
     ) -> ConversationState:
         """Make the log's head ``messages`` and return the state.
 
@@ -180,7 +181,7 @@ class HistoryManager:
         try:
             state = await self._append(
                 key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra,
-                                             client))
+                                             client, extra_rewind))
         except StoreError:
             self._keep_pending(key, pending_replies(self._states.get(key), messages, digests, upstream_from, extra))
             raise
@@ -191,6 +192,17 @@ class HistoryManager:
     async def append_proxy_facts(self, key: SessionKey, facts: Sequence[NewFact]) -> ConversationState:
         """Append proxy-made facts (summary, checkpoint) at the end of the log, whatever came before."""
         return await self._append(key, lambda state: list(facts))
+
+    async def append_proxy_fact(self, key: SessionKey, fact: NewFact) -> int:
+        """Append one proxy-made fact at the end of the log; its seq."""
+        seqs: list[int] = []
+
+        def plan(state: ConversationState) -> list[NewFact]:
+            seqs[:] = [state.next_seq]  # the plan that lands is the last one made
+            return [fact]
+
+        await self._append(key, plan)
+        return seqs[0]
 
     @asynccontextmanager
     async def _writer(self, key: SessionKey) -> AsyncIterator[None]:

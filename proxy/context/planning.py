@@ -16,10 +16,10 @@ from proxy.store.base import NewFact, Source
 from proxy.types import Message
 
 
-def rewind(index: int, from_seq: int, source: Source) -> NewFact:
+def rewind(index: int, from_seq: int, source: Source, extra: Mapping[str, Any] | None = None) -> NewFact:
     """A rewind entry: the next message takes position ``index`` and continues after message ``from_seq``."""
     return NewFact(kind="rewind", index=index, source=source,
-                   extra={"from_seq": None if from_seq == ROOT else from_seq})
+                   extra={**(extra or {}), "from_seq": None if from_seq == ROOT else from_seq})
 
 
 def plan_sync(
@@ -30,6 +30,7 @@ def plan_sync(
     pending: Mapping[str, PendingReply],
     extra_upstream: Mapping[str, Any],
     extra_client: Mapping[str, Any] | None = None,
+    extra_rewind: Mapping[str, Any] | None = None,
 ) -> list[NewFact]:
     """The facts that make the log's head ``messages``: maybe a rewind, then only what the log lacks.
 
@@ -38,12 +39,13 @@ def plan_sync(
     rewind names the message the conversation continues from. Messages at
     ``upstream_from`` and beyond came from the upstream in this request; a new
     client message whose hash matches a reply kept in ``pending`` is logged as
-    that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their dialect).
+    that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their
+    dialect), ``extra_rewind`` with a rewind (what the client did: e.g. compact its history itself).
     """
     keep, base = state.locate(hashes)
     facts: list[NewFact] = []
     if base != state.head:
-        facts.append(rewind(keep, base, "client"))
+        facts.append(rewind(keep, base, "client", extra_rewind))
     for i in range(keep, len(messages)):
         digest = hashes[i]
         source: Source = "client"

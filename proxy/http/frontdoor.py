@@ -16,18 +16,23 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
+from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
+from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
 from proxy.context.budget import retry_limit
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.items import Item
 from proxy.context.lineage import ConversationState
 from proxy.context.summarizer import SummaryAnswer
+from proxy.dialects import RESPONSES
 from proxy.dialects.base import Dialect, ParsedRequest
 from proxy.errors import ProxyError, StoreError
+from proxy.http import clientcompaction
 from proxy.http.body import read_body
+from proxy.http.passthrough import passthrough
 from proxy.http.relay import RelayTiming, ReplySink, read_until_commit, read_whole, relay_stream, relay_whole
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
@@ -70,6 +75,8 @@ class Turn:
     status: int = 502
     refusal: Refusal | None = None
     attempts: int = 0
+    #: Goes with a rewind this request makes: the client compacted its history itself (its summary leads it).
+    rewind_extra: dict[str, Any] | None = None
 
     @property
     def max_output(self) -> int | None:
@@ -102,7 +109,7 @@ class Turn:
                     check_encodable(item, extra)
                 await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
                                    upstream_from=len(items), extra_upstream=extra,
-                                   extra_client={"dialect": dialect.name})
+                                   extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
@@ -228,6 +235,10 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
     key = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     metrics.session_seen(key)
+    expanded = await clientcompaction.expand(request, key, parsed.items)
+    if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
+        payload = {**parsed.payload, dialect.items_field: expanded}
+        parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
     hashes = history.hashes_for(key, parsed.items, len(parsed.raw), dialect.hash)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has.
@@ -237,7 +248,12 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     except StoreError as exc:
         metrics.store_errors.inc()
         logger.warning("store error while reading session %s: %s", key.session, exc)
-    return Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
+    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
+    if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
+        boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage
+        if boundary is not None:
+            turn.rewind_extra = {"client_compaction": boundary.client}
+    return turn
 
 
 def front_door(dialect: Dialect) -> Handler:
@@ -251,6 +267,11 @@ def front_door(dialect: Dialect) -> Handler:
         view: PreparedView | None = None  # for the access line when the request fails before a view exists
         try:
             turn = await open_turn(request, dialect)
+            compaction = recognise(dialect.name, turn.parsed.payload, request.headers.get(HEADER_TURN_METADATA))
+            if compaction is not None:  # the client's own compaction: answered from the checkpoint if one can be had
+                answered = await clientcompaction.answer(turn, compaction)
+                if answered is not None:
+                    return answered
             view = await turn.prepare()
             while True:
                 outcome = await _send(turn, view, started)
@@ -277,6 +298,20 @@ def front_door(dialect: Dialect) -> Handler:
             _account(metrics, dialect.name, turn, status, view, time.perf_counter() - started)
 
     return handle
+
+
+async def compact_endpoint(request: web.Request) -> web.StreamResponse:
+    """``POST /v1/responses/compact`` (Codex's remote compaction): one ``compaction`` item, from the checkpoint.
+
+    Never a 404 (Codex ends the turn on one): when the proxy cannot answer, the upstream does.
+    """
+    started = time.perf_counter()
+    turn = await open_turn(request, RESPONSES)
+    answered = await clientcompaction.answer(turn, CODEX_ENDPOINT)
+    if answered is None:
+        return await passthrough(request)
+    _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None, time.perf_counter() - started)
+    return answered
 
 
 def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,

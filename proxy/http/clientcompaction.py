@@ -1,0 +1,114 @@
+"""The client's own compaction, answered from the session's checkpoint instead of another summary call upstream.
+
+``proxy.clientcompact`` knows the shapes (what a compaction request looks like in each client, what each
+expects back); this module is the wiring:
+
+- ``answer``: a recognised request (Claude Code's summary prompt, Codex's local compaction prompt, its
+  ``compaction_trigger`` turn, ``POST /v1/responses/compact``) is answered from the checkpoint that covers the
+  conversation, made now only when none is ready (or when the user's own instructions, ``/compact <text>``,
+  ask for a rolling update). The client is about to throw its whole history away, so the answer is the
+  checkpoint's summary followed by what it keeps verbatim, as a transcript. It is logged as a ``summary``
+  entry; Codex's ``compaction`` item carries a signed reference to that entry (``proxy.secret``).
+- ``expand``: a ``compaction`` item that comes back in a later request becomes, before anything else sees
+  it, the user message that entry holds: no upstream but OpenAI's could read its ``encrypted_content``, and
+  ours names a log entry. A forged, altered or unknown reference gets a 400.
+
+When no checkpoint can be had (a conversation too short to summarise, a failed summary), ``answer`` returns
+None and the request goes upstream as the client sent it: the model writes the summary, as without a proxy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from proxy.clientcompact import CompactionRequest, Envelope, compaction_references, render
+from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
+from proxy.context.compactor import Checkpoint
+from proxy.context.engine import active_checkpoint
+from proxy.context.items import Item
+from proxy.context.summarizer import serialise_message
+from proxy.errors import BadRequest, StoreError
+from proxy.keys import history_key, secret_key, store_key
+from proxy.secret import is_reference, sign, verify
+from proxy.store.base import NewFact, SessionKey
+
+if TYPE_CHECKING:
+    from proxy.http.frontdoor import Turn
+
+#: Characters of one retained item in the answer's transcript, head and tail kept.
+TRANSCRIPT_CLIP_CHARS = 2_000
+RECENT_HEADING = "## Recent messages, verbatim (oldest first)"
+
+
+async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
+    """The answer to the client's compaction request, or None to let the upstream write it.
+
+    Claude Code's "recent" scope keeps the early messages verbatim and wants only the later part summarised:
+    not what a checkpoint holds, so the model writes that one.
+    """
+    if request.scope == "recent":
+        return None
+    dialect = turn.dialect
+    items = request.conversation(turn.parsed.items)
+    same = request.index if request.index is not None else len(items)  # items before it are the request's own
+    hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
+    checkpoint = active_checkpoint(turn.state, hashes)
+    if checkpoint is None or request.instructions:
+        model = turn.parsed.model or ""
+        result, state = await turn.engine.compact(
+            turn.key, items, hashes, trigger="client", dialect=dialect, model=model, complete=turn.summarise,
+            window=turn.engine.window_for(model), instructions=request.instructions, over_limit=True)
+        checkpoint = active_checkpoint(state, hashes) if result.outcome in ("ok", "skipped") else None
+        if checkpoint is None:
+            return None
+    text = summary_with_tail(turn, items, checkpoint)
+    history = turn.request.app[history_key]
+    try:
+        seq = await history.append_proxy_fact(turn.key, NewFact(
+            kind="summary", index=len(items), source="proxy", message=dialect.with_summary(None, text),
+            extra={"dialect": dialect.name, "client_compaction": request.kind}))
+        reference = None
+        if request.kind in ("codex_trigger", "codex_endpoint"):
+            secret = await turn.request.app[secret_key].get()
+            reference = sign(secret, turn.key.tenant, turn.key.session, seq, checkpoint.prefix_hash)
+    except StoreError:
+        turn.metrics.store_errors.inc()
+        return None  # nothing to name the answer by: the upstream answers instead
+    counter = turn.engine.counter
+    envelope = Envelope.new(turn.parsed.model or "", input_tokens=sum(counter.message_tokens(dialect, i, h)
+                                                                      for i, h in zip(items, hashes, strict=True)),
+                            output_tokens=counter.text_tokens(text))
+    rendered = render(request, envelope, stream=turn.parsed.stream, summary=text, reference=reference)
+    turn.status = 200
+    headers = {HEADER_SESSION: turn.key.session, HEADER_COMPACTED: "none", HEADER_VIEW_TOKENS: "0"}
+    return web.Response(body=rendered.body, content_type=rendered.content_type.split(";")[0], headers=headers)
+
+
+def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint) -> str:
+    """The checkpoint's summary, then the items it keeps verbatim as a transcript: all the client will keep."""
+    start = checkpoint.retain_start_idx
+    opener = checkpoint.round_start_idx
+    kept = ([opener] if opener is not None and opener < start else []) + list(range(start, len(items)))
+    transcript = "\n\n".join(serialise_message(turn.dialect, items[i], i, TRANSCRIPT_CLIP_CHARS) for i in kept)
+    return f"{checkpoint.summary.strip()}\n\n{RECENT_HEADING}\n\n{transcript}" if transcript else checkpoint.summary
+
+
+async def expand(request: web.Request, key: SessionKey, items: list[Item]) -> list[Item]:
+    """``items`` with every ``compaction`` item carrying one of our references replaced by what it names."""
+    found = [(i, token) for i, token in compaction_references(items) if is_reference(token) or not token]
+    if not found:
+        return items
+    app = request.app
+    secret = await app[secret_key].get()
+    expanded = list(items)
+    for index, token in found:
+        reference = verify(secret, token, key.tenant)
+        facts = [] if reference is None else await app[store_key].read(
+            SessionKey(key.tenant, reference.session), after=reference.seq - 1, limit=1)
+        if not facts or facts[0].kind != "summary" or facts[0].message is None:
+            raise BadRequest(f"input[{index}] is a compaction item this proxy did not make.", param=f"input[{index}]",
+                             code="invalid_compaction_reference")
+        expanded[index] = dict(facts[0].message)
+    return expanded

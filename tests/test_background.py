@@ -1,0 +1,127 @@
+"""Background pre-compaction: the summary is written beside the requests, and a request waits only when it must.
+
+The fake upstream's summary model is held (``summary_gate``) for as long as a
+test likes: a slow summary, without sleeps. Requests between the soft threshold
+and the hard limit must go out while it is held; the checkpoint it records is
+used by the first request after it is done; and no request that did not have to
+wait waited (``ctxproxy_compaction_wait_seconds`` observes 0 for each).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from proxy.keys import engine_key, metrics_key
+from proxy.sessions import tenant_of
+from proxy.store import open_store
+from proxy.store.base import SessionKey
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log
+from tests.test_compaction_e2e import prose, send, tool_call
+
+WINDOW = 16_000
+
+
+def waits(proxy: Any) -> tuple[float, float]:
+    """(count, sum) of ``ctxproxy_compaction_wait_seconds``."""
+    samples = {s.name: s.value for m in proxy.app[metrics_key].registry.collect() for s in m.samples
+               if s.name.startswith("ctxproxy_compaction_wait_seconds")}
+    return samples["ctxproxy_compaction_wait_seconds_count"], samples["ctxproxy_compaction_wait_seconds_sum"]
+
+
+def compactions(proxy: Any, trigger: str) -> float:
+    return sum(s.value for m in proxy.app[metrics_key].registry.collect() for s in m.samples
+               if s.name == "ctxproxy_compactions_total" and s.labels.get("trigger") == trigger)
+
+
+async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready(make_proxy,
+                                                                                fake: FakeUpstream) -> None:
+    """Between the soft threshold (0.6) and the trigger (0.8) requests go out while the summary is held."""
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    fake.window = WINDOW
+    fake.summary_gate = asyncio.Event()
+    rng = random.Random(3)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Refactor the parser module."}]
+    steps_while_held = 0
+    step = 0
+    while True:
+        fake.script.append(tool_call(step))
+        response, reply = await send(proxy, messages, "bg", stream=step % 2 == 0)
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                             "content": prose(rng, 120)}]
+        steps_while_held += bool(fake.summary_requests)  # this step went out while the summary was held
+        step += 1
+        if int(response.headers["X-Ctxproxy-View-Tokens"]) > 0.72 * WINDOW:
+            break  # close to the trigger: the next step might have to wait
+    assert len(fake.summary_requests) == 1, "one background summary, started past the soft threshold"
+    assert steps_while_held >= 3 and fake.summaries_answered == 0, "requests did not wait for the summary"
+
+    fake.summary_gate.set()
+    job = proxy.app[engine_key].background.running(SessionKey(tenant_of("sk-e2e"), "bg"))
+    assert job is not None
+    await job  # the held summary completes and records its checkpoint
+    assert compactions(proxy, "background") == 1
+    fake.script.append(Reply(content="All done."))
+    response, _ = await send(proxy, messages, "bg", stream=False)
+    assert int(response.headers["X-Ctxproxy-View-Tokens"]) < 0.6 * WINDOW, "the ready checkpoint was applied"
+    assert fake.requests[-1]["messages"][1]["content"].startswith("[ctxproxy] Summary of earlier work")
+    assert fake.refused == 0 and max(fake.prompt_tokens) <= WINDOW
+    assert waits(proxy) == (0.0, 0.0), "no request reached the trigger without its summary ready"
+
+
+async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_proxy, fake: FakeUpstream) -> None:
+    """One big step jumps past the window while the summary is held: that request waits, and is the only one."""
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    fake.window = WINDOW
+    fake.summary_gate = asyncio.Event()
+    rng = random.Random(5)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Refactor the parser module."}]
+    step = 0
+    while not fake.summary_requests:
+        fake.script.append(tool_call(step))
+        _, reply = await send(proxy, messages, "jump", stream=False)
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                             "content": prose(rng, 300)}]
+        step += 1
+    messages.append({"role": "user", "content": prose(rng, 2_400)})  # far past the window's hard limit
+    fake.script.append(Reply(content="Read it."))
+    background = proxy.app[engine_key].background
+    waiting = asyncio.create_task(send(proxy, messages, "jump", stream=False))
+    await background.joined.wait()  # the request is waiting on the held summary
+    fake.summary_gate.set()
+    response, _ = await waiting
+    assert response.status == 200
+    count, total = waits(proxy)
+    assert count == 1 and total > 0.0, "the one request past the hard limit waited"
+    assert fake.refused == 0
+
+
+async def test_shutdown_cancels_a_running_background_compaction_and_logs_nothing_of_it(make_proxy, fake: FakeUpstream,
+                                                                                       store_url: str) -> None:
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    fake.window = WINDOW
+    fake.summary_gate = asyncio.Event()  # never set: the summary is still being written at shutdown
+    rng = random.Random(9)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Refactor the parser module."}]
+    step = 0
+    while not fake.summary_requests:
+        fake.script.append(tool_call(step))
+        _, reply = await send(proxy, messages, "stop", stream=False)
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                             "content": prose(rng, 300)}]
+        step += 1
+    job = proxy.app[engine_key].background.running(SessionKey(tenant_of("sk-e2e"), "stop"))
+    assert job is not None and not job.done()
+    await proxy.close()  # the app's cleanup: background jobs first, then the store
+    assert job.cancelled()
+    store = await open_store(store_url)
+    try:
+        facts = await read_log(store, SessionKey(tenant_of("sk-e2e"), "stop"))
+    finally:
+        await store.aclose()
+    assert facts and {f.kind for f in facts} == {"message"}, "no summary or checkpoint of the cancelled job"
