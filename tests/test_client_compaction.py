@@ -104,6 +104,9 @@ async def test_claude_codes_compaction_is_answered_from_the_checkpoint(aiohttp_s
     assert "## 1. Goals" in summary and "step-14" in summary, "the summary and the kept tail, verbatim"
     facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "cc-1"))
     assert facts[-1].kind == "summary" and facts[-1].extra["client_compaction"] == "claude_code"
+    logged = [f.message for f in facts if f.kind == "message"]
+    assert logged[-2:] == [messages[-1],  # its tool results, the prompt block taken out
+                           {"role": "system", "content": "Today's date is 2026-11-30."}], "what it covers is logged"
 
 
 async def test_claude_codes_next_request_after_its_compaction_is_a_marked_boundary(aiohttp_server, aiohttp_client,

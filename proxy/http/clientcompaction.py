@@ -66,6 +66,8 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     text = summary_with_tail(turn, items, checkpoint)
     history = turn.request.app[history_key]
     try:
+        # The conversation the answer covers is logged first (usually a no-op), then the answer after it.
+        await history.sync(turn.key, items, hashes, extra_client={"dialect": dialect.name})
         seq = await history.append_proxy_fact(turn.key, NewFact(
             kind="summary", index=len(items), source="proxy", message=dialect.with_summary(None, text),
             extra={"dialect": dialect.name, "client_compaction": request.kind}))
