@@ -6,10 +6,10 @@ URL prefix, ``X-Session-Id``, the session headers real clients already send
 (Codex, LiteLLM, Helicone, Claude Code…), a session the client put in the body
 (Codex's ``prompt_cache_key``, the ``session_id`` in Claude Code's
 ``metadata.user_id``), and last a fingerprint of the full leading system
-message(s) and first user message. A sub-agent's requests (a sub-agent header)
-are the session ``<session>/<agent>``: the only ids with a ``/``. The fingerprint hashes those
-messages whole: agents of one project share long prompt prefixes, so a
-truncated prefix would merge unrelated runs.
+message(s) and first user message. The fingerprint hashes those messages
+whole: agents of one project share long prompt prefixes, so a truncated prefix
+would merge unrelated runs. A sub-agent's requests (a sub-agent header) are the
+session ``<session>/<agent>``: the only ids with a ``/``.
 
 Foreign headers carry ids of other tools' making; one that is not a valid
 session id is skipped rather than refused, since the caller never chose it for us.

@@ -153,9 +153,10 @@ def _upstream_headers(request: web.Request, dialect: Dialect) -> CIMultiDict[str
     credential = request.headers.get(HEADER_UPSTREAM_AUTH, "").strip()
     if " " in credential:
         headers["Authorization"] = credential
+    elif credential and dialect.anthropic:
+        headers["x-api-key"] = credential
     elif credential:
-        headers["x-api-key" if dialect.anthropic else "Authorization"] = (
-            credential if dialect.anthropic else "Bearer " + credential)
+        headers["Authorization"] = "Bearer " + credential
     return headers
 
 
