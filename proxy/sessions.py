@@ -3,10 +3,13 @@
 Tenant: a hash of the caller's credential, so the raw key is never stored and
 two keys can never share a session. Session, in order: the ``/s/{session}/v1``
 URL prefix, ``X-Session-Id``, the session headers real clients already send
-(Codex, LiteLLM, Helicone, Claude Code…), and last a fingerprint of the full
-leading system message(s) and first user message. The fingerprint hashes those
-messages whole: agents of one project share long prompt prefixes, so a
-truncated prefix would merge unrelated runs.
+(Codex, LiteLLM, Helicone, Claude Code…), a session the client put in the body
+(Codex's ``prompt_cache_key``, the ``session_id`` in Claude Code's
+``metadata.user_id``), and last a fingerprint of the full leading system
+message(s) and first user message. The fingerprint hashes those messages
+whole: agents of one project share long prompt prefixes, so a truncated prefix
+would merge unrelated runs. A sub-agent's requests (a sub-agent header) are the
+session ``<session>/<agent>``: the only ids with a ``/``.
 
 Foreign headers carry ids of other tools' making; one that is not a valid
 session id is skipped rather than refused, since the caller never chose it for us.
@@ -26,6 +29,7 @@ from proxy.constants import FOREIGN_SESSION_HEADERS, HEADER_SESSION, SUBAGENT_HE
 from proxy.context.items import ItemModel
 from proxy.errors import BadRequest, Unauthorized
 from proxy.settings import Secret
+from proxy.store.base import SessionKey
 from proxy.types import Message
 
 SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -60,6 +64,21 @@ def check_client_key(key: str | None, allowed: Sequence[Secret]) -> None:
 
 def valid_session(value: str) -> bool:
     return SESSION_ID.fullmatch(value) is not None
+
+
+def logged_session_key(tenant: str, session: str) -> SessionKey:
+    """The key a URL of the admin API or the inspector names; ``BadRequest`` if it cannot be one.
+
+    A logged session id is ``<session>``, or ``<session>/<agent>`` for a
+    sub-agent (``agent_of``): in a URL its '/' is written ``%2F``.
+    """
+    if not valid_session(tenant):
+        raise BadRequest("Invalid tenant id: use 1-128 characters of A-Za-z0-9._:-", param="tenant")
+    parts = session.split("/")
+    if len(parts) > 2 or not all(map(valid_session, parts)):
+        raise BadRequest("Invalid session id: use 1-128 characters of A-Za-z0-9._:-, or <session>/<agent> for a "
+                         "sub-agent (in a URL, '/' written as %2F)", param="session")
+    return SessionKey(tenant, session)
 
 
 def explicit_session(path_session: str | None, headers: Mapping[str, str]) -> str | None:

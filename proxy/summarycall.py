@@ -31,6 +31,8 @@ class SummaryCallFailed(Exception):
 def summary_completer(client: aiohttp.ClientSession, settings: Settings, incoming: Mapping[str, str],
                       model: str, dialect: Dialect) -> Complete:
     headers = request_headers(incoming, settings, identity=True, anthropic=dialect.anthropic)
+    for name, value in dialect.required_headers.items():
+        headers.setdefault(name, value)
     headers["Content-Type"] = "application/json"
     headers.popall("Accept", None)
     url = dialect.upstream_url(settings)

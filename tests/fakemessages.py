@@ -11,7 +11,8 @@ checks what the real API checks about history (thinking blocks come back with
 their signature; every ``tool_use`` is answered by a ``tool_result`` in the next
 message and every ``tool_result`` answers one) and refuses a prompt over
 ``window`` with the API's 400 "prompt is too long: N tokens > M maximum"
-(``overflow="event"``: the same error as an in-stream ``error`` event).
+(``overflow="event"``: the same error as an in-stream ``error`` event, after
+``message_start`` and a ``ping``).
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
 ``system`` is the proxy's summariser prompt gets a summary. Everything it
 receives is in ``requests``.
@@ -96,8 +97,12 @@ class FakeMessages:
             in_stream = self.overflow == "event" and bool(body.get("stream"))
             self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
             status, raw = overflow_body("anthropic", tokens, self.window.limit)
-            if in_stream:
-                return await _stream(request, [orjson.loads(raw)])
+            if in_stream:  # as a stream that started: message_start and a ping, then the error
+                start = {"id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
+                         "model": body.get("model"), "content": [], "stop_reason": None, "stop_sequence": None,
+                         "usage": {"input_tokens": 0, "output_tokens": 0}}
+                return await _stream(request, [{"type": "message_start", "message": start}, {"type": "ping"},
+                                               orjson.loads(raw)])
             return web.Response(status=status, body=raw, content_type="application/json")
         problem = self._check_history(messages)
         if problem is not None:

@@ -7,7 +7,8 @@ final message), streamed as the API streams it: ``response.created``,
 ``response.output_item.done``, then ``response.completed`` with ``usage``; no
 ``[DONE]``. It checks what the real API checks about history sent back with
 ``store: false`` (every reasoning item is one it issued, byte for byte, and is
-followed by its item; calls and outputs pair up) and refuses a prompt over
+followed by its item; calls and outputs pair up; not with ``previous_response_id``,
+whose history it does not keep) and refuses a prompt over
 ``window`` in one of the API's three overflow shapes (``overflow``: ``http``,
 ``event`` or ``failed``). The proxy's summary calls are answered on
 ``/v1/chat/completions`` and on ``/v1/responses`` alike; ``/v1/responses/compact``
@@ -112,7 +113,8 @@ class FakeResponses:
             in_stream = self.overflow != "http" and bool(body.get("stream"))
             self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
             return await self._overflow(request, body)
-        problem = self._check_history(items)
+        # With previous_response_id the history lives upstream: outputs answer calls this request does not carry.
+        problem = None if body.get("previous_response_id") else self._check_history(items)
         if problem is not None:
             self._record(request, body, "turn", tokens=tokens, status=400)
             return web.json_response({"error": {"type": "invalid_request_error", "code": None, "param": "input",

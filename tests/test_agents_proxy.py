@@ -20,6 +20,14 @@ windows, 12,000 and 7,000, hold the head (tools, instructions, system prompt)
 with room to spare but stop a direct run around step 15, so the proxy has to
 compact at least once, and its threshold (0.8 of the window) is crossed
 around steps 6 and 10.
+
+Each run is repeated for every shape in which its API refuses a prompt as too
+long (Responses: HTTP 400, an early ``error`` event, ``response.failed``;
+Messages: HTTP 400, an ``error`` event), with the proxy told a window four times
+the fake's: it then learns of the real window only from the upstream's refusals,
+each of which it must rescue (compact harder, retry) before the agent sees it.
+The Anthropic refusal states the window ("… > M maximum"): learned from the
+first refusal, the proxy compacts ahead of any other.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp.test_utils import TestServer
 from multidict import CIMultiDict
 
@@ -44,6 +53,7 @@ from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Recorded, Script, final_text, is_summary_prompt, parse_sse
 from tests.proxyfixtures import read_log, replay
+from tests.scripted import blocks_of
 from tests.tap import Exchange, Tap
 
 STEPS = 25
@@ -51,6 +61,9 @@ PROMPT = "Run the scripted shell steps one at a time, then say that you are done
 CODEX_WINDOW = 12_000
 CLAUDE_WINDOW = 7_000
 COMPACTED = {"none", "proactive", "reactive"}
+#: "known": the proxy is told the fake's window; otherwise the fake's refusal shape, the proxy told 4 times the window.
+CODEX_SHAPES = ["known", "http", "event", "failed"]
+CLAUDE_SHAPES = ["known", "http", "event"]
 
 
 @dataclass
@@ -62,42 +75,52 @@ class Rig:
     store: FactLog
 
 
-async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMessages, window: int) -> Rig:
-    """Both upstream settings point at the one fake, so a request sent to the wrong API shows as a 404 there."""
+async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMessages, window: int,
+              shape: str) -> Rig:
+    """Both upstream settings point at the one fake, so a request sent to the wrong API shows as a 404 there.
+
+    Unless ``shape`` is "known", the proxy believes the window is four times what the fake enforces.
+    """
     upstream: TestServer = await aiohttp_server(fake.app())
     root = str(upstream.make_url("")).rstrip("/")
     settings = Settings(upstream=root + "/v1", anthropic_upstream=root, store=f"sqlite:///{tmp_path}/facts.db",
-                        context_window=window)
+                        context_window=window if shape == "known" else 4 * window)
     proxy: TestServer = await aiohttp_server(create_app(settings))
     tap = Tap(str(proxy.make_url("")).rstrip("/"))
     front: TestServer = await aiohttp_server(tap.app())
     return Rig(tap, str(front.make_url("")).rstrip("/"), proxy.app[store_key])
 
 
-def served(turns: Sequence[Recorded], sent: Sequence[Exchange], window: int, items: str) -> list[Recorded]:
+def served(turns: Sequence[Recorded], sent: Sequence[Exchange], window: int, items: str,
+           shape: str) -> tuple[list[Recorded], int]:
     """The fake's turns, one group per agent request: refusals the proxy retried, then the one the fake accepted.
 
-    Checks that every accepted turn fits the window, that a refusal was over it
-    and retried with the same newest item and fewer tokens, and that the agent was
-    told ``reactive`` for each request that needed a retry. Returns the accepted turns.
+    Checks that every accepted turn fits the window, that a refusal was over it,
+    came in ``shape`` (a 400, or a 200 stream carrying the error) and was retried
+    with the same newest item and fewer tokens, and that the agent was told
+    ``reactive`` for each request that needed a retry. Returns the accepted turns
+    and the number of refusals.
     """
     groups: list[list[Recorded]] = [[]]
     for turn in turns:
         groups[-1].append(turn)
-        if turn.status == 200:
+        if turn.tokens is not None and turn.tokens <= window:
             groups.append([])
     assert groups.pop() == [], "the last turn the fake received was refused"
     assert len(groups) == len(sent), "one accepted upstream turn per agent request"
+    refusals = 0
     for group, exchange in zip(groups, sent, strict=True):
         *refused, accepted = group
-        assert accepted.tokens is not None and accepted.tokens <= window
+        assert accepted.status == 200
         for before, after in zip(refused, group[1:], strict=True):
-            assert before.status == 400 and before.tokens is not None and before.tokens > window
-            assert after.tokens is not None and after.tokens < before.tokens
+            assert before.status == (400 if shape == "http" else 200)
+            assert after.tokens is not None and before.tokens is not None and after.tokens < before.tokens
             assert after.body[items][-1] == before.body[items][-1]
         if refused:
             assert exchange.response_headers[HEADER_COMPACTED] == "reactive"
-    return [group[-1] for group in groups]
+        refusals += len(refused)
+    assert (refusals == 0) == (shape == "known"), "the upstream refused only when the proxy was not told its window"
+    return [group[-1] for group in groups], refusals
 
 
 def check_headers(sent: Sequence[Exchange], session: str) -> None:
@@ -164,10 +187,11 @@ def as_echoed(item: Any) -> Any:
     return {k: v for k, v in item.items() if v is not None}
 
 
+@pytest.mark.parametrize("shape", CODEX_SHAPES)
 async def test_codex_runs_twenty_five_steps_through_the_proxy_in_a_window_that_does_not_hold_them(
-        aiohttp_server, tmp_path: Path) -> None:
-    fake = FakeResponses(Script(steps=STEPS), window=CODEX_WINDOW)
-    parts = await rig(aiohttp_server, tmp_path, fake, CODEX_WINDOW)
+        aiohttp_server, tmp_path: Path, shape: str) -> None:
+    fake = FakeResponses(Script(steps=STEPS), window=CODEX_WINDOW, overflow="http" if shape == "known" else shape)
+    parts = await rig(aiohttp_server, tmp_path, fake, CODEX_WINDOW, shape)
     run: AgentRun = await run_codex(parts.url + "/v1", tmp_path, PROMPT)
 
     assert (run.returncode, run.errors) == (0, []), run.stderr
@@ -179,7 +203,7 @@ async def test_codex_runs_twenty_five_steps_through_the_proxy_in_a_window_that_d
     assert [(x.method, x.path_qs) for x in sent] == [("POST", "/v1/responses")] * (STEPS + 1)
     session = sent[0].headers["session-id"]
     check_headers(sent, session)
-    accepted = served(fake.turns(), sent, CODEX_WINDOW, "input")
+    accepted, _ = served(fake.turns(), sent, CODEX_WINDOW, "input", shape)
     check_summaries(fake.requests, "/v1/responses", "instructions")
 
     facts = await session_log(parts.store, sent[0].headers, session)
@@ -196,28 +220,14 @@ async def test_codex_runs_twenty_five_steps_through_the_proxy_in_a_window_that_d
 
 def messages_reply(raw: bytes) -> list[Any]:
     """The assistant message a streamed Messages answer adds, assembled from its content-block events."""
-    blocks: dict[int, dict[str, Any]] = {}
-    arguments: dict[int, str] = {}
-    for event in parse_sse(raw):
-        if event["type"] == "content_block_start":
-            blocks[event["index"]] = dict(event["content_block"])
-        elif event["type"] == "content_block_delta":
-            index, delta = event["index"], event["delta"]
-            if delta["type"] == "input_json_delta":
-                arguments[index] = arguments.get(index, "") + delta["partial_json"]
-            else:
-                field = {"thinking_delta": "thinking", "signature_delta": "signature", "text_delta": "text"}[
-                    delta["type"]]
-                blocks[index][field] += delta[field]
-    for index, text in arguments.items():
-        blocks[index]["input"] = orjson.loads(text)
-    return [{"role": "assistant", "content": [blocks[i] for i in sorted(blocks)]}]
+    return [{"role": "assistant", "content": blocks_of(raw)}]
 
 
+@pytest.mark.parametrize("shape", CLAUDE_SHAPES)
 async def test_claude_runs_twenty_five_steps_through_the_proxy_in_a_window_that_does_not_hold_them(
-        aiohttp_server, tmp_path: Path) -> None:
-    fake = FakeMessages(Script(steps=STEPS), window=CLAUDE_WINDOW)
-    parts = await rig(aiohttp_server, tmp_path, fake, CLAUDE_WINDOW)
+        aiohttp_server, tmp_path: Path, shape: str) -> None:
+    fake = FakeMessages(Script(steps=STEPS), window=CLAUDE_WINDOW, overflow="http" if shape == "known" else shape)
+    parts = await rig(aiohttp_server, tmp_path, fake, CLAUDE_WINDOW, shape)
     run: AgentRun = await run_claude(parts.url, tmp_path, PROMPT, max_turns=STEPS + 5)
 
     assert (run.returncode, run.errors) == (0, []), run.stderr
@@ -229,7 +239,11 @@ async def test_claude_runs_twenty_five_steps_through_the_proxy_in_a_window_that_
     assert [(x.method, x.path_qs) for x in sent] == [("POST", "/v1/messages?beta=true")] * (STEPS + 1)
     session = sent[0].headers["X-Claude-Code-Session-Id"]
     check_headers(sent, session)
-    accepted = served(fake.turns(), sent, CLAUDE_WINDOW, "messages")
+    accepted, refusals = served(fake.turns(), sent, CLAUDE_WINDOW, "messages", shape)
+    compacted = [x.response_headers[HEADER_COMPACTED] for x in sent]
+    if shape != "known":  # the refusal states the window: learned from the first, the proxy compacts ahead of it
+        assert refusals == 1
+        assert compacted.index("reactive") < compacted.index("proactive")
     check_summaries(fake.requests, "/v1/messages", "system")
 
     facts = await session_log(parts.store, sent[0].headers, session)

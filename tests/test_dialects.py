@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.context.compactor import plan_retain_start
 from proxy.context.items import cut_points
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.dialects.base import Verdict
@@ -125,7 +126,16 @@ def test_messages_roles_pairing_and_cut_points() -> None:
     assert [MESSAGES.role(m) for m in CLAUDE_MESSAGES] == ["user", "system", "assistant", "tool", "assistant", "user"]
     assert MESSAGES.calls(CLAUDE_MESSAGES[2]) == ("tu1", "tu2")
     assert MESSAGES.results(CLAUDE_MESSAGES[3]) == ("tu1", "tu2")
-    assert cut_points(MESSAGES, CLAUDE_MESSAGES) == [0, 1, 2, 4, 5]
+    # Not before the tool results, nor before the system entry: it belongs with the user turn it follows.
+    assert cut_points(MESSAGES, CLAUDE_MESSAGES) == [0, 2, 4, 5]
+
+
+def test_a_trailing_system_entry_stays_with_the_last_step_in_the_smallest_tail() -> None:
+    """Claude Code's nudge after silent tool steps ends the request; the tail must still hold the last step."""
+    nudge = {"role": "system", "content": "The user hasn't heard from you in a while."}
+    messages = [*CLAUDE_MESSAGES[:4], nudge]
+    assert cut_points(MESSAGES, messages) == [0, 2]
+    assert plan_retain_start(MESSAGES, messages, [10] * len(messages), 1, retain_budget=1) == 2
 
 
 def test_messages_identity_ignores_moved_cache_breakpoints_and_string_content() -> None:

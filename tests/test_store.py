@@ -148,6 +148,18 @@ async def test_tenants_are_separate(store: FactLog) -> None:
     assert await store.try_lock(other, "compact", "b", 30)
 
 
+async def test_a_sub_agents_session_is_separate_from_its_parents(store: FactLog) -> None:
+    """A sub-agent's session is ``<session>/<agent>``: its own log, lock and listing entry on every backend."""
+    child = SessionKey(KEY.tenant, KEY.session + "/explore")
+    await store.append(KEY, 0, [msg(0)], TS)
+    await store.append(child, 0, [msg(5), msg(6)], TS + 1)
+    assert [f.message for f in await store.read(child)] == [{"role": "user", "content": "m5"},
+                                                            {"role": "user", "content": "m6"}]
+    assert len(await store.read(KEY)) == 1
+    assert await store.try_lock(KEY, "compact", "a", 30) and await store.try_lock(child, "compact", "b", 30)
+    assert sorted([(s.session, s.messages) async for s in store.sessions()]) == [("run-1", 1), ("run-1/explore", 2)]
+
+
 async def test_unknown_session_reads_empty(store: FactLog) -> None:
     assert await store.read(SessionKey("nobody", "nothing")) == []
     assert await store.read(SessionKey("nobody", "nothing"), after=5, limit=3) == []

@@ -136,7 +136,10 @@ def cut_points(model: ItemModel, items: Sequence[Item], start: int = 0) -> list[
     """Indices ``i >= start`` where a conversation may be split into ``items[:i]`` and ``items[i:]``.
 
     A split is valid when no call made before it is answered after it, the item
-    before it does not travel with the next, and the item at it is not a result.
+    before it does not travel with the next, and the item at it is not a result,
+    nor a system item past the head: a system entry between turns (Claude Code's
+    "Today's date is …", its nudge after silent tool steps) belongs with what it
+    follows, so the smallest tail is still the last step, never the entry alone.
     Calls still open at the end of the conversation do not block a split after
     them (the client is about to answer them).
     """
@@ -146,9 +149,12 @@ def cut_points(model: ItemModel, items: Sequence[Item], start: int = 0) -> list[
             answered_at.setdefault(call_id, index)
     points: list[int] = []
     open_until = -1  # last index holding a result of a call made so far
+    head = leading_system_count(model, items)
     for index, item in enumerate(items):
         after_pair = index == 0 or not model.travels_with_next(items[index - 1])
-        if index >= start and index > open_until and after_pair and model.role(item) != "tool":
+        role = model.role(item)
+        opens = role != "tool" and (role != "system" or index <= head)
+        if index >= start and index > open_until and after_pair and opens:
             points.append(index)
         for call_id in model.calls(item):
             open_until = max(open_until, answered_at.get(call_id, -1))

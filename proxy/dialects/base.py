@@ -23,7 +23,8 @@ import abc
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import orjson
 
@@ -95,6 +96,8 @@ class Dialect(ItemModel):
     path: str
     #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
     anthropic: bool = False
+    #: Headers the API requires, for a summary call whose caller sent none (an admin compaction).
+    required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
 
     def upstream_url(self, settings: Settings, path: str | None = None) -> str:
         """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""

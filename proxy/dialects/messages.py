@@ -18,7 +18,8 @@ every turn, and a moved breakpoint is not an edit.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 import orjson
 
@@ -61,6 +62,7 @@ class MessagesDialect(Dialect):
     items_field = "messages"
     path = "/v1/messages"
     anthropic = True
+    required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({"anthropic-version": "2023-06-01"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         messages = require_items(payload, "messages")

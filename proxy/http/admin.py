@@ -27,13 +27,13 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.dialects.base import parse_json
+from proxy.dialects.base import Dialect, parse_json
 from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
 from proxy.http.body import read_body
 from proxy.http.clients import open_route
 from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
-from proxy.sessions import valid_session
+from proxy.sessions import logged_session_key
 from proxy.store.base import SessionKey
 from proxy.summarycall import summary_completer
 
@@ -48,9 +48,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/sessions", admin_only(list_sessions))
-    router.add_get("/admin/sessions/{tenant}/{session}/log", admin_only(session_log))
-    router.add_get("/admin/sessions/{tenant}/{session}/view", admin_only(session_view))
-    router.add_post("/admin/sessions/{tenant}/{session}/compact", admin_only(compact_session))
+    # A sub-agent's session id holds one '/': as %2F, or as it is, since each route ends in a fixed word.
+    base = "/admin/sessions/{tenant}/{session:.+}"
+    router.add_get(base + "/log", admin_only(session_log))
+    router.add_get(base + "/view", admin_only(session_view))
+    router.add_post(base + "/compact", admin_only(compact_session))
     router.add_route("*", "/admin{tail:(/.*)?}", admin_only(unknown))
 
 
@@ -88,11 +90,7 @@ def _json(body: Any) -> web.Response:
 
 
 def _key(request: web.Request) -> SessionKey:
-    tenant, session = request.match_info["tenant"], request.match_info["session"]
-    for name, value in (("tenant", tenant), ("session", session)):
-        if not valid_session(value):
-            raise BadRequest(f"Invalid {name} id: use 1-128 characters of A-Za-z0-9._:-", param=name)
-    return SessionKey(tenant, session)
+    return logged_session_key(request.match_info["tenant"], request.match_info["session"])
 
 
 def _not_found(key: SessionKey) -> web.HTTPNotFound:
@@ -145,12 +143,20 @@ async def session_view(request: web.Request) -> web.Response:
     return _json(build_view(request.app[engine_key], lineage, _model(request)).to_json())
 
 
-def _upstream_headers(request: web.Request) -> CIMultiDict[str]:
-    """Headers for the summary call: only the upstream credential, never the admin's own headers or token."""
+def _upstream_headers(request: web.Request, dialect: Dialect) -> CIMultiDict[str]:
+    """Headers for the summary call: only the upstream credential, never the admin's own headers or token.
+
+    A bare key goes as the API expects one: ``x-api-key`` to Anthropic, else ``Authorization: Bearer``;
+    a value with a scheme (``Bearer …``) goes as ``Authorization`` unchanged.
+    """
     headers: CIMultiDict[str] = CIMultiDict()
-    credential = request.headers.get(HEADER_UPSTREAM_AUTH)
-    if credential:
-        headers["Authorization"] = credential if " " in credential.strip() else "Bearer " + credential.strip()
+    credential = request.headers.get(HEADER_UPSTREAM_AUTH, "").strip()
+    if " " in credential:
+        headers["Authorization"] = credential
+    elif credential and dialect.anthropic:
+        headers["x-api-key"] = credential
+    elif credential:
+        headers["Authorization"] = "Bearer " + credential
     return headers
 
 
@@ -177,7 +183,7 @@ async def compact_session(request: web.Request) -> web.Response:
     if not lineage.facts:
         raise _not_found(key)
     model = _model(request)
-    complete = summary_completer(app[client_key], settings, _upstream_headers(request),
+    complete = summary_completer(app[client_key], settings, _upstream_headers(request, lineage.dialect),
                                  settings.summary_model or model, lineage.dialect)
     result, _ = await engine.compact(key, lineage.messages, lineage.hashes, trigger="manual", dialect=lineage.dialect,
                                      model=model, complete=complete, window=engine.window_for(model),

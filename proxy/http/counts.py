@@ -32,16 +32,20 @@ def _view(turn: Turn) -> PreparedView:
 
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
     status = 500
     try:
-        view = _view(await open_turn(request, RESPONSES))
+        turn = await open_turn(request, RESPONSES)
+        view = _view(turn)
         status = 200
-        return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens})
+        return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens},
+                                 headers=turn.headers(view, started))
     finally:
         request.app[metrics_key].requests.labels(route="responses", status=str(status)).inc()
 
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
+    started = time.perf_counter()
     status = 502
     try:
         turn = await open_turn(request, MESSAGES)
@@ -54,7 +58,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
             raw = await read_whole(resp, turn.timing)
             status = resp.status
             out = response_headers(resp.headers, decoded=True)
-            out.update(turn.headers(view, time.perf_counter()))
+            out.update(turn.headers(view, started))
             return web.Response(status=resp.status, headers=out, body=raw)
     finally:
         request.app[metrics_key].requests.labels(route="messages", status=str(status)).inc()

@@ -150,6 +150,8 @@ class Turn:
         if overflow.limit_tokens is not None:
             self.engine.learn_window(model, overflow.limit_tokens)
         window = self.engine.window_for(model)
+        if overflow.limit_tokens is None:  # no figure, but the window is below what was refused: plan for that
+            window = min(window, max(1024, refused.estimate.tokens // 1024 * 1024))
         items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
         compacted = False
         if self.state is not None:  # without a state the store is down: no compaction, clipping still helps

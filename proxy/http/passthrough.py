@@ -15,6 +15,7 @@ goes to ``--anthropic-upstream`` instead.
 from __future__ import annotations
 
 import time
+from urllib.parse import unquote
 
 import aiohttp
 from aiohttp import web
@@ -30,11 +31,11 @@ from proxy.upstream import client_timeout, map_upstream_errors, request_headers,
 
 def upstream_url(request: web.Request, base: str) -> URL:
     """``{base}/{tail}``, the tail still percent-encoded as the client sent it (``%3F`` stays in the path)."""
-    if any(segment in (".", "..") for segment in request.match_info["tail"].split("/")):
-        raise BadRequest("Dot segments ('.' and '..') are not allowed in a pass-through path.", param="path")
-    # The route is /v1/{tail} or /s/{session}/v1/{tail}: the raw tail follows the first 2 or 4 raw segments.
+    # The route is /v1/… or /s/{session}/v1/…: the raw tail follows the first 2 or 4 raw segments.
     skip = 4 if "session" in request.match_info else 2
     raw_tail = "/".join(request.rel_url.raw_path.split("/")[skip:])
+    if any(segment in (".", "..") for segment in unquote(raw_tail).split("/")):
+        raise BadRequest("Dot segments ('.' and '..') are not allowed in a pass-through path.", param="path")
     return URL(base + "/" + raw_tail, encoded=True)
 
 

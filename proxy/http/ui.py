@@ -27,12 +27,12 @@ from urllib.parse import quote, urlsplit
 import orjson
 from aiohttp import web
 
-from proxy.errors import BadRequest, ProxyError
+from proxy.errors import ProxyError
 from proxy.http.clients import open_route
 from proxy.http.middleware import error_response
 from proxy.keys import compactions_key, engine_key, metrics_key, settings_key, store_key, timelines_key
 from proxy.render import session_infos
-from proxy.sessions import valid_session
+from proxy.sessions import logged_session_key
 from proxy.store.base import FactLog, SessionInfo, SessionKey
 from proxy.ui import STATIC_TYPES, cookie, pages, static_file
 from proxy.ui.request import rebuild, request_html
@@ -163,11 +163,7 @@ def _window(request: web.Request) -> tuple[int, int]:
 
 
 def _key(request: web.Request) -> SessionKey:
-    tenant, session_id = request.match_info["tenant"], request.match_info["session"]
-    for name, value in (("tenant", tenant), ("session", session_id)):
-        if not valid_session(value):
-            raise BadRequest(f"Invalid {name} id: use 1-128 characters of A-Za-z0-9._:-", param=name)
-    return SessionKey(tenant, session_id)
+    return logged_session_key(request.match_info["tenant"], request.match_info["session"])
 
 
 def _links(request: web.Request, key: SessionKey) -> pages.Links:
