@@ -43,8 +43,9 @@ async def rig(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path, openai: 
     """The proxy over ``openai`` (``--upstream``) and ``anthropic`` (``--anthropic-upstream``, default the same)."""
     first: TestServer = await aiohttp_server(openai.app())
     second: TestServer = first if anthropic is None else await aiohttp_server(anthropic.app())
+    # Background compaction off unless a test turns it on, as in tests/proxyfixtures.py's make_proxy.
     settings = Settings(upstream=str(first.make_url("/v1")), anthropic_upstream=str(second.make_url("")).rstrip("/"),
-                        store=f"sqlite:///{tmp_path}/facts.db", **overrides)
+                        store=f"sqlite:///{tmp_path}/facts.db", **{"precompact_threshold": 1.0, **overrides})
     client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
     return client
 
