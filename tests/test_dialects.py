@@ -244,3 +244,16 @@ def test_session_hints_from_the_body() -> None:
     assert MESSAGES.session_hint({"metadata": {"user_id": "user_abc"}}) is None
     assert MESSAGES.session_hint({"metadata": {"user_id": "[1]"}}) is None
     assert CHAT.session_hint({"prompt_cache_key": "x"}) is None
+
+
+@pytest.mark.parametrize(("dialect", "body", "param"), [
+    (CHAT, {"messages": [{"content": "no role"}]}, "messages[0]"),
+    (CHAT, {"messages": [{"role": "assistant", "tool_calls": {"id": "x"}}]}, "messages[0].tool_calls"),
+    (MESSAGES, {"messages": [{"role": "user", "content": "a"}, {"content": "b"}]}, "messages[1]"),
+    (MESSAGES, {"messages": [{"role": "user", "content": {"type": "text"}}]}, "messages[0].content"),
+    (RESPONSES, {"input": [{"type": "message"}, "not an object"]}, "input[1]"),
+], ids=["chat-role", "chat-tool-calls", "messages-role", "messages-content", "responses-item"])
+def test_malformed_items_are_a_400_naming_the_item(dialect: Any, body: dict[str, Any], param: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        dialect.parse(orjson.dumps({"model": "m", **body}))
+    assert (refused.value.status, refused.value.param) == (400, param)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -195,8 +195,10 @@ def check_writable(payload: Mapping[str, Any], field: str, items: Sequence[Item]
         raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
 
 
-def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False) -> list[Item]:
-    """``payload[field]`` as a non-empty list of objects; ``BadRequest`` otherwise."""
+def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False,
+                  check: Callable[[str, Item], None] | None = None) -> list[Item]:
+    """``payload[field]`` as a non-empty list of objects, each passed to ``check`` with its name (``messages[3]``)
+    when given; ``BadRequest`` otherwise."""
     value = payload.get(field)
     if allow_string and isinstance(value, str):
         return [{"role": "user", "content": value}]
@@ -205,7 +207,15 @@ def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool 
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise BadRequest(f"{field}[{index}] must be an object.", param=f"{field}[{index}]")
+        if check is not None:
+            check(f"{field}[{index}]", item)
     return value
+
+
+def require_role(name: str, message: Item) -> None:
+    """A message of the Chat Completions or Messages API: an object with a string ``role``."""
+    if not isinstance(message.get("role"), str):
+        raise BadRequest(f"{name} must be an object with a string 'role'.", param=name)
 
 
 def positive_int(payload: Mapping[str, Any], *names: str) -> int | None:

@@ -23,7 +23,16 @@ from typing import Any
 import orjson
 
 from proxy.context.items import Item, Role
-from proxy.dialects.base import Dialect, ParsedRequest, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.dialects.base import (
+    Dialect,
+    ParsedRequest,
+    ReplyReader,
+    Verdict,
+    positive_int,
+    require_items,
+    require_role,
+    text_of,
+)
 from proxy.errors import BadRequest
 from proxy.sse import StreamAssembler, is_usage_only, message_from_completion
 
@@ -99,21 +108,21 @@ def normalise(message: Item) -> dict[str, Any]:
     return out
 
 
+def _check_message(name: str, message: Item) -> None:
+    require_role(name, message)
+    # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
+    calls = message.get("tool_calls")
+    if calls is not None and type(calls) is not list:
+        raise BadRequest(f"{name}.tool_calls must be an array.", param=f"{name}.tool_calls")
+
+
 class ChatDialect(Dialect):
     name = "chat"
     items_field = "messages"
     path = "/chat/completions"
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        messages = require_items(payload, "messages")
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}]")
-            # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
-            calls = message.get("tool_calls")
-            if calls is not None and type(calls) is not list:
-                raise BadRequest(f"messages[{i}].tool_calls must be an array.", param=f"messages[{i}].tool_calls")
-        return messages
+        return require_items(payload, "messages", check=_check_message)
 
     def role(self, item: Item) -> Role:
         return _ROLES.get(item.get("role"), "other")  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, Role
-from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, require_role, text_of
 from proxy.errors import BadRequest
 
 _TEXT = frozenset({"text"})
@@ -57,6 +57,13 @@ def _has(item: Item, block_type: str) -> list[Mapping[str, Any]]:
     return [block for block in content if isinstance(block, dict) and block.get("type") == block_type]
 
 
+def _check_message(name: str, message: Item) -> None:
+    require_role(name, message)
+    content = message.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise BadRequest(f"{name}.content must be a string or an array.", param=f"{name}.content")
+
+
 class MessagesDialect(Dialect):
     name = "messages"
     items_field = "messages"
@@ -65,15 +72,7 @@ class MessagesDialect(Dialect):
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({"anthropic-version": "2023-06-01"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        messages = require_items(payload, "messages")
-        for i, message in enumerate(messages):
-            if not isinstance(message.get("role"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string 'role'.", param=f"messages[{i}]")
-            content = message.get("content")
-            if content is not None and not isinstance(content, str | list):
-                raise BadRequest(f"messages[{i}].content must be a string or an array.",
-                                 param=f"messages[{i}].content")
-        return messages
+        return require_items(payload, "messages", check=_check_message)
 
     def role(self, item: Item) -> Role:
         role = item.get("role")
