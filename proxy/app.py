@@ -82,7 +82,8 @@ def engine_settings(settings: Settings) -> EngineSettings:
         min_retain_rounds=settings.min_retain_rounds, summary_timeout=settings.summary_timeout,
         summary_model=settings.summary_model, summary_max_tokens=settings.summary_max_tokens,
         estimator=settings.estimator, summary_placement="system" if settings.summary_placement == "system" else "user",
-        failure_cooldown=settings.compaction_cooldown,
+        failure_cooldown=settings.compaction_cooldown, keep_tool_outputs=settings.keep_tool_outputs,
+        keep_user_words=settings.keep_user_words, recall_tool=settings.recall_tool,
     )
 
 

@@ -91,6 +91,27 @@ def dialect_of(fact: StoredFact) -> Dialect:
 
 
 @dataclass
+class UsageTotals:
+    """What the upstream reported over a session's logged replies (every branch): for the admin API's view."""
+
+    replies: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+
+    def add(self, fact: StoredFact) -> None:
+        usage = fact.extra.get("usage")
+        if fact.kind != "message" or fact.source != "upstream" or not isinstance(usage, Mapping):
+            return
+        dialect = dialect_of(fact)
+        self.replies += 1
+        self.prompt_tokens += dialect.prompt_tokens(usage) or 0
+        self.cached_tokens += dialect.cached_tokens(usage) or 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"replies": self.replies, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}
+
+
+@dataclass
 class Lineage:
     """The conversation a log's head describes (each message's predecessor followed back) and its engine state.
 
@@ -104,12 +125,14 @@ class Lineage:
     facts: int = 0
     #: The API the session speaks, as its newest message entry names it.
     dialect: Dialect = CHAT
+    usage: UsageTotals = field(default_factory=UsageTotals)
     _by_seq: dict[int, Message] = field(default_factory=dict, repr=False)
     _messages: list[Message] | None = field(default=None, repr=False)
 
     def apply(self, fact: StoredFact) -> None:
         self.facts += 1
         self.state.apply(fact)
+        self.usage.add(fact)
         self._messages = None
         if fact.kind == "message" and fact.message is not None:
             self._by_seq[fact.seq] = dict(fact.message)
@@ -137,12 +160,14 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -
     """
     state = ConversationState()
     dialect: Dialect = CHAT
+    usage = UsageTotals()
     async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
+            usage.add(fact)
             if fact.kind == "message":
                 dialect = dialect_of(fact)
-    lineage = Lineage(state, state.next_seq, dialect)
+    lineage = Lineage(state, state.next_seq, dialect, usage=usage)
     wanted = set(state.seqs)
     async for page in pages(store, key, through=state.next_seq - 1):
         for fact in page:
@@ -158,11 +183,14 @@ class SessionView:
     prepared: PreparedView
     window: int
     dialect: Dialect
+    usage: UsageTotals = field(default_factory=UsageTotals)
 
     def to_json(self) -> dict[str, Any]:
+        """The contract's three fields, and ``usage``: the upstream's figures summed over the logged replies."""
         checkpoint = self.prepared.checkpoint
         return {"messages": self.prepared.messages, "estimate": self.prepared.estimate.tokens,
-                "checkpoint": orjson.loads(checkpoint.to_json()) if checkpoint is not None else None}
+                "checkpoint": orjson.loads(checkpoint.to_json()) if checkpoint is not None else None,
+                "usage": self.usage.to_json()}
 
 
 def build_view(engine: ContextEngine, lineage: Lineage, model: str) -> SessionView:
@@ -170,7 +198,7 @@ def build_view(engine: ContextEngine, lineage: Lineage, model: str) -> SessionVi
     window = engine.window_for(model)
     prepared = engine.view(lineage.messages, lineage.hashes, lineage.state, dialect=lineage.dialect, window=window,
                            tools=None, max_output=None)
-    return SessionView(prepared, window, lineage.dialect)
+    return SessionView(prepared, window, lineage.dialect, lineage.usage)
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import Dialect, ParsedRequest, ReplyReader, Verdict, positive_int, require_items, text_of
 from proxy.errors import BadRequest
 from proxy.sse import StreamAssembler, is_usage_only, message_from_completion
@@ -197,8 +197,21 @@ class ChatDialect(Dialect):
         prior = content if isinstance(content, str) else ""
         return {**item, "content": f"{prior}\n\n{text}" if prior else text}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def result_paths(self, item: Item) -> list[Path]:
         return [("content",)] if item.get("role") in ("tool", "function") else []
+
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        for call in item.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and call.get("id") == call_id:
+                return str(function.get("name") or "?"), function.get("arguments")
+        return None
+
+    def user_text(self, item: Item) -> str | None:
+        """The content's text: a user message's ``name`` is not something the user wrote."""
+        if self.role(item) != "user":
+            return None
+        return "\n".join(text_of(item.get("content"), _TEXT)[0])
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_completion_tokens", "max_tokens")

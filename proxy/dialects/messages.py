@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
 from proxy.errors import BadRequest
 
@@ -123,7 +123,26 @@ class MessagesDialect(Dialect):
             return {**item, "content": [block, {"type": "text", "text": content}]}
         return {**item, "content": [block, *(content if isinstance(content, list) else [])]}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        if item.get("role") != "assistant":
+            return None
+        for block in _has(item, "tool_use"):
+            if block.get("id") == call_id:
+                return str(block.get("name") or "?"), block.get("input")
+        return None
+
+    def user_text(self, item: Item) -> str | None:
+        """The text blocks of a user message, also beside tool results (a user who typed while a tool ran);
+        the ``tool_result`` blocks themselves are tool output, not user words."""
+        if item.get("role") != "user":
+            return None
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [str(block.get("text") or "") for block in _has(item, "text")]
+        return "\n".join(texts) if texts else None
+
+    def result_paths(self, item: Item) -> list[Path]:
         content = item.get("content")
         if item.get("role") != "user" or not isinstance(content, list):
             return []

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
 from proxy.dialects.chat import canonical_arguments
 
@@ -122,8 +122,22 @@ class ResponsesDialect(Dialect):
             return {**item, "content": [part, {"type": "input_text", "text": content}]}
         return {**item, "content": [part, *(content if isinstance(content, list) else [])]}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def result_paths(self, item: Item) -> list[Path]:
         return [("output",)] if _type(item) in OUTPUT_TYPES else []
+
+    def with_output(self, item: Item, path: Path, text: str) -> Item | None:
+        """A computer call's output is a screenshot object, which takes no text in its place."""
+        return None if _type(item) == "computer_call_output" else {**item, "output": text}
+
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        kind = _type(item)
+        if kind not in CALL_TYPES or item.get("call_id") != call_id:
+            return None
+        if kind == "function_call":
+            return str(item.get("name") or "?"), item.get("arguments")
+        if kind == "custom_tool_call":
+            return str(item.get("name") or "?"), item.get("input")
+        return kind.removesuffix("_call"), item.get("action")
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_output_tokens")

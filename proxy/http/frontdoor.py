@@ -90,6 +90,8 @@ class Turn:
                      "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
+            if usage is not None:
+                self.metrics.usage_reported(dialect.prompt_tokens(usage), dialect.cached_tokens(usage))
             if not reply:
                 return
             extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info}
