@@ -97,10 +97,16 @@ class UsageTotals:
     replies: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    #: The seq and the figures of the last entry counted: every item of one reply carries its reply's usage.
+    _last: tuple[int, Any, Any] = (-2, None, None)
 
     def add(self, fact: StoredFact) -> None:
         usage = fact.extra.get("usage")
         if fact.kind != "message" or fact.source != "upstream" or not isinstance(usage, Mapping):
+            return
+        same_reply = self._last == (fact.seq - 1, usage, fact.extra.get("view"))
+        self._last = (fact.seq, usage, fact.extra.get("view"))
+        if same_reply:
             return
         dialect = dialect_of(fact)
         self.replies += 1

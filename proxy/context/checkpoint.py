@@ -71,6 +71,11 @@ class Checkpoint:
         return max(self.retain_start_idx, self.masked_until)
 
     @property
+    def summarises(self) -> bool:
+        """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
+        return bool(self.summary.strip() or self.user_words)
+
+    @property
     def masks(self) -> bool:
         """Whether the view masks tool outputs."""
         return self.masked_until > self.retain_start_idx

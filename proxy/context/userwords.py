@@ -84,15 +84,16 @@ def fit(dialect: ItemModel, messages: Sequence[Message], entries: list[Entry], m
     original text, so a message clipped twice carries one marker with the right count. Should even the markers
     overrun the budget (thousands of messages), the oldest fold into one line naming where they start."""
     total = _total(entries)
+    marker = measure.text_tokens(CLIP_MARKER.format(count=10**6, where="log entry 999999999"))
     for floor in (LONG_TOKENS, 0):
         for position, entry in enumerate(entries):
             if total <= budget:
                 return entries
             index, seq, tokens, _, count = entry
             original = dialect.user_text(messages[index]) if count == 1 and index < len(messages) else None
-            if tokens <= floor or not original:
-                continue
-            cap = max(floor, tokens - (total - budget))
+            if tokens <= max(floor, marker) or not original:
+                continue  # a message no longer than a marker stays as it is: clipping it would save nothing
+            cap = max(floor, tokens - (total - budget) - marker)
             if cap > 0:
                 text = cut_text(original, measure.text_tokens(original), cap, measure, where(entry))
             else:
