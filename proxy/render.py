@@ -289,10 +289,17 @@ class Transcript:
         first = 0
         while first < min(start, len(seqs)) and seqs[first] in self._system_lead:
             first += 1
-        # A typographic range (en dash), as people write one.
-        span = f"messages {first}–{start - 1}" if start - 1 > first else f"message {first}"  # noqa: RUF001
+        masked = int(payload.get("masked_until", 0))
+        done = [f"{_span(first, start)} summarised"] if payload.get("summary") else []
+        if masked > max(start, first):
+            done.append(f"tool outputs of {_span(max(start, first), masked)} masked")
         before, after = int(payload.get("tokens_before", 0)), int(payload.get("tokens_after", 0))
-        return f"── checkpoint: {span} summarised ({before:,} → {after:,} tokens) ──"
+        return f"── checkpoint: {', '.join(done) or 'nothing'} ({before:,} → {after:,} tokens) ──"
+
+
+def _span(first: int, end: int) -> str:
+    """Messages ``first`` to ``end - 1``, as a typographic range (en dash), as people write one."""
+    return f"messages {first}–{end - 1}" if end - 1 > first else f"message {first}"  # noqa: RUF001
 
 
 def _rewind_line(fact: StoredFact) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint, prefix_hash
 from proxy.context.lineage import ConversationState
 from proxy.context.masking import Masker, arguments_digest, mask_end
@@ -167,3 +168,30 @@ def test_a_masking_checkpoint_serves_only_conversations_holding_all_it_masks() -
     assert state.checkpoint_for([*hashes[:10], "edited", *hashes[11:]]) is None
     seqs, keys = state.entries_for(hashes, 11)
     assert list(seqs) == list(range(11)) and list(keys) == state.prefixes[:11]
+
+
+def test_two_sessions_with_the_same_history_get_placeholders_naming_their_own_entries() -> None:
+    """Caches are per engine, sessions are many: the same outputs at other seqs are other placeholders."""
+    hashes = [CHAT.hash(m) for m in CONVERSATION]
+    checkpoint = masking_checkpoint(None, 11, hashes, system_end=1, model="m", created_at=1.0)
+    builder = ProjectionBuilder(CHAT)
+    one = builder.build(CONVERSATION, checkpoint, seqs=range(len(CONVERSATION)), keys=hashes)
+    other = builder.build(CONVERSATION, checkpoint, seqs=range(50, 50 + len(CONVERSATION)), keys=hashes)
+    again = builder.build([dict(m) for m in CONVERSATION], checkpoint, seqs=range(len(CONVERSATION)), keys=hashes)
+    assert one[3]["content"].endswith("; log entry 3; re-run the tool if you need it again]")
+    assert other[3]["content"].endswith("; log entry 53; re-run the tool if you need it again]")
+    assert again == one and again[3] is one[3], "the region built once is reused, byte for byte"
+
+
+def test_freed_counts_what_masking_would_save_and_remembers_where_it_stopped() -> None:
+    hashes = [CHAT.hash(m) for m in CONVERSATION]
+    masker = Masker(COUNTER)
+    count = ContextBudgetPolicy().counter_for(CHAT)
+    seqs, keys = range(len(CONVERSATION)), [f"k{i}" for i in range(len(CONVERSATION))]
+    full = masker.freed(CHAT, CONVERSATION, hashes, 2, 11, seqs, keys, count)
+    masked = [masker.item(CHAT, CONVERSATION, i, seqs, keys) for i in range(2, 11)]
+    assert full == sum(count(m, h) - count(n, None) for m, n, h in zip(CONVERSATION[2:11], masked, hashes[2:11],
+                                                                        strict=True))
+    assert masker.freed(CHAT, CONVERSATION, hashes, 2, 13, seqs, keys, count) > full, "extended: only the new part"
+    changed = [*keys[:5], "edited", *keys[6:]]
+    assert masker.freed(CHAT, CONVERSATION, hashes, 2, 11, seqs, changed, count) == full, "a new path, counted anew"

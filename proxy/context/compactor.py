@@ -242,7 +242,7 @@ class ContextCompactor:
         if self.measure is not None and self.user_words_budget > 0:
             words = carry(dialect, messages, words, start=base, end=start, opener=opener,
                           previous_opener=previous.round_start_idx if previous is not None else None, seqs=seqs,
-                          measure=self.measure, budget=self.user_words_budget)
+                          measure=self.measure, budget=self.user_words_budget, counts=counts)
         masked_until = masked_until if masked_until > start else 0  # a masked region summarised away is no more
         checkpoint = Checkpoint(
             summary=result.summary,

@@ -37,6 +37,7 @@ lookup per masked item.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -48,6 +49,9 @@ from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter
 from proxy.types import Message
 
 PLACEHOLDER = "[output of {name} {arguments} elided: {size}; {where}; {hint}]"
+#: Finds a placeholder in an item's text (the inspector marks masked outputs): its log entry, or its index.
+PLACEHOLDER_PATTERN = re.compile(r"\[output of .* elided: [\d,]+ lines, [\d,]+ tokens[^;\]]*; "
+                                 r"(?:log entry (\d+)|message index (\d+)); ")
 RERUN_HINT = "re-run the tool if you need it again"
 RECALL_HINT = "call ctxproxy_recall with entry {seq} to read it again"
 #: Characters of a call's arguments a placeholder quotes.
@@ -119,16 +123,26 @@ def first_unmasked(dialect: ItemModel, messages: Sequence[Message], retain_start
 class Masker:
     """Builds and caches masked items; one per engine (the placeholders' hint depends on ``recall``).
 
-    ``digests`` maps ``id()`` of every cached masked item to its hash, so that
-    estimating a view finds their token counts without hashing them again.
+    Two bounded caches: masked items by (dialect, prefix hash, seq), which
+    name the item, its call and its log entry at once, so a placeholder is
+    built (and its output tokenised) once; and whole masked regions by the
+    checkpoint's prefix hash and the region's seqs, so a request whose region
+    was built before costs one lookup and one pass over its items. ``digests``
+    maps ``id()`` of every cached masked item to its hash, so that estimating a
+    view finds their token counts without hashing them again.
     """
 
-    def __init__(self, counter: TokenCounter, *, recall: bool = False, maxsize: int = 50_000) -> None:
+    def __init__(self, counter: TokenCounter, *, recall: bool = False, maxsize: int = 50_000,
+                 regions: int = 2_000) -> None:
         self.counter = counter
         self.recall = recall
         self.maxsize = maxsize
+        self.max_regions = regions
         self.digests: dict[int, str] = {}
-        self._cache: OrderedDict[tuple[str, str], Message | None] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, int], Message | None] = OrderedDict()
+        self._regions: OrderedDict[tuple[Any, ...], tuple[Message | None, ...]] = OrderedDict()
+        #: ``freed`` sums so far: (dialect, prefix hash before ``start``, start) -> (scanned to, its prefix hash, sum).
+        self._freed: OrderedDict[tuple[str, str, int], tuple[int, str, int]] = OrderedDict()
 
     def item(self, dialect: ItemModel, messages: Sequence[Message], index: int, seqs: Sequence[int],
              keys: Sequence[str]) -> Message:
@@ -137,7 +151,7 @@ class Masker:
         ``seqs`` and ``keys`` (prefix hashes) cover the logged prefix; an item
         beyond them is named by its index and built afresh each time.
         """
-        key = (dialect.name, keys[index]) if index < len(keys) else None
+        key = (dialect.name, keys[index], seqs[index]) if index < min(len(keys), len(seqs)) else None
         found = self._cache.get(key, _NOTHING) if key is not None else _NOTHING
         if found is _NOTHING:
             found = self._build(dialect, messages, index, seqs)
@@ -146,21 +160,56 @@ class Masker:
         return messages[index] if found is None else found  # type: ignore[return-value]
 
     def region(self, dialect: ItemModel, messages: Sequence[Message], start: int, end: int, seqs: Sequence[int],
-               keys: Sequence[str]) -> list[Message]:
-        """``messages[start:end]`` with their outputs masked."""
-        return [self.item(dialect, messages, i, seqs, keys) for i in range(start, min(end, len(messages)))]
+               keys: Sequence[str], scope: str = "") -> list[Message]:
+        """``messages[start:end]`` with their outputs masked; ``scope`` (the checkpoint's prefix hash, which names
+        their content) and their seqs key the region."""
+        end = min(end, len(messages))
+        key = (dialect.name, scope, start, end, tuple(seqs[start:end])) if scope else None
+        pattern = self._regions.get(key) if key is not None else None
+        if pattern is None:
+            built = [self.item(dialect, messages, i, seqs, keys) for i in range(start, end)]
+            if key is None:
+                return built
+            pattern = tuple(m if m is not messages[i] else None for i, m in enumerate(built, start))
+            self._regions[key] = pattern
+            if len(self._regions) > self.max_regions:
+                self._regions.popitem(last=False)
+            return built
+        return [messages[i] if m is None else m for i, m in enumerate(pattern, start)]
 
     def freed(self, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str], start: int, end: int,
               seqs: Sequence[int], keys: Sequence[str], count: Callable[[Message, str | None], int]) -> int:
-        """Tokens masking ``messages[start:end]`` would free (``count``: the budget's per-item measure)."""
+        """Tokens masking ``messages[start:end]`` would free (``count``: the budget's per-item measure).
+
+        Asked on every request while a batch builds up, so the sum over the
+        logged part is remembered (by the prefix hash where it stopped) and
+        only what is new is looked at: a run of outputs too small to mask
+        costs nothing per step.
+        """
+        end = min(end, len(messages))
+        logged = min(end, len(keys), len(seqs))
+        memo_key = (dialect.name, keys[start - 1] if 0 < start <= len(keys) else "", start)
+        scanned, chain, total = self._freed.get(memo_key, (start, "", 0))
+        if not (start < scanned <= logged and keys[scanned - 1] == chain):
+            scanned, total = start, 0
+        total += self._freed_in(dialect, messages, hashes, scanned, logged, seqs, keys, count)
+        if logged > start:
+            self._freed[memo_key] = (logged, keys[logged - 1], total)
+            self._freed.move_to_end(memo_key)
+            if len(self._freed) > self.max_regions:
+                self._freed.popitem(last=False)
+        return total + self._freed_in(dialect, messages, hashes, max(logged, start), end, seqs, keys, count)
+
+    def _freed_in(self, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str], start: int, end: int,
+                  seqs: Sequence[int], keys: Sequence[str], count: Callable[[Message, str | None], int]) -> int:
         total = 0
-        for index in range(start, min(end, len(messages))):
+        for index in range(start, end):
             masked = self.item(dialect, messages, index, seqs, keys)
             if masked is not messages[index]:
                 total += count(messages[index], hashes[index]) - count(masked, self.digests.get(id(masked)))
         return total
 
-    def _remember(self, key: tuple[str, str], value: Message | None, dialect: ItemModel) -> None:
+    def _remember(self, key: tuple[str, str, int], value: Message | None, dialect: ItemModel) -> None:
         self._cache[key] = value
         if value is not None:
             self.digests[id(value)] = dialect.hash(value)

@@ -103,7 +103,8 @@ class ProjectionBuilder:
             body.append(messages[round_start])
         start = max(checkpoint.retain_start_idx, system_end)
         if checkpoint.masked_until > start:
-            body.extend(self.masker.region(model, messages, start, checkpoint.masked_until, seqs, keys))
+            body.extend(self.masker.region(model, messages, start, checkpoint.masked_until, seqs, keys,
+                                           checkpoint.prefix_hash))
             start = checkpoint.masked_until
         body.extend(messages[start:])
         head = list(messages[:system_end])

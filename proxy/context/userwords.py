@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from proxy.context.clipping import CLIP_MARKER, Measure, cut_text
 from proxy.context.items import ItemModel
+from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS
 from proxy.types import Message
 
 #: ``(index, seq or -1, tokens, text, messages)``, as ``Checkpoint.user_words`` stores them; ``messages`` is 1 but
@@ -60,10 +61,11 @@ def _total(entries: Sequence[Entry]) -> int:
 
 def carry(dialect: ItemModel, messages: Sequence[Message], previous: Sequence[Entry], *, start: int, end: int,
           opener: int | None, previous_opener: int | None, seqs: Sequence[int], measure: Measure,
-          budget: int) -> tuple[Entry, ...]:
+          budget: int, counts: Sequence[int] = ()) -> tuple[Entry, ...]:
     """What the next checkpoint carries: ``previous`` plus the user messages in ``messages[start:end]`` (the range
     newly summarised), without the round ``opener`` the view re-inserts, and with the last checkpoint's opener
-    once it no longer is; within ``budget`` tokens."""
+    once it no longer is; within ``budget`` tokens. ``counts`` are the messages' token counts where known: a
+    message that is all user words is not tokenised again."""
     indices = [i for i in range(start, min(end, len(messages))) if i != opener]
     if previous_opener is not None and previous_opener != opener and previous_opener < start:
         indices.insert(0, previous_opener)
@@ -72,7 +74,9 @@ def carry(dialect: ItemModel, messages: Sequence[Message], previous: Sequence[En
         text = dialect.user_text(messages[index])
         if text:
             seq = seqs[index] if index < len(seqs) else -1
-            entries.append((index, seq, measure.text_tokens(text), text, 1))
+            whole = index < len(counts) and text == dialect.text(messages[index])[0]
+            tokens = max(1, counts[index] - MESSAGE_OVERHEAD_TOKENS) if whole else measure.text_tokens(text)
+            entries.append((index, seq, tokens, text, 1))
     entries.sort(key=lambda e: e[0])
     return tuple(fit(dialect, messages, entries, measure, budget))
 
@@ -89,13 +93,16 @@ def fit(dialect: ItemModel, messages: Sequence[Message], entries: list[Entry], m
         for position, entry in enumerate(entries):
             if total <= budget:
                 return entries
-            index, seq, tokens, _, count = entry
-            original = dialect.user_text(messages[index]) if count == 1 and index < len(messages) else None
-            if tokens <= max(floor, marker) or not original:
-                continue  # a message no longer than a marker stays as it is: clipping it would save nothing
+            index, seq, tokens, carried, count = entry
+            if tokens <= floor + marker or count > 1 or index >= len(messages):
+                continue  # clipping it would save nothing: short already, or clipped as far as this pass goes
+            original = dialect.user_text(messages[index])
+            if not original:
+                continue
             cap = max(floor, tokens - (total - budget) - marker)
             if cap > 0:
-                text = cut_text(original, measure.text_tokens(original), cap, measure, where(entry))
+                whole = tokens if carried == original else measure.text_tokens(original)
+                text = cut_text(original, whole, cap, measure, where(entry))
             else:
                 text = CLIP_MARKER.format(count=len(original), where=where(entry))
             entries[position] = (index, seq, measure.text_tokens(text), text, 1)
