@@ -298,3 +298,26 @@ def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript
                                                    store_url).output.splitlines()]
     assert [(e["seq"], e["index"], e["from_seq"]) for e in entries if e["kind"] == "rewind"] == [(7, 0, None),
                                                                                                  (11, 5, 4)]
+
+
+@pytest.mark.parametrize(("flag", "field", "raw", "value"), [
+    ("--keep-tool-outputs", "keep_tool_outputs", "3", 3), ("--keep-user-words", "keep_user_words", "500", 500),
+    ("--recall-tool", "recall_tool", "true", True)])
+def test_the_tier_settings_are_flags_and_environment_variables(flag: str, field: str, raw: str, value: Any) -> None:
+    env = "CTXPROXY_" + field.upper()
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert flag in help_text and env in help_text
+    assert getattr(Settings.from_env({env: raw}), field) == value
+    assert getattr(Settings.from_env({env: "0" if field != "keep_tool_outputs" else "9"}, **{field: value}),
+                   field) == value, "the flag wins"
+
+
+def test_tier_settings_are_validated() -> None:
+    assert (Settings().keep_tool_outputs, Settings().keep_user_words, Settings().recall_tool) == (10, None, False)
+    with pytest.raises(ValueError, match="keep_tool_outputs must be at least 1"):
+        Settings(keep_tool_outputs=0)
+    with pytest.raises(ValueError, match="CTXPROXY_RECALL_TOOL must be true or false"):
+        Settings.from_env({"CTXPROXY_RECALL_TOOL": "maybe"})
+    assert Settings.from_env({"CTXPROXY_RECALL_TOOL": "off"}).recall_tool is False
+    result = CliRunner().invoke(main, ["serve", "--keep-tool-outputs", "0"])
+    assert result.exit_code == 2 and "--keep-tool-outputs" in result.output

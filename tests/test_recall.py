@@ -10,10 +10,15 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.app import create_app
 from proxy.http.recall import MAX_ROUNDS, NAME
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
+from proxy.settings import Settings
 from proxy.store.base import SessionKey
+from tests.fakemessages import FakeMessages
+from tests.fakeresponses import FakeResponses
+from tests.fakescript import Script, step_command
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import assistant_from_sse, read_log
 from tests.test_compaction_e2e import prose
@@ -139,3 +144,91 @@ async def test_no_recall_tool_without_the_flag_or_without_masked_content(make_pr
     await chat(plain, agent_history())
     assert [t["function"]["name"] for t in fake.requests[-1]["tools"]] == ["run"]
     assert "re-run the tool if you need it again]" in orjson.dumps(fake.requests[-1]["messages"]).decode()
+
+
+class RecallingResponses(FakeResponses):
+    """Codex's fake, which answers one turn with reasoning and a call to the recall tool when told to."""
+
+    recall: int | None = None
+
+    def _turn_output(self, body: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.recall is None:
+            return super()._turn_output(body, items)
+        entry, self.recall = self.recall, None
+        assert NAME in [t["name"] for t in body["tools"]]
+        return [self._reasoning("I need that output again."),
+                {"type": "function_call", "id": "fc_r", "call_id": "call_r", "status": "completed", "name": NAME,
+                 "arguments": orjson.dumps({"entry": entry}).decode()}]
+
+
+class RecallingMessages(FakeMessages):
+    """Claude Code's fake, which answers one turn with signed thinking and a recall ``tool_use`` when told to."""
+
+    recall: int | None = None
+
+    def _turn_output(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], str]:
+        if self.recall is None:
+            return super()._turn_output(body, messages)
+        entry, self.recall = self.recall, None
+        assert NAME in [t["name"] for t in body["tools"]]
+        return [self._thinking("I need that output again.", True),
+                {"type": "tool_use", "id": "toolu_r", "name": NAME, "input": {"entry": entry}}], "tool_use"
+
+
+def codex_history(steps: int) -> list[dict[str, Any]]:
+    rng = random.Random(2)
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Go."}]
+    for k in range(1, steps + 1):
+        arguments = orjson.dumps({"command": ["bash", "-lc", step_command(k)]}).decode()
+        items += [{"type": "function_call", "call_id": f"c{k}", "name": "shell", "arguments": arguments},
+                  {"type": "function_call_output", "call_id": f"c{k}", "output": f"step-{k}\n" + prose(rng, 500)}]
+    return items
+
+
+def claude_history(steps: int) -> list[dict[str, Any]]:
+    rng = random.Random(3)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Go."}]
+    for k in range(1, steps + 1):
+        messages += [{"role": "assistant", "content": [{"type": "tool_use", "id": f"t{k}", "name": "Bash",
+                                                        "input": {"command": step_command(k)}}]},
+                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{k}",
+                                                   "content": f"step-{k}\n" + prose(rng, 500)}]}]
+    return messages
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_recall_through_the_responses_and_messages_doors(aiohttp_server: Any, aiohttp_client: Any,
+                                                               store_url: str, api: str, stream: bool) -> None:
+    fake: RecallingResponses | RecallingMessages = (RecallingResponses(Script(steps=40)) if api == "responses"
+                                                    else RecallingMessages(Script(steps=40)))
+    upstream = await aiohttp_server(fake.app())
+    root = str(upstream.make_url("")).rstrip("/")
+    proxy = await aiohttp_client(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root, store=store_url,
+                                                     context_window=16_000, recall_tool=True)))
+    if api == "responses":
+        path, field = "/v1/responses", "input"
+        body: dict[str, Any] = {"model": "m", "input": codex_history(16), "store": False,
+                                "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]}
+    else:
+        path, field = "/v1/messages", "messages"
+        body = {"model": "m", "max_tokens": 512, "messages": claude_history(16),
+                "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}
+    headers = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY, "X-Session-Id": "doors"}
+    assert (await proxy.post(path, json=body, headers=headers)).status == 200
+    first = fake.turns()[-1].body
+    entry = int(ENTRY.search(orjson.dumps(first[field]).decode()).group(1))  # type: ignore[union-attr]
+    fake.recall = entry
+    resp = await proxy.post(path, json={**body, "stream": stream}, headers=headers)
+    raw = await resp.read()
+
+    assert resp.status == 200 and NAME.encode() not in raw, "the client never sees the recall call"
+    asked, answered = fake.turns()[-2:]
+    assert [t.status for t in fake.turns()] == [200, 200, 200], "the API accepted the recall exchange"
+    sent = answered.body[field]
+    assert sent[: len(asked.body[field])] == asked.body[field]
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "doors"))
+    original = next(f for f in facts if f.seq == entry).message
+    assert original is not None
+    text = orjson.dumps(sent[-1]).decode()
+    assert orjson.dumps(original).decode().split("step-")[1][:200] in text, "answered with the logged output"

@@ -52,8 +52,8 @@ def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | No
 
 
 async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
-                     state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, window: int,
-                     tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
+                     state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
+                     window: int, tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
     """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
 
     Due when the outputs older than the last ``keep_tool_outputs`` that are not
@@ -81,7 +81,7 @@ async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[
         # The checkpoint must cover logged messages (and its placeholders name log entries): log them first.
         state = await engine.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
         candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
-                                       model=previous.model if previous else "", created_at=engine.clock(),
+                                       model=model, created_at=engine.clock(),
                                        tokens_before=prepared.estimate.tokens)
         after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                             max_output=max_output, fit=False, checkpoint=candidate)

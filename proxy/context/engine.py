@@ -226,8 +226,8 @@ class ContextEngine:
         prepared = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                              max_output=max_output, fit=False)
         # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
-        prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, window=window,
-                                    tools=tools, max_output=max_output) or prepared
+        prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
+                                    window=window, tools=tools, max_output=max_output) or prepared
         if prepared.estimate.tokens <= prepared.threshold:
             return prepared
         if state is None or not self.backoff.allowed(f"{key.tenant}:{key.session}"):
