@@ -106,6 +106,16 @@ def _store_option(f: Any) -> Any:
               help="Put the summary in a user message or append it to the system message [default: user]")
 @click.option("--compaction-cooldown", envvar="CTXPROXY_COMPACTION_COOLDOWN", type=float, default=None,
               show_envvar=True, help="Seconds proactive compaction pauses after 3 failures in a row [default: 300]")
+@click.option("--keep-tool-outputs", envvar="CTXPROXY_KEEP_TOOL_OUTPUTS", type=click.IntRange(min=1), default=None,
+              show_envvar=True, help="Recent tool outputs never masked; older ones give way to a one-line placeholder "
+                                     "naming their log entry, in batches (a number above any run's length turns "
+                                     "masking off) [default: 10]")
+@click.option("--keep-user-words", envvar="CTXPROXY_KEEP_USER_WORDS", type=click.IntRange(min=0), default=None,
+              show_envvar=True, help="Tokens of the user's own messages carried verbatim into a summary; over it "
+                                     "the oldest long ones are clipped [default: 10% of the window]")
+@click.option("--recall-tool/--no-recall-tool", envvar="CTXPROXY_RECALL_TOOL", default=None, show_envvar=True,
+              help="Offer the model a ctxproxy_recall tool that reads a masked output back from the log "
+                   "[default: off]")
 @click.option("--log-format", envvar="CTXPROXY_LOG_FORMAT", type=click.Choice(["text", "json"]), default=None,
               show_envvar=True, help="Log line format [default: text]")
 @click.option("--log-level", envvar="CTXPROXY_LOG_LEVEL", default=None, show_envvar=True,

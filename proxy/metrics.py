@@ -120,6 +120,12 @@ class Metrics:
                                           buckets=UPSTREAM_BUCKETS, registry=r)
         self.overhead_seconds = Histogram("ctxproxy_overhead_seconds", "Time spent in the proxy, upstream excluded.",
                                           buckets=OVERHEAD_BUCKETS, registry=r)
+        self.upstream_prompt_tokens = Counter("ctxproxy_upstream_prompt_tokens",
+                                              "Prompt tokens the upstream reported in its replies' usage, cached "
+                                              "ones included.", registry=r)
+        self.upstream_cached_tokens = Counter("ctxproxy_upstream_cached_tokens",
+                                              "Prompt tokens the upstream reported as read from its prompt cache.",
+                                              registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -136,6 +142,13 @@ class Metrics:
             self.compaction_seconds.observe(seconds)
             self.tokens_before.inc(result.tokens_before)
             self.tokens_after.inc(result.tokens_after)
+
+    def usage_reported(self, prompt_tokens: int | None, cached_tokens: int | None) -> None:
+        """Count one upstream reply's usage (the dialect reads the figures out of its own shape)."""
+        if prompt_tokens is not None and prompt_tokens > 0:
+            self.upstream_prompt_tokens.inc(prompt_tokens)
+        if cached_tokens is not None and cached_tokens > 0:
+            self.upstream_cached_tokens.inc(cached_tokens)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
         new = key not in self._seen

@@ -91,6 +91,33 @@ def dialect_of(fact: StoredFact) -> Dialect:
 
 
 @dataclass
+class UsageTotals:
+    """What the upstream reported over a session's logged replies (every branch): for the admin API's view."""
+
+    replies: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    #: The seq and the figures of the last entry counted: every item of one reply carries its reply's usage.
+    _last: tuple[int, Any, Any] = (-2, None, None)
+
+    def add(self, fact: StoredFact) -> None:
+        usage = fact.extra.get("usage")
+        if fact.kind != "message" or fact.source != "upstream" or not isinstance(usage, Mapping):
+            return
+        same_reply = self._last == (fact.seq - 1, usage, fact.extra.get("view"))
+        self._last = (fact.seq, usage, fact.extra.get("view"))
+        if same_reply:
+            return
+        dialect = dialect_of(fact)
+        self.replies += 1
+        self.prompt_tokens += dialect.prompt_tokens(usage) or 0
+        self.cached_tokens += dialect.cached_tokens(usage) or 0
+
+    def to_json(self) -> dict[str, int]:
+        return {"replies": self.replies, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}
+
+
+@dataclass
 class Lineage:
     """The conversation a log's head describes (each message's predecessor followed back) and its engine state.
 
@@ -104,12 +131,14 @@ class Lineage:
     facts: int = 0
     #: The API the session speaks, as its newest message entry names it.
     dialect: Dialect = CHAT
+    usage: UsageTotals = field(default_factory=UsageTotals)
     _by_seq: dict[int, Message] = field(default_factory=dict, repr=False)
     _messages: list[Message] | None = field(default=None, repr=False)
 
     def apply(self, fact: StoredFact) -> None:
         self.facts += 1
         self.state.apply(fact)
+        self.usage.add(fact)
         self._messages = None
         if fact.kind == "message" and fact.message is not None:
             self._by_seq[fact.seq] = dict(fact.message)
@@ -137,12 +166,14 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -
     """
     state = ConversationState()
     dialect: Dialect = CHAT
+    usage = UsageTotals()
     async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
+            usage.add(fact)
             if fact.kind == "message":
                 dialect = dialect_of(fact)
-    lineage = Lineage(state, state.next_seq, dialect)
+    lineage = Lineage(state, state.next_seq, dialect, usage=usage)
     wanted = set(state.seqs)
     async for page in pages(store, key, through=state.next_seq - 1):
         for fact in page:
@@ -158,11 +189,14 @@ class SessionView:
     prepared: PreparedView
     window: int
     dialect: Dialect
+    usage: UsageTotals = field(default_factory=UsageTotals)
 
     def to_json(self) -> dict[str, Any]:
+        """The contract's three fields, and ``usage``: the upstream's figures summed over the logged replies."""
         checkpoint = self.prepared.checkpoint
         return {"messages": self.prepared.messages, "estimate": self.prepared.estimate.tokens,
-                "checkpoint": orjson.loads(checkpoint.to_json()) if checkpoint is not None else None}
+                "checkpoint": orjson.loads(checkpoint.to_json()) if checkpoint is not None else None,
+                "usage": self.usage.to_json()}
 
 
 def build_view(engine: ContextEngine, lineage: Lineage, model: str) -> SessionView:
@@ -170,7 +204,7 @@ def build_view(engine: ContextEngine, lineage: Lineage, model: str) -> SessionVi
     window = engine.window_for(model)
     prepared = engine.view(lineage.messages, lineage.hashes, lineage.state, dialect=lineage.dialect, window=window,
                            tools=None, max_output=None)
-    return SessionView(prepared, window, lineage.dialect)
+    return SessionView(prepared, window, lineage.dialect, lineage.usage)
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -255,10 +289,17 @@ class Transcript:
         first = 0
         while first < min(start, len(seqs)) and seqs[first] in self._system_lead:
             first += 1
-        # A typographic range (en dash), as people write one.
-        span = f"messages {first}–{start - 1}" if start - 1 > first else f"message {first}"  # noqa: RUF001
+        masked = int(payload.get("masked_until", 0))
+        done = [f"{_span(first, start)} summarised"] if payload.get("summary") else []
+        if masked > max(start, first):
+            done.append(f"tool outputs of {_span(max(start, first), masked)} masked")
         before, after = int(payload.get("tokens_before", 0)), int(payload.get("tokens_after", 0))
-        return f"── checkpoint: {span} summarised ({before:,} → {after:,} tokens) ──"
+        return f"── checkpoint: {', '.join(done) or 'nothing'} ({before:,} → {after:,} tokens) ──"
+
+
+def _span(first: int, end: int) -> str:
+    """Messages ``first`` to ``end - 1``, as a typographic range (en dash), as people write one."""
+    return f"messages {first}–{end - 1}" if end - 1 > first else f"message {first}"  # noqa: RUF001
 
 
 def _rewind_line(fact: StoredFact) -> str:

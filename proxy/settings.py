@@ -80,6 +80,12 @@ class Settings:
     summary_placement: str = "user"
     #: Seconds proactive compaction pauses for a session after 3 failures in a row.
     compaction_cooldown: float = 300.0
+    #: Recent tool outputs never masked (the last N items holding tool output).
+    keep_tool_outputs: int = 10
+    #: Tokens of the user's own words carried verbatim into a summary; None: 10 % of the window.
+    keep_user_words: int | None = None
+    #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.
+    recall_tool: bool = False
     log_format: str = "text"
     log_level: str = "INFO"
 
@@ -103,9 +109,16 @@ class Settings:
             raise ValueError("max_event_bytes must be at least 1024")
         if self.reactive_retries < 0:
             raise ValueError("reactive_retries must be 0 or more")
+        self._check_tiers()
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}")
+
+    def _check_tiers(self) -> None:
+        if self.keep_tool_outputs < 1:
+            raise ValueError("keep_tool_outputs must be at least 1: the model must see the output it just asked for")
+        if self.keep_user_words is not None and self.keep_user_words < 0:
+            raise ValueError("keep_user_words must be 0 or more")
 
     @property
     def upstream_base(self) -> str:
@@ -137,12 +150,18 @@ class Settings:
 _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("user", "system"),
             "log_format": ("text", "json")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
-         "reactive_retries"}
+         "reactive_retries", "keep_tool_outputs", "keep_user_words"}
+_BOOLS = {"recall_tool"}
+_TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
            "connect_timeout", "client_timeout", "compaction_cooldown"}
 
 
 def _coerce(name: str, raw: str) -> Any:
+    if name in _BOOLS:
+        if raw.strip().lower() not in _TRUE | _FALSE:
+            raise ValueError(f"CTXPROXY_{name.upper()} must be true or false, got {raw!r}")
+        return raw.strip().lower() in _TRUE
     try:
         if name in _INTS:
             return int(raw)

@@ -125,6 +125,10 @@ class FakeUpstream:
         self.role_errors: list[str] = []
         self._counter = TokenCounter()
         self.requests: list[dict[str, Any]] = []
+        #: Each chat request's body as it arrived, byte for byte.
+        self.bodies: list[bytes] = []
+        #: Report this many prompt tokens as cached (``prompt_tokens_details.cached_tokens``); None: no details.
+        self.cached_tokens: int | None = None
         self.headers: list[dict[str, str]] = []
         self.script: deque[Reply] = deque()
         self._ids = itertools.count(1)
@@ -174,11 +178,13 @@ class FakeUpstream:
         return summary_response(text, model=body.get("model"))
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json(loads=orjson.loads)
+        raw = await request.read()
+        body = orjson.loads(raw)
         first = body["messages"][0]
         if first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_MARKER):
             return await self.summary(body)
         self.requests.append(body)
+        self.bodies.append(raw)
         self.headers.append(dict(request.headers))
         problem = role_error(body["messages"]) if self.strict_roles else None
         if problem is not None:
@@ -207,7 +213,9 @@ class FakeUpstream:
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, **reply.extra}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
-        usage = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}
+        usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": 7, "total_tokens": prompt + 7}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": min(prompt, self.cached_tokens)}
         if body.get("stream"):
             return await self._stream(request, body, message, usage, reply)
         return web.json_response({

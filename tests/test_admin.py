@@ -171,8 +171,11 @@ async def test_view_is_what_the_next_request_sends_upstream(make_proxy, fake: Fa
     resp = await proxy.get(f"/admin/sessions/{TENANT}/viewed/view", headers=ADMIN)
     assert resp.status == 200
     view = await resp.json()
-    assert set(view) == {"messages", "estimate", "checkpoint"}
+    assert set(view) == {"messages", "estimate", "checkpoint", "usage"}
     assert view["checkpoint"] == checkpoints[-1].extra["checkpoint"]
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+    assert view["usage"] == {"replies": len(replies), "cached_tokens": 0,
+                             "prompt_tokens": sum(f.extra["usage"]["prompt_tokens"] for f in replies)}
     assert "FACT-Kestrel5" in orjson.dumps(view["messages"]).decode()
 
     resp = await chat(proxy, replay(facts), "viewed")  # the client resends exactly what the log holds
@@ -187,7 +190,7 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
     reply = (await resp.json())["choices"][0]["message"]
     view = await (await proxy.get(f"/admin/sessions/{TENANT}/plain/view", headers=ADMIN)).json()
     assert view == {"messages": [{"role": "user", "content": "hello"}, reply], "estimate": view["estimate"],
-                    "checkpoint": None}
+                    "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": 8, "cached_tokens": 0}}
     assert view["estimate"] > 0
 
 

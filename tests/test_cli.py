@@ -48,6 +48,11 @@ def checkpoint() -> dict[str, Any]:
             "round_start_idx": 1, "tokens_before": 12345, "tokens_after": 3210, "model": "m", "created_at": T0}
 
 
+def as_read(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version 1 checkpoint as the proxy reads it and shows it again: in the current format, masking nothing."""
+    return {**payload, "v": 2, "masked_until": 0, "user_words": []}
+
+
 def message(index: int, msg: dict[str, Any], source: str = "client", **extra: Any) -> NewFact:
     return NewFact(kind="message", index=index, source=source, message=msg,  # type: ignore[arg-type]
                    hash=message_hash(msg), extra=extra)
@@ -166,7 +171,8 @@ def test_view_prints_what_the_next_request_would_send(logged: str) -> None:
     assert result.exit_code == 0, result.output
     view = orjson.loads(result.output)
     led = {"role": "user", "content": f"{SUMMARY_MESSAGE['content']}{SUMMARY_END}{USER['content']}"}
-    assert view == {"messages": [SYSTEM, led, FINAL], "estimate": view["estimate"], "checkpoint": checkpoint()}
+    assert view == {"messages": [SYSTEM, led, FINAL], "estimate": view["estimate"], "checkpoint": as_read(checkpoint()),
+                    "usage": {"replies": 1, "prompt_tokens": 30, "cached_tokens": 0}}
     text = run("sessions", "view", "run-1", "--store", logged).output
     assert text == f"""\
 # View of session run-1 (tenant 0123456789abcdef)
@@ -283,7 +289,7 @@ def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript
     view = orjson.loads(run("sessions", "view", "tree", "--json", "--store", store_url).output)
     led = {"role": "user", "content": f"{SUMMARY_MESSAGE['content']}{SUMMARY_END}{USER['content']}"}
     assert view["messages"] == [SYSTEM, led, FINAL, NEXT]
-    assert view["checkpoint"] == checkpoint()
+    assert view["checkpoint"] == as_read(checkpoint())
     text = run("sessions", "log", "tree", "--store", store_url).output
     assert "── rewind to message 0, from the start ──" in text
     assert "── rewind to message 5, after entry 4 ──" in text
@@ -292,3 +298,26 @@ def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript
                                                    store_url).output.splitlines()]
     assert [(e["seq"], e["index"], e["from_seq"]) for e in entries if e["kind"] == "rewind"] == [(7, 0, None),
                                                                                                  (11, 5, 4)]
+
+
+@pytest.mark.parametrize(("flag", "field", "raw", "value"), [
+    ("--keep-tool-outputs", "keep_tool_outputs", "3", 3), ("--keep-user-words", "keep_user_words", "500", 500),
+    ("--recall-tool", "recall_tool", "true", True)])
+def test_the_tier_settings_are_flags_and_environment_variables(flag: str, field: str, raw: str, value: Any) -> None:
+    env = "CTXPROXY_" + field.upper()
+    help_text = CliRunner().invoke(main, ["serve", "--help"]).output
+    assert flag in help_text and env in help_text
+    assert getattr(Settings.from_env({env: raw}), field) == value
+    assert getattr(Settings.from_env({env: "0" if field != "keep_tool_outputs" else "9"}, **{field: value}),
+                   field) == value, "the flag wins"
+
+
+def test_tier_settings_are_validated() -> None:
+    assert (Settings().keep_tool_outputs, Settings().keep_user_words, Settings().recall_tool) == (10, None, False)
+    with pytest.raises(ValueError, match="keep_tool_outputs must be at least 1"):
+        Settings(keep_tool_outputs=0)
+    with pytest.raises(ValueError, match="CTXPROXY_RECALL_TOOL must be true or false"):
+        Settings.from_env({"CTXPROXY_RECALL_TOOL": "maybe"})
+    assert Settings.from_env({"CTXPROXY_RECALL_TOOL": "off"}).recall_tool is False
+    result = CliRunner().invoke(main, ["serve", "--keep-tool-outputs", "0"])
+    assert result.exit_code == 2 and "--keep-tool-outputs" in result.output

@@ -99,8 +99,12 @@ async def test_thirty_short_rounds_stay_inside_the_window(make_proxy, fake: Fake
 @pytest.mark.parametrize("shape", ["rounds", "tool-steps"])
 async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: FakeUpstream, placement: str,
                                                            shape: str) -> None:
-    """No two user messages in a row, no late system message, a user message first; the summary byte-stable."""
-    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement)
+    """No two user messages in a row, no late system message, a user message first; the summary byte-stable.
+
+    Masking is off (``keep_tool_outputs`` above the run's length): it would keep the tool steps under the
+    threshold without a summary, and summaries are what this test places (tests/test_masking_e2e.py runs masked
+    views through the same strict template)."""
+    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement, keep_tool_outputs=1_000)
     fake.window, fake.strict_roles = WINDOW, True
     rng = random.Random(13)
     session = f"strict-{placement}-{shape}"

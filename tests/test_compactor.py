@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 import itertools
 import re
 from collections.abc import Sequence
@@ -158,12 +159,22 @@ CHECKPOINT = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5)
 def test_checkpoint_json_round_trip() -> None:
     text = CHECKPOINT.to_json()
     assert text == (
-        '{"created_at":12.5,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,"round_start_idx":3,'
-        '"summary":"sum","tokens_after":300,"tokens_before":900,"v":1}'
+        '{"created_at":12.5,"masked_until":0,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,'
+        '"round_start_idx":3,"summary":"sum","tokens_after":300,"tokens_before":900,"user_words":[],"v":2}'
     )
     assert Checkpoint.from_json(text) == CHECKPOINT
     assert Checkpoint.from_json(text.encode()) == CHECKPOINT
-    assert Checkpoint.from_json({**CHECKPOINT.__dict__, "v": 1}) == CHECKPOINT
+    assert Checkpoint.from_json({**CHECKPOINT.__dict__, "v": 2}) == CHECKPOINT
+    tiered = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5, 9, ((2, 7, 3, "use tabs", 1),))
+    assert Checkpoint.from_json(tiered.to_json()) == tiered, "lists read back as the tuples the dataclass holds"
+
+
+def test_a_version_1_checkpoint_reads_as_one_that_neither_masks_nor_carries_words() -> None:
+    text = ('{"created_at":12.5,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,"round_start_idx":3,'
+            '"summary":"sum","tokens_after":300,"tokens_before":900,"v":1}')
+    assert Checkpoint.from_json(text) == CHECKPOINT
+    assert CHECKPOINT.covers == 5 and not CHECKPOINT.masks
+    assert CHECKPOINT.view_key == f"5:abc:{hashlib.blake2b(b'sum', digest_size=8).hexdigest()}", "as version 1 had it"
 
 
 @pytest.mark.parametrize(
@@ -174,6 +185,12 @@ def test_checkpoint_json_round_trip() -> None:
         "[]",
         '{"created_at":1,"model":"m","prefix_hash":"",'
         '"retain_start_idx":"5","round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":1}',
+        '{"created_at":1,"model":"m","prefix_hash":"","masked_until":"3",'
+        '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":2}',
+        '{"created_at":1,"model":"m","prefix_hash":"","user_words":[[1, 2]],'
+        '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":2}',
+        '{"created_at":1,"model":"m","prefix_hash":"",'
+        '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":3}',
     ],
 )
 def test_malformed_checkpoints_raise(data: str) -> None:
@@ -473,7 +490,9 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
     assert_well_formed(projection.build(messages, first), had_system or placement == "system", strict)
     counts = engine.message_counts(messages, hashes)
     effective = budget >> level
-    if any(tail_cost(messages, counts, i) <= effective for i in cuts_of(messages)):
+    if result.tier == "mask":  # the summary was not worth its call; masking alone freed enough
+        assert first.summary == "" and not model.prompts and first.masks
+    elif any(tail_cost(messages, counts, i) <= effective for i in cuts_of(messages)):
         assert tail_cost(messages, counts, first.retain_start_idx) <= effective
     assert result.tokens_after == sum(COUNT(m) for m in projection.build(messages, first))
 
@@ -481,7 +500,12 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
     again = asyncio.run(engine.compact(messages, hashes, first, budget=budget, model="m", level=level + 1))
     assert messages == original
     if again.checkpoint is not None:
-        assert again.checkpoint.retain_start_idx > first.retain_start_idx
-        assert set(model.indices()) == set(range(first.retain_start_idx, again.checkpoint.retain_start_idx))
-        assert model.prompts[0].startswith(f"<previous-summary>\n{model.answer}\n")
+        assert again.checkpoint.covers > first.covers, "every reduction goes further than the one before"
+        if again.tier == "summary":
+            assert again.checkpoint.retain_start_idx > first.retain_start_idx
+            assert set(model.indices()) == set(range(first.retain_start_idx, again.checkpoint.retain_start_idx))
+            if first.summary:
+                assert model.prompts[0].startswith(f"<previous-summary>\n{model.answer}\n")
+        else:
+            assert not model.prompts and again.checkpoint.summary == first.summary
         assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system", strict)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from proxy.context import userwords
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.projection import SUMMARY_END
@@ -86,7 +87,9 @@ async def test_over_threshold_compacts_and_records_summary_then_checkpoint(store
     retained = messages[checkpoint["retain_start_idx"]:]
     assert view.messages[1] == {"role": "user",
                                 "content": f"{facts[-2].message['content']}{SUMMARY_END}{retained[0]['content']}"}
-    assert facts[-2].message["content"].endswith(full_summary("the summary"))
+    model_part, words = facts[-2].message["content"].split(f"\n\n{userwords.HEADING}\n\n")
+    assert model_part.endswith(full_summary("the summary")), "the model's sections, then the user's words"
+    assert "log entry 1" in words.split("\n")[0], "carried by the proxy, oldest first (400 tokens for 18: folded)"
     assert view.messages[2:] == retained[1:]
 
 

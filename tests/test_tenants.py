@@ -136,7 +136,8 @@ def b_summaries(facts: list[Any]) -> set[str]:
 @pytest.mark.parametrize("route", ["header", "url", "auto"])
 async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_proxy, fake: NumberedSummaries,
                                                                          route: str) -> None:
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2)
+    # Masking off: it would make a summary unnecessary, and whose summary A's view carries is the point here.
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, keep_tool_outputs=1_000)
     store = proxy.app[store_key]
     messages = conversation(1)
     session = fingerprint_session(CHAT, messages) if route == "auto" else SESSION
@@ -307,8 +308,9 @@ async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_prox
     The client's key is its key to this proxy (``--client-keys``); the upstream gets ``--upstream-key`` alone,
     as ``api-key`` when the client used that header (Azure OpenAI's style), else as a bearer token.
     """
+    # Masking off: it would make the summary call, one of the routes checked here, unnecessary.
     proxy = await make_proxy(context_window=4096, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
-                             client_keys=(Secret(KEY_A),))
+                             client_keys=(Secret(KEY_A),), keep_tool_outputs=1_000)
     headers = {name: CLIENT_CREDENTIALS[name] for name in names}
     messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too
     for stream in (False, True):

@@ -328,3 +328,27 @@ async def test_a_ten_thousand_entry_session_page_stays_small(make_proxy) -> None
     assert b'id="e9999"' in html and b'id="e9899"' not in html
     assert b"page 100 of 100" in html
     assert html.count("… 28,005 more characters.".encode()) == 100  # every 30,005-character text clipped to 2,000
+
+
+async def test_a_masked_request_is_rebuilt_as_sent_with_its_masked_outputs_marked(make_proxy, fake) -> None:
+    proxy = await ui_proxy(make_proxy, context_window=16_000)
+    await sign_in(proxy)
+    rng = random.Random(9)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    for n in range(16):
+        messages += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{n}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": f"call_{n}", "content": prose(rng, 500)}]
+    fake.script.append(Reply(content="ok"))
+    await step(proxy, messages, "m1")
+    store, engine, key = proxy.app[store_key], proxy.app[engine_key], SessionKey(TENANT, "m1")
+    async with proxy.app[timelines_key].fold(store, key) as t:
+        point, checkpoints = t.points[-1], dict(t.checkpoints)
+    found = await rebuild(store, key, point, checkpoints.get(point.view_key), engine.projection)
+    assert found.view == fake.requests[-1]["messages"] and found.matches()
+    masked = [m for m in found.view if str(m.get("content")).startswith("[output of read_file {} elided: ")]
+    assert len(masked) >= 4
+    html = await page(proxy, f"{session_path('m1')}/requests/{point.seq}?fragment=1")
+    assert html.count('<li class="vm masked">') == len(masked)
+    assert html.count("masked · a placeholder stands in for the output") == len(masked)
+    assert '<li class="vm summary">' not in html, "masking alone: no summary item"

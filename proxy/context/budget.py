@@ -26,7 +26,7 @@ compaction starts, ``hard_limit`` what the upstream would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -151,26 +151,32 @@ class ContextBudgetPolicy:
             reserve = min(DEFAULT_ANSWER_RESERVE, share)
         return self.context_window - reserve
 
+    def reduced_target(self, current: Estimate, threshold: int, tools: Sequence[Any] | None) -> int:
+        """Tokens the messages of a reduced view may take: with the tool definitions it then sits at
+        ``POST_COMPACTION_SHARE`` of ``threshold``, the room a steady run grows into before the next reduction.
+
+        When the upstream's ``usage`` counts more than the local measure
+        (``current``), the target shrinks by that ratio: the next threshold
+        check believes the upstream.
+        """
+        local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
+        scale = max(1.0, current.tokens / local)
+        return int(threshold * POST_COMPACTION_SHARE / scale) - self.tools_tokens(tools)
+
     def tail_budget(self, dialect: ItemModel, current: Estimate, threshold: int, retain_budget: int, *,
                     head: Sequence[Message], head_hashes: Sequence[str], summary: str | None,
                     tools: Sequence[Any] | None) -> int:
-        """Tokens the retained tail may take: the compacted view then sits at ``POST_COMPACTION_SHARE`` of it.
+        """Tokens the retained tail may take: the compacted view then sits at ``reduced_target``.
 
         ``threshold`` is the effective one: with window 8,000 and ``max_tokens``
         5,500 it is 2,500 while 35 % of the window (``retain_budget``) is 2,800,
         and a tail that large left every compacted view over the threshold: each
         step compacted again. The view also carries the leading system messages
-        (``head``), the tool definitions and a summary (about as long as the last
-        one, ``summary``). When the upstream's ``usage`` counts more than the local
-        measure (``current``), the tail shrinks by that ratio: the next threshold
-        check believes the upstream.
+        (``head``) and a summary (about as long as the last one, ``summary``).
         """
-        fixed = self.tools_tokens(tools) + sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes,
-                                                                                                  strict=True))
-        fixed += self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary is not None else 0
-        local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
-        scale = max(1.0, current.tokens / local)
-        return max(1, min(retain_budget, int(threshold * POST_COMPACTION_SHARE / scale) - fixed))
+        fixed = sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes, strict=True))
+        fixed += self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary else 0
+        return max(1, min(retain_budget, self.reduced_target(current, threshold, tools) - fixed))
 
     def text_tokens(self, text: str) -> int:
         """Tokens of a piece of text, by the estimator: what clipping measures a tool result in."""
@@ -209,6 +215,7 @@ class ContextBudgetPolicy:
         usage: UsageSample | None = None,
         view_key: str = "",
         source: tuple[Sequence[Message], Sequence[str]] | None = None,
+        made: Mapping[int, str] | None = None,
     ) -> Estimate:
         """Estimate for sending ``view``.
 
@@ -216,12 +223,14 @@ class ContextBudgetPolicy:
         hashes: view messages that are the conversation's own objects reuse
         those hashes as cache keys instead of hashing megabytes again. When
         ``source[0]`` is ``view`` itself, the hashes are taken by position.
+        ``made`` maps ``id()`` of items the projection made (masked outputs) to
+        their hashes, for the same reason.
         """
         if source is not None and source[0] is view:
             digests: Sequence[str | None] = source[1]
         else:
             known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
-            digests = [known.get(id(m)) for m in view]
+            digests = [known.get(id(m)) or made.get(id(m)) for m in view] if made else [known.get(id(m)) for m in view]
         chars = None
         if self._uses_chars:
             chars = chars_tokens(sum(text_length(dialect, m) for m in view) + tools_chars(tools))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.context.budget import Estimate
-from proxy.context.items import ItemModel
+from proxy.context.items import ItemModel, Path, get_path, set_path
 from proxy.types import Message
 
 CLIP_MARKER = "[… {count} characters elided by ctxproxy; full text in the fact log, {where} …]"
@@ -32,8 +32,6 @@ PART_PLACEHOLDER = "[{kind} part elided by ctxproxy; kept in the fact log, {wher
 #: The widest name a marker may carry, to price markers before they are written.
 _WIDEST_NAME = "entry seq 999999999"
 
-#: Where an item holds tool output (``ItemModel.result_paths``).
-Path = tuple[str | int, ...]
 #: Names the log entry of a conversation message: ``entry seq 12``, or ``message index 5`` before it is logged.
 Namer = Callable[[Message], str]
 
@@ -57,29 +55,11 @@ class _Unit:
     text: str | None  # None: a non-text part, replaced whole or kept
 
 
-def _get(item: Any, path: Path) -> Any:
-    for step in path:
-        item = item[step]
-    return item
-
-
-def _set(item: Any, path: Path, value: Any) -> Any:
-    """A copy of ``item`` with ``value`` at ``path``; everything off the path is shared, not copied."""
-    if not path:
-        return value
-    head, rest = path[0], path[1:]
-    if isinstance(item, list):
-        copy = list(item)
-        copy[int(head)] = _set(item[int(head)], rest, value)
-        return copy
-    return {**item, head: _set(item[head], rest, value)}
-
-
 def _units(dialect: ItemModel, view: Sequence[Message], measure: Measure) -> list[_Unit]:
     units: list[_Unit] = []
     for position, message in enumerate(view):
         for path in dialect.result_paths(message):
-            output = _get(message, path)
+            output = get_path(message, path)
             if isinstance(output, str):
                 units.append(_Unit(position, path, None, measure.text_tokens(output), output))
             elif isinstance(output, list):
@@ -183,9 +163,9 @@ def clip_to_fit(dialect: ItemModel, view: Sequence[Message], excess: int, measur
         else:
             replacement = None
         if unit.part is None:
-            clipped[unit.message] = _set(message, unit.path, replacement)
+            clipped[unit.message] = set_path(message, unit.path, replacement)
             continue
-        parts = list(_get(message, unit.path))
+        parts = list(get_path(message, unit.path))
         part = parts[unit.part]
         if replacement is not None:
             parts[unit.part] = {**part, "text": replacement}
@@ -194,7 +174,7 @@ def clip_to_fit(dialect: ItemModel, view: Sequence[Message], excess: int, measur
             text = PART_PLACEHOLDER.format(kind=kind if isinstance(kind, str) else "non-text", where=where)
             kept = {key: part[key] for key in ("cache_control",) if isinstance(part, dict) and key in part}
             parts[unit.part] = {"type": "text", "text": text, **kept}
-        clipped[unit.message] = _set(message, unit.path, parts)
+        clipped[unit.message] = set_path(message, unit.path, parts)
     return clipped
 
 

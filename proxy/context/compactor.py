@@ -12,22 +12,23 @@ opening user message.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Literal
+from dataclasses import replace
 
-import orjson
-
-from proxy.context.chain import chain_hash
+from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint, prefix_hash
+from proxy.context.clipping import Measure
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
+from proxy.context.masking import first_unmasked, mask_end
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
+from proxy.context.userwords import carry
 from proxy.types import Message
 
-CompactionOutcome = Literal["ok", "failed", "timeout", "skipped"]
+__all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_ROUNDS", "DEFAULT_RETAIN_FRACTION",
+           "Checkpoint", "CompactionBackoff", "CompactionResult", "ContextCompactor", "plan_retain_start",
+           "prefix_hash", "retain_budget_for"]
 
 DEFAULT_MIN_RETAIN_ROUNDS = 10
 #: Share of the window the retained tail may take at most.
@@ -35,74 +36,12 @@ DEFAULT_RETAIN_FRACTION = 0.35
 #: A compaction that frees less than this share of the view is not worth its summary call, unless
 #: the view is over the window: then any gain counts, and clipping takes care of the rest.
 DEFAULT_MIN_GAIN = 0.10
-CHECKPOINT_FORMAT = 1
+#: Tool outputs never masked: the last ten (``--keep-tool-outputs``), as in "The Complexity Trap".
+DEFAULT_KEEP_TOOL_OUTPUTS = 10
 
 
 def retain_budget_for(context_window: int, fraction: float = DEFAULT_RETAIN_FRACTION) -> int:
     return max(1, int(context_window * fraction))
-
-
-def prefix_hash(hashes: Sequence[str], end: int) -> str:
-    """Chain hash over ``hashes[:end]``, folded from ``""``: names the exact prefix a checkpoint covers."""
-    digest = ""
-    for message_digest in hashes[:end]:
-        digest = chain_hash(digest, message_digest)
-    return digest
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A summary of ``messages[:retain_start_idx]`` (leading system messages excepted).
-
-    ``round_start_idx`` is the user message opening the round that the split
-    falls inside, or ``None`` when the split is at a round boundary.
-    """
-
-    summary: str
-    retain_start_idx: int
-    prefix_hash: str
-    round_start_idx: int | None
-    tokens_before: int
-    tokens_after: int
-    model: str
-    created_at: float
-
-    @property
-    def view_key(self) -> str:
-        """Names the view base this checkpoint produces, for matching a remembered ``UsageSample``."""
-        summary = hashlib.blake2b(self.summary.encode(), digest_size=8).hexdigest()
-        return f"{self.retain_start_idx}:{self.prefix_hash}:{summary}"
-
-    def matches(self, hashes: Sequence[str]) -> bool:
-        """Whether the conversation still starts with the prefix this checkpoint summarised."""
-        return len(hashes) >= self.retain_start_idx and prefix_hash(hashes, self.retain_start_idx) == self.prefix_hash
-
-    def to_json(self) -> str:
-        return orjson.dumps({"v": CHECKPOINT_FORMAT, **asdict(self)}, option=orjson.OPT_SORT_KEYS).decode()
-
-    @classmethod
-    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Checkpoint:
-        raw = orjson.loads(data) if isinstance(data, str | bytes) else dict(data)
-        if not isinstance(raw, dict) or raw.get("v") != CHECKPOINT_FORMAT:
-            raise ValueError(f"not a version {CHECKPOINT_FORMAT} checkpoint")
-        try:
-            checkpoint = cls(**{f.name: raw[f.name] for f in fields(cls)})
-        except KeyError as exc:
-            raise ValueError(f"checkpoint lacks field {exc}") from exc
-        if not isinstance(checkpoint.summary, str) or not isinstance(checkpoint.retain_start_idx, int):
-            raise ValueError("checkpoint has a malformed summary or retain_start_idx")
-        return checkpoint
-
-
-@dataclass(frozen=True)
-class CompactionResult:
-    """``checkpoint`` is the new one when ``outcome`` is ``"ok"``, else ``None`` (nothing changes)."""
-
-    outcome: CompactionOutcome
-    checkpoint: Checkpoint | None
-    tokens_before: int
-    tokens_after: int
-    detail: str = ""
 
 
 def plan_retain_start(
@@ -187,11 +126,16 @@ class CompactionBackoff:
 
 
 class ContextCompactor:
-    """Plans a split, has the summary written, and returns a checkpoint; pure apart from the summary call.
+    """Plans a reduction, has a summary written when one is needed, and returns a checkpoint; pure apart from the
+    summary call.
 
-    ``count`` must be the estimator the budget policy uses, so that the tail is
-    planned in the units the threshold is checked in; ``clock`` gives the
-    checkpoint's ``created_at`` (wall-clock seconds).
+    The tiers, cheapest first: masking old tool outputs (``proxy.context.masking``,
+    no model call) when that alone brings the view to ``mask_target``; otherwise
+    a summary of what leaves the verbatim tail, whose checkpoint masks as well
+    and carries the user's own words (``proxy.context.userwords``). ``count``
+    must be the estimator the budget policy uses, so that the tail is planned in
+    the units the threshold is checked in, and ``measure`` its text measure;
+    ``clock`` gives the checkpoint's ``created_at`` (wall-clock seconds).
     """
 
     def __init__(
@@ -203,6 +147,9 @@ class ContextCompactor:
         projection: ProjectionBuilder,
         min_retain_rounds: int = DEFAULT_MIN_RETAIN_ROUNDS,
         min_gain: float = DEFAULT_MIN_GAIN,
+        keep_tool_outputs: int = DEFAULT_KEEP_TOOL_OUTPUTS,
+        measure: Measure | None = None,
+        user_words_budget: int = 0,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -210,10 +157,14 @@ class ContextCompactor:
         self.projection = projection
         self.min_retain_rounds = min_retain_rounds
         self.min_gain = min_gain
+        self.keep_tool_outputs = keep_tool_outputs
+        self.measure = measure
+        self.user_words_budget = user_words_budget
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
-        return sum(self.count(m, known.get(id(m))) for m in view)
+        masked = self.projection.masker.digests
+        return sum(self.count(m, known.get(id(m)) or masked.get(id(m))) for m in view)
 
     def message_counts(self, messages: Sequence[Message], hashes: Sequence[str]) -> list[int]:
         return [self.count(message, digest) for message, digest in zip(messages, hashes, strict=True)]
@@ -229,14 +180,19 @@ class ContextCompactor:
         level: int = 0,
         instructions: str | None = None,
         min_gain: float | None = None,
+        mask_target: int | None = None,
+        seqs: Sequence[int] = (),
+        keys: Sequence[str] = (),
     ) -> CompactionResult:
-        """Summarise what moves out of the verbatim tail into a new checkpoint.
+        """Reduce the view: mask when that reaches ``mask_target`` (None: go straight to a summary), else summarise.
 
         ``budget`` is the token budget of the retained tail; each ``level`` (the
-        reactive path) halves it and the retained rounds. A ``previous``
-        checkpoint whose prefix no longer matches ``hashes`` is ignored.
-        ``min_gain`` overrides the compactor's for this call (0 when the view is
-        over the window: any gain is then worth the call).
+        reactive path) halves it, the retained rounds and the tool outputs kept
+        whole. A ``previous`` checkpoint whose prefix no longer matches
+        ``hashes`` is ignored. ``min_gain`` overrides the compactor's for this
+        call (0 when the view is over the window: any gain is then worth it).
+        ``seqs`` and ``keys`` are the log's seqs and prefix hashes of the
+        conversation, which name masked outputs and carried user words.
         """
         gain = self.min_gain if min_gain is None else min_gain
         if len(hashes) != len(messages):
@@ -244,22 +200,36 @@ class ContextCompactor:
         if previous is not None and not previous.matches(hashes):
             previous = None
         known = {id(m): h for m, h in zip(messages, hashes, strict=True)}
-        before = self.view_tokens(self.projection.build(messages, previous), known)
-        counts = self.message_counts(messages, hashes)
-        rounds = max(1, self.min_retain_rounds >> level)
+
+        def tokens(checkpoint: Checkpoint | None) -> int:
+            return self.view_tokens(self.projection.build(messages, checkpoint, seqs=seqs, keys=keys), known)
+
+        before = tokens(previous)
         dialect = self.projection.dialect
-        start = plan_retain_start(dialect, messages, counts, rounds, max(1, budget >> level))
         system_end = leading_system_count(dialect, messages)
+        masked_until = self._mask_until(messages, previous, level)
+        masking: CompactionResult | None = None
+        if masked_until > (previous.covers if previous is not None else system_end):
+            checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
+                                            created_at=self.clock(), tokens_before=before)
+            after = tokens(checkpoint)
+            if before - after >= gain * before and before > after:
+                masking = CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after,
+                                           f"masked tool outputs before #{masked_until}", tier="mask")
+                if mask_target is not None and after <= mask_target:
+                    return masking
+        counts = self.message_counts(messages, hashes)
+        start = plan_retain_start(dialect, messages, counts, max(1, self.min_retain_rounds >> level),
+                                  max(1, budget >> level))
         base = previous.retain_start_idx if previous is not None else system_end
         if start <= base:
-            return CompactionResult("skipped", None, before, before, "nothing new to summarise")
+            return masking or CompactionResult("skipped", None, before, before, "nothing new to summarise")
         opener = round_start_for(dialect, messages, start)
-        planned = sum(counts[:system_end]) + sum(counts[start:])
-        planned += counts[opener] if opener is not None else 0
-        if previous is not None:
-            planned += self.count(dialect.with_summary(None, previous.summary))
+        words = previous.user_words if previous is not None else ()
+        planned = tokens(Checkpoint(previous.summary if previous is not None else "", start, "", opener, 0, 0, model,
+                                    0.0, masked_until, words))
         if before - planned < gain * before or before <= planned:
-            return CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
+            return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         result = await self.summarizer.summarise(
             previous.summary if previous is not None else None,
             messages[base:start],
@@ -269,17 +239,31 @@ class ContextCompactor:
         )
         if result.outcome != "ok" or result.summary is None:
             return CompactionResult(result.outcome, None, before, before, result.error or "")
+        if self.measure is not None and self.user_words_budget > 0:
+            words = carry(dialect, messages, words, start=base, end=start, opener=opener,
+                          previous_opener=previous.round_start_idx if previous is not None else None, seqs=seqs,
+                          measure=self.measure, budget=self.user_words_budget, counts=counts)
+        masked_until = masked_until if masked_until > start else 0  # a masked region summarised away is no more
         checkpoint = Checkpoint(
             summary=result.summary,
             retain_start_idx=start,
-            prefix_hash=prefix_hash(hashes, start),
+            prefix_hash=prefix_hash(hashes, max(start, masked_until)),
             round_start_idx=opener,
             tokens_before=before,
             tokens_after=0,
             model=model,
             created_at=self.clock(),
+            masked_until=masked_until,
+            user_words=words,
         )
-        after = self.view_tokens(self.projection.build(messages, checkpoint), known)
+        after = tokens(checkpoint)
         if before - after < gain * before or before <= after:
             return CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
         return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after)
+
+    def _mask_until(self, messages: Sequence[Message], previous: Checkpoint | None, level: int) -> int:
+        """How far the checkpoint masks: up to the last ``keep_tool_outputs`` outputs (fewer, harder pressed)."""
+        dialect = self.projection.dialect
+        masked = previous.masked_until if previous is not None else 0
+        start = first_unmasked(dialect, messages, previous.retain_start_idx if previous is not None else None, masked)
+        return max(masked, mask_end(dialect, messages, start, max(1, self.keep_tool_outputs >> level)))

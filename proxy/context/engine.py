@@ -19,9 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-import orjson
-
 from proxy.context.background import BackgroundCompactions
+from proxy.context.batches import checkpoint_fact, mask_batch
 from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import (
@@ -34,6 +33,7 @@ from proxy.context.compactor import (
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
+from proxy.context.masking import Masker
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
@@ -69,6 +69,16 @@ class EngineSettings:
     failure_cooldown: float = 300.0
     #: Share of the window past which a summary starts in the background (at most the trigger).
     precompact_threshold: float = 0.6
+    # -- tiers (proxy.context.masking, proxy.context.batches, proxy.context.userwords) --
+    #: Tool outputs never masked: the last N items holding output.
+    keep_tool_outputs: int = 10
+    #: Tokens of user words carried verbatim into the summary; None: 10 % of the window.
+    keep_user_words: int | None = None
+    #: Placeholders tell the model it may call ``ctxproxy_recall`` (``--recall-tool``) instead of re-running.
+    recall_tool: bool = False
+    #: Below the threshold, a batch of old outputs is masked once it frees this share of the window (None: only
+    #: at the threshold).
+    mask_batch_share: float | None = 0.125
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,7 @@ class ContextEngine:
                                          cooldown=settings.failure_cooldown)
         self._policies: dict[int, ContextBudgetPolicy] = {}
         self._learned: dict[str, int] = {}
+        self.masker = Masker(self.counter, recall=settings.recall_tool)
 
     def window_for(self, model: str | None) -> int:
         """The window to plan for: what the upstream told us, else the flag, else the model map, else 128000."""
@@ -183,23 +194,26 @@ class ContextEngine:
         return policy
 
     def projection(self, dialect: ItemModel) -> ProjectionBuilder:
-        return ProjectionBuilder(dialect, summary_placement=self.settings.summary_placement)
+        return ProjectionBuilder(dialect, summary_placement=self.settings.summary_placement, masker=self.masker)
 
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
-             compacted: Compacted = "none", limit: int | None = None, fit: bool = True) -> PreparedView:
-        """Build and estimate the view under the session's active checkpoint. Read-only.
+             compacted: Compacted = "none", limit: int | None = None, fit: bool = True,
+             checkpoint: Checkpoint | None = None) -> PreparedView:
+        """Build and estimate the view under the session's active checkpoint (or ``checkpoint``). Read-only.
 
         With ``fit``, a view over ``limit`` (default: what the upstream would
         refuse) has tool results clipped until it fits (``proxy.context.clipping``).
         """
-        checkpoint = active_checkpoint(state, hashes)
-        view = self.projection(dialect).build(messages, checkpoint)
+        checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes)
+        seqs, keys = (state.entries_for(hashes, checkpoint.covers) if state is not None and checkpoint is not None
+                      and checkpoint.masks else ((), ()))
+        view = self.projection(dialect).build(messages, checkpoint, seqs=seqs, keys=keys)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
         estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state),
                                    view_key=checkpoint.view_key if checkpoint else "",
-                                   source=(view if not changed else messages, hashes))
+                                   source=(view if not changed else messages, hashes), made=self.masker.digests)
         limit = policy.hard_limit(max_output) if limit is None else limit
         prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit)
         if not fit or estimate.tokens <= limit:
@@ -233,6 +247,9 @@ class ContextEngine:
         window = self.window_for(model)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
         prepared = self.view(messages, hashes, state, fit=False, **options)
+        # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
+        prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
+                                    window=window, tools=tools, max_output=max_output) or prepared
         allowed = state is not None and self.backoff.allowed(f"{key.tenant}:{key.session}")
         soft = self.policy(window).soft_threshold(self.settings.precompact_threshold, prepared.threshold)
         # A soft threshold at the trigger (or above) turns background compaction off.
@@ -319,11 +336,16 @@ class ContextEngine:
                     dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
                     summary=summary_text(previous) if previous is not None else None)
+                # Tiers (proxy.context.compactor): masking when it reaches the target, else a summary; "manual" asks
+                # for the summary.
+                target = None if trigger == "manual" else self.policy(window).reduced_target(
+                    fresh.estimate, fresh.threshold, tools)
+                seqs, keys = state.entries_for(hashes, len(hashes))
                 result = await self._compactor(complete, window, dialect).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
-                    min_gain=0.0 if over_limit or level > 0 else None)
+                    min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys)
                 if result.outcome == "ok" and result.checkpoint is not None:
-                    state = await self._record(key, result.checkpoint, dialect)
+                    state = await self._record(key, result.checkpoint, dialect, summarised=result.tier == "summary")
             finally:
                 heartbeat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -346,7 +368,14 @@ class ContextEngine:
             complete, window if summary_model is None else self.window_for(summary_model),
             max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout)
         return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
-                                projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds)
+                                projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds,
+                                keep_tool_outputs=self.settings.keep_tool_outputs, measure=policy,
+                                user_words_budget=self.user_words_budget(window))
+
+    def user_words_budget(self, window: int) -> int:
+        """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""
+        budget = self.settings.keep_user_words
+        return budget if budget is not None else window // 10
 
     @property
     def lock_lease(self) -> float:
@@ -375,11 +404,15 @@ class ContextEngine:
             delay = min(delay * 2, 0.5)
         return True
 
-    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel) -> ConversationState:
+    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, *,
+                      summarised: bool = True) -> ConversationState:
+        """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
+        has none to log)."""
+        record = checkpoint_fact(checkpoint)
+        if not summarised:
+            return await self.history.append_proxy_facts(key, [record])
         summary = NewFact(kind="summary", index=checkpoint.retain_start_idx, source="proxy",
                           message=dialect.with_summary(None, summary_text(checkpoint)), extra={"dialect": dialect.name})
-        record = NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy",
-                         extra={"checkpoint": orjson.loads(checkpoint.to_json())})
         return await self.history.append_proxy_facts(key, [summary, record])
 
     def _observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,

@@ -204,6 +204,16 @@ class HistoryManager:
         await self._append(key, plan)
         return seqs[0]
 
+    async def append_planned(self, key: SessionKey,
+                             plan: Callable[[ConversationState], list[NewFact]]) -> ConversationState:
+        """Append what ``plan`` makes of the session's state caught up with the log (nothing, if it plans nothing).
+
+        For a fact that is only right against the log as it is: the append is
+        conditional on the log's length, so ``plan`` always sees every fact
+        before it, and runs again after another process wrote first.
+        """
+        return await self._append(key, plan)
+
     @asynccontextmanager
     async def _writer(self, key: SessionKey) -> AsyncIterator[None]:
         """The session's one writer in this process; the lock is dropped when nobody holds or awaits it."""

@@ -13,7 +13,10 @@ one; it asks the conversation's ``ItemModel``:
   (a Responses ``reasoning`` item);
 - ``identity``: the part that survives a client's echo, for the item's hash;
 - ``text``: what the model reads, for token counts and the summariser;
-- ``with_summary``: how the summary enters the view (folded into a user item).
+- ``with_summary``: how the summary enters the view (folded into a user item);
+- ``result_paths`` / ``with_output`` / ``call_of``: where an item holds tool output, how a placeholder takes its
+  place (ids and pairing kept), and the name and arguments of the call it answers (masking, clipping);
+- ``user_text``: the user's own words in an item, carried verbatim past a summary.
 
 Everything else stays in the item's native JSON, untouched: encrypted
 reasoning and thinking signatures survive because nothing here rebuilds an
@@ -33,6 +36,26 @@ from proxy.types import Message
 
 Item = Message
 Role = Literal["system", "user", "assistant", "tool", "other"]
+#: Where an item holds tool output (``ItemModel.result_paths``): keys and list positions from the item down.
+Path = tuple[str | int, ...]
+
+
+def get_path(item: Any, path: Path) -> Any:
+    for step in path:
+        item = item[step]
+    return item
+
+
+def set_path(item: Any, path: Path, value: Any) -> Any:
+    """A copy of ``item`` with ``value`` at ``path``; everything off the path is shared, not copied."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(item, list):
+        copy = list(item)
+        copy[int(head)] = set_path(item[int(head)], rest, value)
+        return copy
+    return {**item, head: set_path(item[head], rest, value)}
 
 
 class ItemModel(abc.ABC):
@@ -82,9 +105,23 @@ class ItemModel(abc.ABC):
         keeps its system prompt outside the items, and the summary then leads a user item instead."""
         return None
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
-        """Where the item holds tool output (a string or a list of parts), for clipping a view that cannot fit."""
+    def result_paths(self, item: Item) -> list[Path]:
+        """Where the item holds tool output (a string or a list of parts), for masking and clipping."""
         return []
+
+    def with_output(self, item: Item, path: Path, text: str) -> Item | None:
+        """``item`` with the output at ``path`` (one of ``result_paths``) replaced by ``text``, ids and pairing kept;
+        None where the API takes no text in its place."""
+        return set_path(item, path, text)  # type: ignore[no-any-return]
+
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        """The tool name and arguments of the call ``call_id`` made by ``item``; None if ``item`` does not make it."""
+        return None
+
+    def user_text(self, item: Item) -> str | None:
+        """The words the user typed in ``item`` (None: none), carried verbatim into the summary when it leaves
+        the verbatim tail. Tool output is never user words, even where the API puts it in a user message."""
+        return self.text(item)[0] if self.role(item) == "user" else None
 
     @abc.abstractmethod
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:

@@ -58,6 +58,11 @@ def common_prefix(known: Sequence[str], incoming: Sequence[str]) -> int:
     return lo
 
 
+def covered(payload: Mapping[str, Any]) -> int:
+    """Length of the prefix a checkpoint payload depends on: what it summarised, and what it masks."""
+    return max(int(payload.get("retain_start_idx", 0)), int(payload.get("masked_until", 0)))
+
+
 @dataclass
 class ConversationState:
     """The tree of lineages of one session, derived from its facts; never stored on its own."""
@@ -192,6 +197,21 @@ class ConversationState:
     def seq_of_prefix(self, prefix: str) -> int:
         return self._by_prefix[prefix]
 
+    def entries_for(self, hashes: Sequence[str], end: int) -> tuple[Sequence[int], Sequence[str]]:
+        """Seqs and prefix hashes of ``hashes[:end]``'s messages, for as far as the log holds them.
+
+        Follows the tree beyond the current lineage (a request on another branch
+        than the last logged one), so names and keys of logged messages do not
+        depend on which branch was logged last.
+        """
+        end = min(end, len(hashes))
+        shared = len(hashes) if hashes is self.hashes else common_prefix(self.hashes, hashes)
+        if shared >= end:
+            return self.seqs[:end], self.prefixes[:end]
+        branch = self.known_prefixes(hashes[:end], shared)
+        return ([*self.seqs[:shared], *(self._by_prefix[p] for p in branch)],
+                [*self.prefixes[:shared], *branch])
+
     @property
     def last_usage(self) -> Mapping[str, Any] | None:
         """The newest upstream ``usage`` measured on the current lineage (a reply on another branch does not count)."""
@@ -216,7 +236,7 @@ class ConversationState:
         return self.checkpoint_for(self.hashes)
 
     def checkpoint_for(self, hashes: Sequence[str]) -> Mapping[str, Any] | None:
-        """The newest checkpoint whose covered prefix is ``hashes``'s, on whatever lineage it was made.
+        """The newest checkpoint whose covered prefix (``covered``) is ``hashes``'s, on whatever lineage it was made.
 
         Lets a request use the session's checkpoint before its own new messages
         are logged, and a lineage keep its checkpoint while another one was
@@ -230,7 +250,7 @@ class ConversationState:
         shared = len(hashes) if hashes is self.hashes else common_prefix(self.hashes, hashes)
         branch: list[str] | None = None
         for payload in reversed(self.checkpoints):
-            idx = int(payload.get("retain_start_idx", 0))
+            idx = covered(payload)
             if idx == 0:
                 return dict(payload)
             if idx <= shared:

@@ -23,8 +23,13 @@ text is a function of the checkpoint and the conversation's own messages, so it
 stays byte-identical from one step to the next until the next compaction, and
 the upstream's prompt cache keeps hitting.
 
-Tool results are passed through whole here; when a view cannot fit the window
-they are clipped by ``proxy.context.clipping``.
+Tool outputs in ``messages[retain_start_idx:masked_until]`` are masked
+(``proxy.context.masking``): their placeholders are a function of the log, so
+the masked region is byte-identical from step to step too. A checkpoint that
+only masks (no summary, no user words carried) adds no summary item. The
+summary item ends with the user's own words, carried verbatim by the proxy
+(``proxy.context.userwords``). Other tool results are passed through whole;
+when a view cannot fit the window they are clipped by ``proxy.context.clipping``.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from proxy.context.items import ItemModel, leading_system_count
+from proxy.context.masking import Masker
+from proxy.context.tokens import TokenCounter
+from proxy.context.userwords import render as render_user_words
 from proxy.types import Message
 
 if TYPE_CHECKING:
@@ -60,19 +68,30 @@ def clip_text(text: str, max_chars: int, index: int) -> str:
 
 
 def summary_text(checkpoint: Checkpoint) -> str:
-    return f"{SUMMARY_HEADER}\n\n{checkpoint.summary.strip()}"
+    """The summary item's text: the header, the model's summary, then the user's words ("" when it has neither)."""
+    parts = [part for part in (checkpoint.summary.strip(), render_user_words(checkpoint.user_words)) if part]
+    return "\n\n".join([SUMMARY_HEADER, *parts]) if parts else ""
 
 
 class ProjectionBuilder:
-    """Builds model views for one API (``dialect``) with one placement of the summary."""
+    """Builds model views for one API (``dialect``) with one placement of the summary.
 
-    def __init__(self, dialect: ItemModel, *, summary_placement: SummaryPlacement = "user") -> None:
+    ``masker`` builds (and caches) masked items; without one, a fresh one with
+    its own small cache serves this builder.
+    """
+
+    def __init__(self, dialect: ItemModel, *, summary_placement: SummaryPlacement = "user",
+                 masker: Masker | None = None) -> None:
         if summary_placement not in ("user", "system"):
             raise ValueError(f"summary_placement must be 'user' or 'system', got {summary_placement!r}")
         self.dialect = dialect
         self.summary_placement = summary_placement
+        self.masker = masker if masker is not None else Masker(TokenCounter(maxsize=1_000), maxsize=1_000)
 
-    def build(self, messages: Sequence[Message], checkpoint: Checkpoint | None) -> list[Message]:
+    def build(self, messages: Sequence[Message], checkpoint: Checkpoint | None, *, seqs: Sequence[int] = (),
+              keys: Sequence[str] = ()) -> list[Message]:
+        """The view; ``seqs`` and ``keys`` (the log's seqs and prefix hashes of the logged prefix) name and key the
+        masked outputs, and matter only to a checkpoint that masks."""
         if checkpoint is None:
             return list(messages)
         model = self.dialect
@@ -82,8 +101,15 @@ class ProjectionBuilder:
         body: list[Message] = []
         if round_start is not None and system_end <= round_start < checkpoint.retain_start_idx:
             body.append(messages[round_start])
-        body.extend(messages[max(checkpoint.retain_start_idx, system_end):])
+        start = max(checkpoint.retain_start_idx, system_end)
+        if checkpoint.masked_until > start:
+            body.extend(self.masker.region(model, messages, start, checkpoint.masked_until, seqs, keys,
+                                           checkpoint.prefix_hash))
+            start = checkpoint.masked_until
+        body.extend(messages[start:])
         head = list(messages[:system_end])
+        if not text:
+            return [*head, *body]
         if self.summary_placement == "system":
             merged = model.system_with_summary(head[-1] if head else None, text)
             if merged is not None:

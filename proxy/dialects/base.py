@@ -169,6 +169,44 @@ class Dialect(ItemModel):
         """The part of a stream event that may say "prompt too long" (``proxy.overflow`` reads it)."""
         return data
 
+    # -- the prompt cache (proxy.http.frontdoor) and the recall tool (proxy.http.recall) ----------
+
+    def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
+        """Request fields that keep the provider's prompt cache warm for ``session``, where the client set none."""
+        return {}
+
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
+        """``items`` (a view whose summary leads item ``summary_at``) with cache hints the API takes inline."""
+        return items
+
+    @abc.abstractmethod
+    def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        """A function tool in this API's shape."""
+
+    @abc.abstractmethod
+    def reply_calls(self, items: Sequence[Item]) -> tuple[list[tuple[str, str, Any]], bool]:
+        """The tool calls of a reply (call id, tool name, arguments) and whether it also says something."""
+
+    @abc.abstractmethod
+    def tool_result(self, call_id: str, text: str) -> Item:
+        """The item answering call ``call_id`` with ``text``."""
+
+    @abc.abstractmethod
+    def may_call_only(self, data: Any, name: str) -> bool:
+        """Whether a reply whose stream holds this event may still turn out to call only the tool ``name``
+        (reasoning so far, or the start of a call to it); False once it says something or calls another tool."""
+
+
+def with_fields(raw: bytes, fields: Mapping[str, Any]) -> bytes:
+    """``raw``, a JSON object holding none of ``fields``, with them added at its start and the rest byte for byte:
+    a request the proxy only adds to goes upstream as the client wrote it."""
+    if not fields:
+        return raw
+    start = raw.index(b"{") + 1
+    added = b",".join(orjson.dumps(name) + b":" + orjson.dumps(value) for name, value in fields.items())
+    rest = raw[start:]
+    return raw[:start] + added + (b"," if rest.lstrip()[:1] != b"}" else b"") + rest
+
 
 def parse_json(raw: bytes) -> Any:
     try:

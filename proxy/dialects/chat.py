@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import (
     Dialect,
     ParsedRequest,
@@ -44,6 +44,8 @@ HASH_PREFIX = b"ctxproxy-msg-v1\x00"
 _TEXT = frozenset({"text"})
 #: Reasoning some providers return beside the content; clients may or may not echo it back.
 REASONING_FIELDS = ("reasoning_content", "reasoning")
+#: Longest ``prompt_cache_key`` OpenAI takes.
+PROMPT_CACHE_KEY_CHARS = 64
 _ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
                            "tool": "tool", "function": "tool"}
 
@@ -206,8 +208,21 @@ class ChatDialect(Dialect):
         prior = content if isinstance(content, str) else ""
         return {**item, "content": f"{prior}\n\n{text}" if prior else text}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def result_paths(self, item: Item) -> list[Path]:
         return [("content",)] if item.get("role") in ("tool", "function") else []
+
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        for call in item.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and call.get("id") == call_id:
+                return str(function.get("name") or "?"), function.get("arguments")
+        return None
+
+    def user_text(self, item: Item) -> str | None:
+        """The content's text: a user message's ``name`` is not something the user wrote."""
+        if self.role(item) != "user":
+            return None
+        return "\n".join(text_of(item.get("content"), _TEXT)[0])
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_completion_tokens", "max_tokens")
@@ -235,6 +250,40 @@ class ChatDialect(Dialect):
         value = details.get("cached_tokens") if isinstance(details, Mapping) else None
         return value if isinstance(value, int) else None
 
+    def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
+        return {} if "prompt_cache_key" in payload else {"prompt_cache_key": prompt_cache_key(session)}
+
+    def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+    def reply_calls(self, items: Sequence[Item]) -> tuple[list[tuple[str, str, Any]], bool]:
+        calls, text = [], False
+        for item in items:
+            text = text or bool(item.get("content")) or bool(item.get("refusal"))
+            for call in item.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                function = function if isinstance(function, dict) else {}
+                calls.append((str(call.get("id")), str(function.get("name")), function.get("arguments")))
+        return calls, text
+
+    def tool_result(self, call_id: str, text: str) -> Item:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def may_call_only(self, data: Any, name: str) -> bool:
+        choices = data.get("choices") if isinstance(data, Mapping) else None
+        delta = choices[0].get("delta") if isinstance(choices, list) and choices and isinstance(choices[0], dict) \
+            else None
+        if not isinstance(delta, Mapping):
+            return True  # the usage chunk, [DONE]: nothing said
+        if delta.get("content") or delta.get("refusal"):
+            return False
+        for call in delta.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            called = function.get("name") if isinstance(function, dict) else None
+            if called is not None and called != name:
+                return False
+        return True
+
     def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
         field = output_bound_field(model)
         return {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
@@ -250,6 +299,13 @@ class ChatDialect(Dialect):
             raise ValueError("the summary answer's content is not text")
         reason = choice.get("finish_reason")
         return content, reason in NORMAL_FINISH, str(reason) if reason else "missing"
+
+
+def prompt_cache_key(session: str) -> str:
+    """The session as OpenAI's ``prompt_cache_key``, which takes at most 64 characters: a longer one is hashed."""
+    if len(session) <= PROMPT_CACHE_KEY_CHARS:
+        return session
+    return "ctxproxy-" + hashlib.blake2b(session.encode(), digest_size=16).hexdigest()
 
 
 def output_bound_field(model: str) -> str:

@@ -17,13 +17,13 @@ every turn, and a moved breakpoint is not an edit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar
 
 import orjson
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, require_role, text_of
 from proxy.errors import BadRequest
 
@@ -31,6 +31,8 @@ _TEXT = frozenset({"text"})
 #: Events before any content block: held back, so an error that follows can be retried unseen.
 PREAMBLE_EVENTS = frozenset({"message_start", "ping"})
 FINISHED = frozenset({"end_turn", "stop_sequence"})
+#: Anthropic takes at most this many ``cache_control`` breakpoints in one request.
+MAX_BREAKPOINTS = 4
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -124,7 +126,26 @@ class MessagesDialect(Dialect):
             return {**item, "content": [block, {"type": "text", "text": content}]}
         return {**item, "content": [block, *(content if isinstance(content, list) else [])]}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        if item.get("role") != "assistant":
+            return None
+        for block in _has(item, "tool_use"):
+            if block.get("id") == call_id:
+                return str(block.get("name") or "?"), block.get("input")
+        return None
+
+    def user_text(self, item: Item) -> str | None:
+        """The text blocks of a user message, also beside tool results (a user who typed while a tool ran);
+        the ``tool_result`` blocks themselves are tool output, not user words."""
+        if item.get("role") != "user":
+            return None
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [str(block.get("text") or "") for block in _has(item, "text")]
+        return "\n".join(texts) if texts else None
+
+    def result_paths(self, item: Item) -> list[Path]:
         content = item.get("content")
         if item.get("role") != "user" or not isinstance(content, list):
             return []
@@ -164,6 +185,42 @@ class MessagesDialect(Dialect):
             return None
         return session if isinstance(session, str) else None
 
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
+        """A ``cache_control`` breakpoint on the summary block, if the request leaves room (4 per request): the
+        prompt up to the summary is the part that stays the same between reductions."""
+        if summary_at is None or summary_at >= len(items) or breakpoints(payload.get("system"), payload.get("tools"),
+                                                                         items) >= MAX_BREAKPOINTS:
+            return items
+        item = items[summary_at]
+        content = item.get("content")
+        if not isinstance(content, list) or not content or not isinstance(content[0], dict) \
+                or content[0].get("type") != "text":
+            return items
+        marked = {**item, "content": [{**content[0], "cache_control": {"type": "ephemeral"}}, *content[1:]]}
+        return [*items[:summary_at], marked, *items[summary_at + 1:]]
+
+    def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {"name": name, "description": description, "input_schema": parameters}
+
+    def reply_calls(self, items: Sequence[Item]) -> tuple[list[tuple[str, str, Any]], bool]:
+        calls, text = [], False
+        for item in items:
+            text = text or any(block.get("text") for block in _has(item, "text"))
+            calls += [(str(b.get("id")), str(b.get("name")), b.get("input")) for b in _has(item, "tool_use")]
+        return calls, text
+
+    def tool_result(self, call_id: str, text: str) -> Item:
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": text}]}
+
+    def may_call_only(self, data: Any, name: str) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        if kind != "content_block_start":
+            return True
+        block = data.get("content_block")
+        block = block if isinstance(block, Mapping) else {}
+        return block.get("type") in ("thinking", "redacted_thinking") or (
+            block.get("type") == "tool_use" and block.get("name") == name)
+
     def commits(self, data: Any) -> bool:
         kind = data.get("type") if isinstance(data, Mapping) else None
         return kind not in PREAMBLE_EVENTS and kind != "error"
@@ -180,6 +237,19 @@ class MessagesDialect(Dialect):
             raise ValueError("the summary answer holds no text block")
         reason = body.get("stop_reason")
         return "".join(texts), reason in FINISHED, str(reason) if reason else "missing"
+
+
+def breakpoints(system: Any, tools: Any, items: Sequence[Item]) -> int:
+    """``cache_control`` breakpoints a request holds: on system blocks, tool definitions and content blocks."""
+    count = sum(1 for block in system if isinstance(block, dict) and "cache_control" in block) \
+        if isinstance(system, list) else 0
+    count += sum(1 for tool in tools if isinstance(tool, dict) and "cache_control" in tool) \
+        if isinstance(tools, list) else 0
+    for item in items:
+        content = item.get("content")
+        if isinstance(content, list):
+            count += sum(1 for block in content if isinstance(block, dict) and "cache_control" in block)
+    return count
 
 
 class MessagesReader(ReplyReader):

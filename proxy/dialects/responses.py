@@ -12,12 +12,12 @@ call. The stream has no ``[DONE]``: ``response.completed`` (or ``incomplete`` /
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.context.items import Item, Role
+from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
-from proxy.dialects.chat import canonical_arguments
+from proxy.dialects.chat import canonical_arguments, prompt_cache_key
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "computer_call"})
 OUTPUT_TYPES = frozenset(
@@ -122,8 +122,22 @@ class ResponsesDialect(Dialect):
             return {**item, "content": [part, {"type": "input_text", "text": content}]}
         return {**item, "content": [part, *(content if isinstance(content, list) else [])]}
 
-    def result_paths(self, item: Item) -> list[tuple[str | int, ...]]:
+    def result_paths(self, item: Item) -> list[Path]:
         return [("output",)] if _type(item) in OUTPUT_TYPES else []
+
+    def with_output(self, item: Item, path: Path, text: str) -> Item | None:
+        """A computer call's output is a screenshot object, which takes no text in its place."""
+        return None if _type(item) == "computer_call_output" else {**item, "output": text}
+
+    def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
+        kind = _type(item)
+        if kind not in CALL_TYPES or item.get("call_id") != call_id:
+            return None
+        if kind == "function_call":
+            return str(item.get("name") or "?"), item.get("arguments")
+        if kind == "custom_tool_call":
+            return str(item.get("name") or "?"), item.get("input")
+        return kind.removesuffix("_call"), item.get("action")
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_output_tokens")
@@ -158,6 +172,36 @@ class ResponsesDialect(Dialect):
         if not texts:
             raise ValueError("the summary answer holds no output text")
         return "".join(texts), finished, str(body.get("status") or "missing")
+
+    def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
+        return {} if "prompt_cache_key" in payload else {"prompt_cache_key": prompt_cache_key(session)}
+
+    def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "function", "name": name, "description": description, "parameters": parameters,
+                "strict": False}
+
+    def reply_calls(self, items: Sequence[Item]) -> tuple[list[tuple[str, str, Any]], bool]:
+        calls, text = [], False
+        for item in items:
+            kind = _type(item)
+            if kind == "message":
+                text = text or any(text_of(item.get("content"), TEXT_TYPES)[0])
+            elif kind == "function_call":
+                calls.append((str(item.get("call_id")), str(item.get("name")), item.get("arguments")))
+            elif kind in CALL_TYPES or kind.endswith("_call"):
+                calls.append((str(item.get("call_id")), kind, item.get("action", item.get("input"))))
+        return calls, text
+
+    def tool_result(self, call_id: str, text: str) -> Item:
+        return {"type": "function_call_output", "call_id": call_id, "output": text}
+
+    def may_call_only(self, data: Any, name: str) -> bool:
+        kind = data.get("type") if isinstance(data, Mapping) else None
+        if kind == "response.output_item.added":
+            item = data.get("item")
+            item = item if isinstance(item, Mapping) else {}
+            return item.get("type") == "reasoning" or (item.get("type") == "function_call" and item.get("name") == name)
+        return kind not in ("response.output_text.delta", "response.refusal.delta")
 
     def session_hint(self, payload: Mapping[str, Any]) -> str | None:
         """Codex sets ``prompt_cache_key`` to its conversation id."""

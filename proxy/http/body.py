@@ -36,3 +36,4 @@ async def read_body(request: web.Request, settings: Settings) -> bytes:
     except web.RequestPayloadError:  # its text quotes the client's bytes: not repeated
         raise BadRequest("The request body does not match its Content-Encoding or Transfer-Encoding.",
                          code="invalid_body") from None
+

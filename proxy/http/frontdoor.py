@@ -24,15 +24,16 @@ from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
 from proxy.context.budget import retry_limit
 from proxy.context.engine import ContextEngine, PreparedView
-from proxy.context.items import Item
+from proxy.context.items import Item, leading_system_count
 from proxy.context.lineage import ConversationState
 from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
-from proxy.dialects.base import Dialect, ParsedRequest
+from proxy.dialects.base import Dialect, ParsedRequest, with_fields
 from proxy.errors import ProxyError, StoreError
-from proxy.http import clientcompaction
+from proxy.http import clientcompaction, recall
 from proxy.http.body import read_body
 from proxy.http.passthrough import passthrough
+from proxy.http.recall import RecallCall
 from proxy.http.relay import RelayTiming, ReplySink, read_until_commit, read_whole, relay_stream, relay_whole
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
@@ -77,17 +78,25 @@ class Turn:
     attempts: int = 0
     #: Goes with a rewind this request makes: the client compacted its history itself (its summary leads it).
     rewind_extra: dict[str, Any] | None = None
+    #: Recall rounds answered so far (``proxy.http.recall``).
+    recalls: int = 0
 
     @property
     def max_output(self) -> int | None:
         return self.dialect.max_output(self.parsed.payload)
 
     def upstream_body(self, view: PreparedView) -> bytes:
-        """The client's bytes when nothing changes; otherwise the payload with only what must change."""
-        usage = self.dialect.usage_request(self.parsed)
-        if not view.changed and usage is None:
-            return self.parsed.raw
-        return self.dialect.render(self.parsed, view.messages, usage)
+        """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
+        must change: the view, the usage a stream must report, the prompt cache's key and hints, the recall tool."""
+        dialect, payload = self.dialect, self.parsed.payload
+        extra = {**(dialect.usage_request(self.parsed) or {}), **dialect.cache_fields(payload, self.key.session),
+                 **(recall.tools_field(self) if recall.offered(self, view) else {})}
+        if not view.changed and not any(name in payload for name in extra):
+            return with_fields(self.parsed.raw, extra)
+        checkpoint = view.checkpoint
+        summary_at = (leading_system_count(dialect, view.messages)
+                      if checkpoint is not None and checkpoint.summarises else None)
+        return dialect.render(self.parsed, dialect.cache_hints(payload, view.messages, summary_at), extra)
 
     def sink_for(self, view: PreparedView) -> ReplySink:
         history = self.request.app[history_key]
@@ -97,6 +106,8 @@ class Turn:
                      "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
+            if usage is not None:
+                self.metrics.usage_reported(dialect.prompt_tokens(usage), dialect.cached_tokens(usage))
             if not reply:
                 return
             extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info}
@@ -176,8 +187,8 @@ class Turn:
         return await complete(messages, max_tokens)
 
 
-async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow:
-    """One upstream attempt: the response to give the client, or the upstream's too-long refusal."""
+async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow | RecallCall:
+    """One upstream attempt: the response to give the client, the upstream's too-long refusal, or a recall call."""
     settings, dialect, request = turn.settings, turn.dialect, turn.request
     headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic)
     url = dialect.upstream_url(settings)
@@ -190,6 +201,10 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
             streaming = turn.parsed.stream and resp.status == 200 and resp.content_type == "text/event-stream"
             if streaming:
                 prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect)
+                if overflow is None and recall.offered(turn, view):
+                    prefix, asked = await recall.hold(resp, prefix, turn.timing, settings.max_event_bytes, dialect)
+                    if asked is not None:
+                        return asked
                 if overflow is None:
                     reader = dialect.reader(hide_usage=dialect.usage_request(turn.parsed) is not None)
                     return await relay_stream(request, resp, turn.headers(view, started), turn.sink_for(view),
@@ -203,6 +218,9 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
                 if turn.refusal is None:
                     turn.refusal = Refusal(resp.status, resp.headers.copy(), body)
                 return overflow
+            asked = recall.from_body(dialect, body) if resp.status == 200 and recall.offered(turn, view) else None
+            if asked is not None:
+                return asked
             return await relay_whole(resp, body, turn.headers(view, started), turn.sink_for(view), dialect)
 
 
@@ -281,6 +299,9 @@ def front_door(dialect: Dialect) -> Handler:
                     if view.compacted == "reactive":
                         metrics.reactive_retries.labels(outcome="ok").inc()
                     return outcome
+                if isinstance(outcome, RecallCall):  # proxy.http.recall: answered from the log, unseen
+                    view = await recall.answer(turn, view, outcome)
+                    continue
                 retry = await turn.rescue(outcome, view)  # the refused response is closed: no connection held
                 if retry is None:
                     return _refuse(turn, view, started)

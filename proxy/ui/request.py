@@ -21,6 +21,7 @@ from proxy.blocks import role_label
 from proxy.context.clipping import CLIP_MARKER
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import ItemModel
+from proxy.context.masking import PLACEHOLDER_PATTERN
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.tokens import TokenCounter
 from proxy.render import iso_time, replay
@@ -29,7 +30,7 @@ from proxy.types import Message
 from proxy.ui.markup import e, message_html, message_preview
 from proxy.ui.timeline import Point
 
-OriginKind = Literal["verbatim", "clipped", "summary"]
+OriginKind = Literal["verbatim", "clipped", "masked", "summary"]
 #: The marker ``proxy.context.clipping`` leaves in a clipped tool output: how much, and which entry holds it whole.
 ELIDED = re.compile(re.escape(CLIP_MARKER).replace(r"\{count\}", "([0-9]+)").replace(
     r"\{where\}", "(?:entry seq ([0-9]+)|message index ([0-9]+))"))
@@ -53,9 +54,13 @@ def origins(view: Sequence[Message], messages: Sequence[Message], dialect: ItemM
     out = []
     for position, message in enumerate(view):
         index = positions.get(id(message))
-        match = ELIDED.search(dialect.text(message)[0]) if index is None else None
+        text = dialect.text(message)[0] if index is None else ""
+        match = ELIDED.search(text) if index is None else None
+        masked = PLACEHOLDER_PATTERN.search(text) if index is None and match is None else None
         if index is not None:
             out.append(Origin("verbatim", index))
+        elif masked is not None:
+            out.append(Origin("masked", by_seq.get(int(masked.group(1))) if masked.group(1) else int(masked.group(2))))
         elif match is not None:
             clipped = by_seq.get(int(match.group(2))) if match.group(2) else int(match.group(3))
             out.append(Origin("clipped", clipped, int(match.group(1))))
@@ -92,7 +97,8 @@ async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Che
     reply = (await store.read(key, after=point.seq - 1, limit=1))[0]
     messages = lineage.messages[:point.index]
     logged = reply.extra.get("view")
-    view = projection(lineage.dialect).build(messages, checkpoint)
+    view = projection(lineage.dialect).build(messages, checkpoint, seqs=lineage.state.seqs,
+                                             keys=lineage.state.prefixes)
     return RequestView(point, messages, lineage.state.seqs, view, checkpoint,
                        logged if isinstance(logged, Mapping) else {}, reply.message or {}, lineage.dialect)
 
@@ -122,9 +128,11 @@ def _view_rows(r: RequestView, kinds: list[Origin], counter: TokenCounter, entry
         badge = ""
         if origin.kind == "summary":
             badge = f'<span class="badge summary">summary · stands in for {e(summarised)}</span>'
-        elif origin.kind == "clipped" and origin.index is not None:
+        elif origin.kind in ("clipped", "masked") and origin.index is not None:
             link = entry(r.seqs[origin.index]) if origin.index < len(r.seqs) else ""
-            badge = (f'<span class="badge clipped">clipped · {origin.elided:,} characters elided</span> '
+            label = (f"clipped · {origin.elided:,} characters elided" if origin.kind == "clipped"
+                     else "masked · a placeholder stands in for the output")
+            badge = (f'<span class="badge {origin.kind}">{e(label)}</span> '
                      + (f'<a href="{e(link)}">whole output</a>' if link else ""))
         rows.append(f'<li class="vm {origin.kind}"><div class="head">{e(at)}<b>{e(role_label(message))}</b> '
                     f"{e(tokens)} {badge}</div>{message_html(message)}</li>")
@@ -143,7 +151,7 @@ def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], st
     status = dict.fromkeys(range(len(r.messages)), "elided")
     for origin in kinds:
         if origin.index is not None:
-            status[origin.index] = "verbatim" if origin.kind != "clipped" else "clipped"
+            status[origin.index] = "verbatim" if origin.kind not in ("clipped", "masked") else "clipped"
 
     def row(i: int) -> str:
         link = entry(r.seqs[i]) if i < len(r.seqs) else ""

@@ -1,0 +1,101 @@
+"""Masking in batches, below the compression threshold: the cheap reduction runs before it is needed.
+
+Masking at the threshold alone saves little: the view then still climbs to the
+threshold between reductions, as with summaries. Masking once the outputs it
+would free reach a batch (``mask_batch_share`` of the window, an eighth by
+default) keeps the view near the system prompt, the summary, the masked region
+and the last ``--keep-tool-outputs`` outputs, and each batch changes the prompt
+once: the system prompt, the summary and the region masked before stay a
+cached prefix, and from one batch to the next every view is a byte-identical
+prefix of the next. docs/BENCHMARKS.md ("Cost of a long run") measures both.
+
+A batch needs no model call and no lock wait: the checkpoint is appended only
+if the session's checkpoint for this conversation is still the one the batch
+was planned from (``HistoryManager.append_planned``, conditional on the log's
+length like every append), so a reduction made meanwhile by another request or
+replica is never overwritten, only planned again at the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint
+from proxy.context.items import ItemModel, leading_system_count
+from proxy.context.lineage import ConversationState
+from proxy.context.masking import first_unmasked, mask_end
+from proxy.errors import StoreError
+from proxy.store.base import NewFact, SessionKey
+from proxy.types import Message
+
+if TYPE_CHECKING:
+    from proxy.context.engine import ContextEngine, PreparedView
+
+
+def checkpoint_fact(checkpoint: Checkpoint) -> NewFact:
+    """The log entry of a checkpoint (``index``: where its verbatim history resumes)."""
+    return NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy",
+                   extra={"checkpoint": orjson.loads(checkpoint.to_json())})
+
+
+def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | None:
+    payload = state.checkpoint_for(hashes)
+    try:
+        return Checkpoint.from_json(payload) if payload is not None else None
+    except ValueError:
+        return None
+
+
+async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
+                     state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
+                     window: int, tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
+    """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
+
+    Due when the outputs older than the last ``keep_tool_outputs`` that are not
+    masked yet would free a batch of tokens. The work before that decision
+    grows with those outputs only, which a batch bounds.
+    """
+    share = engine.settings.mask_batch_share
+    if state is None or share is None:
+        return None
+    batch = max(1, int(window * share))
+    if prepared.estimate.tokens <= batch:
+        return None
+    previous = prepared.checkpoint
+    start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
+                           previous.masked_until if previous else 0)
+    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs)
+    if end <= start:
+        return None
+    seqs, keys = state.entries_for(hashes, end)
+    count = engine.policy(window).counter_for(dialect)
+    if engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count) < batch:
+        return None
+    started = time.perf_counter()
+    try:
+        # The checkpoint must cover logged messages (and its placeholders name log entries): log them first.
+        state = await engine.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
+        candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
+                                       model=model, created_at=engine.clock(),
+                                       tokens_before=prepared.estimate.tokens)
+        after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
+                            max_output=max_output, fit=False, checkpoint=candidate)
+        candidate = replace(candidate, tokens_after=after.estimate.tokens)
+        fact = checkpoint_fact(candidate)
+        state = await engine.history.append_planned(
+            key, lambda current: [fact] if _current(current, hashes) == previous else [])
+    except StoreError:
+        return None
+    view = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools, max_output=max_output,
+                       fit=False)
+    if view.checkpoint != candidate:
+        return view  # another reduction came first: this step goes with it
+    engine._observe(key, "proactive", CompactionResult("ok", candidate, prepared.estimate.tokens, view.estimate.tokens,
+                                                     f"masked a batch of tool outputs before #{end}", tier="mask"),
+                  started)
+    return replace(view, compacted="proactive")

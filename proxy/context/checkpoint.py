@@ -1,0 +1,149 @@
+"""The checkpoint: what a reduction of the view leaves in the log, and the prefix it depends on.
+
+Compaction never touches a message: every reduction (a summary, tier 2, or
+masked tool outputs, tier 1) is a ``Checkpoint`` appended to the log, which
+the projection applies on every later call. Its ``prefix_hash`` names the exact
+conversation prefix it was made for, so it serves every lineage that shares
+that prefix and no other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+import orjson
+
+from proxy.context.chain import chain_hash
+
+CompactionOutcome = Literal["ok", "failed", "timeout", "skipped"]
+#: Which reduction a compaction made: masked tool outputs (no model call) or a summary.
+Tier = Literal["mask", "summary"]
+
+#: Version 2 added ``masked_until`` and ``user_words``; a version 1 checkpoint reads as one without either.
+CHECKPOINT_FORMAT = 2
+READABLE_FORMATS = (1, 2)
+#: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
+#: its tokens as carried, its text as carried (clipped head and tail when the budget required it), and how many
+#: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.userwords``).
+UserWords = tuple[int, int, int, str, int]
+
+
+def prefix_hash(hashes: Sequence[str], end: int) -> str:
+    """Chain hash over ``hashes[:end]``, folded from ``""``: names the exact prefix a checkpoint covers."""
+    digest = ""
+    for message_digest in hashes[:end]:
+        digest = chain_hash(digest, message_digest)
+    return digest
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A reduction of the view: a summary of ``messages[:retain_start_idx]`` (leading system messages excepted)
+    and masked tool outputs in ``messages[retain_start_idx:masked_until]``.
+
+    ``round_start_idx`` is the user message opening the round that the split
+    falls inside, or ``None`` when the split is at a round boundary. A masking
+    checkpoint (tier 1, ``proxy.context.masking``) keeps the previous summary
+    as it is, or has none (``summary == ""``: the view shows no summary item).
+    ``user_words`` are the user's messages that left the verbatim tail, carried
+    verbatim after the summary (``proxy.context.userwords``). ``prefix_hash``
+    names ``messages[:covers]``: everything the checkpoint's view depends on,
+    so a rewind never gets a view masking an item it does not have.
+    """
+
+    summary: str
+    retain_start_idx: int
+    prefix_hash: str
+    round_start_idx: int | None
+    tokens_before: int
+    tokens_after: int
+    model: str
+    created_at: float
+    masked_until: int = 0
+    user_words: tuple[UserWords, ...] = ()
+
+    @property
+    def covers(self) -> int:
+        """Length of the conversation prefix the checkpoint depends on (``prefix_hash`` names it)."""
+        return max(self.retain_start_idx, self.masked_until)
+
+    @property
+    def summarises(self) -> bool:
+        """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
+        return bool(self.summary.strip() or self.user_words)
+
+    @property
+    def masks(self) -> bool:
+        """Whether the view masks tool outputs."""
+        return self.masked_until > self.retain_start_idx
+
+    @property
+    def view_key(self) -> str:
+        """Names the view base this checkpoint produces, for matching a remembered ``UsageSample``.
+
+        A checkpoint without masking or carried user words keeps the key
+        version 1 gave it, so usage logged before stays matched.
+        """
+        summary = hashlib.blake2b(self.summary.encode(), digest_size=8).hexdigest()
+        key = f"{self.retain_start_idx}:{self.prefix_hash}:{summary}"
+        if self.masked_until or self.user_words:
+            words = hashlib.blake2b(orjson.dumps(self.user_words), digest_size=8).hexdigest()
+            key += f":m{self.masked_until}:u{words}"
+        return key
+
+    def matches(self, hashes: Sequence[str]) -> bool:
+        """Whether the conversation still starts with the prefix this checkpoint depends on."""
+        return len(hashes) >= self.covers and prefix_hash(hashes, self.covers) == self.prefix_hash
+
+    def to_json(self) -> str:
+        return orjson.dumps({"v": CHECKPOINT_FORMAT, **asdict(self)}, option=orjson.OPT_SORT_KEYS).decode()
+
+    @classmethod
+    def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Checkpoint:
+        raw = orjson.loads(data) if isinstance(data, str | bytes) else dict(data)
+        if not isinstance(raw, dict) or raw.get("v") not in READABLE_FORMATS:
+            raise ValueError(f"not a version {' or '.join(map(str, READABLE_FORMATS))} checkpoint")
+        try:
+            values = {f.name: raw[f.name] if f.name in raw or f.default is MISSING else f.default
+                      for f in fields(cls)}
+        except KeyError as exc:
+            raise ValueError(f"checkpoint lacks field {exc}") from exc
+        if not isinstance(values["summary"], str) or not isinstance(values["retain_start_idx"], int):
+            raise ValueError("checkpoint has a malformed summary or retain_start_idx")
+        if not isinstance(values["masked_until"], int) or not isinstance(values["user_words"], list | tuple):
+            raise ValueError("checkpoint has a malformed masked_until or user_words")
+        try:
+            values["user_words"] = tuple((int(i), int(seq), int(tokens), str(text), int(count))
+                                         for i, seq, tokens, text, count in values["user_words"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint has malformed user_words: {exc}") from exc
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """``checkpoint`` is the new one when ``outcome`` is ``"ok"``, else ``None`` (nothing changes)."""
+
+    outcome: CompactionOutcome
+    checkpoint: Checkpoint | None
+    tokens_before: int
+    tokens_after: int
+    detail: str = ""
+    tier: Tier = "summary"
+
+
+def masking_checkpoint(previous: Checkpoint | None, masked_until: int, hashes: Sequence[str], *, system_end: int,
+                       model: str, created_at: float, tokens_before: int = 0, tokens_after: int = 0) -> Checkpoint:
+    """``previous`` (or, without one, a checkpoint summarising nothing) masking up to ``masked_until``.
+
+    The summary, the split and the carried user words stay as they are: a
+    masking checkpoint needs no summary call, and the log gets no ``summary``
+    entry for it. The prefix hash is taken again over what it now covers.
+    """
+    base = previous if previous is not None else Checkpoint("", system_end, "", None, 0, 0, model, created_at)
+    checkpoint = replace(base, masked_until=masked_until, created_at=created_at, tokens_before=tokens_before,
+                         tokens_after=tokens_after)
+    return replace(checkpoint, prefix_hash=prefix_hash(hashes, checkpoint.covers))

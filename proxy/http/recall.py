@@ -1,0 +1,176 @@
+"""The recall tool (``--recall-tool``): the model reads a masked tool output back from the log.
+
+A request whose view masks tool outputs is offered one more tool,
+``ctxproxy_recall(entry)``, in its API's shape; each placeholder names its log
+entry and says so. When the model's answer calls it, and only it (reasoning
+before the call is fine; text or any other call is not), the proxy answers
+from the log, the entry's original output, and calls the upstream again
+within the same client request, at most ``MAX_ROUNDS`` times; the client sees
+only the final answer. A sixth recall call, or one beside other calls or
+text, goes to the client as the model wrote it.
+
+Streams: the events of an answer are held back only while it may still be a
+recall call (``Dialect.may_call_only``): the first text, or a call to another
+tool, releases everything held and relays the rest as it comes, as a normal
+answer; an answer that ends as a recall call was never seen by the client.
+What is held is bounded by ``--max-event-bytes``; past it the answer is
+relayed as it is.
+
+The recall exchange is not logged: the client never sends it back, so the log
+(the conversation as the client knows it) has no place for it. The recalled
+text is clipped to a quarter of the window, head and tail, like any output
+too large for a view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from proxy.context.clipping import cut_text
+from proxy.context.engine import PreparedView
+from proxy.context.items import Item, get_path
+from proxy.context.masking import output_text
+from proxy.dialects.base import Dialect
+from proxy.errors import StoreError
+from proxy.http.relay import RelayTiming, event_data
+from proxy.keys import store_key
+from proxy.render import dialect_of
+from proxy.sse import EventTooLarge, SSESplitter, parse_event
+
+if TYPE_CHECKING:
+    from proxy.http.frontdoor import Turn
+
+NAME = "ctxproxy_recall"
+MAX_ROUNDS = 5
+DESCRIPTION = ("Read back a tool output that ctxproxy elided from this conversation to save context. Each elided "
+               "output is replaced by a line naming its log entry; call this tool alone with that entry number to "
+               "see the output again.")
+PARAMETERS: dict[str, Any] = {"type": "object", "properties": {"entry": {
+    "type": "integer", "description": "The log entry named in the elided output's placeholder."}},
+    "required": ["entry"]}
+
+
+@dataclass(frozen=True)
+class RecallCall:
+    """An upstream answer that only calls the recall tool: its items, the calls' ids and entries, its usage."""
+
+    items: list[Item]
+    calls: list[tuple[str, Any]]
+    usage: dict[str, Any] | None
+
+
+def offered(turn: Turn, view: PreparedView) -> bool:
+    """Whether this attempt offers the recall tool: the flag is on, the view masks outputs, rounds are left."""
+    checkpoint = view.checkpoint
+    return (turn.settings.recall_tool and checkpoint is not None and checkpoint.masks
+            and turn.recalls < MAX_ROUNDS and "previous_response_id" not in turn.parsed.payload)
+
+
+def tools_field(turn: Turn) -> dict[str, Any]:
+    """The request's ``tools`` with the recall tool added."""
+    tools = turn.parsed.payload.get("tools")
+    return {"tools": [*(tools if isinstance(tools, list) else []),
+                      turn.dialect.tool_definition(NAME, DESCRIPTION, PARAMETERS)]}
+
+
+def recall_of(dialect: Dialect, items: list[Item], usage: dict[str, Any] | None) -> RecallCall | None:
+    """The answer as a recall call, or None when it says anything or calls anything else."""
+    calls, says = dialect.reply_calls(items)
+    if says or not calls or any(name != NAME for _, name, _ in calls):
+        return None
+    return RecallCall(items, [(call_id, arguments) for call_id, _, arguments in calls], usage)
+
+
+def from_body(dialect: Dialect, body: bytes) -> RecallCall | None:
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    items, usage, _ = dialect.reply_from_body(parsed)
+    return recall_of(dialect, items, usage)
+
+
+async def hold(resp: aiohttp.ClientResponse, prefix: list[bytes], timing: RelayTiming, limit: int,
+               dialect: Dialect) -> tuple[list[bytes], RecallCall | None]:
+    """Read on while the stream may still be only a recall call; the chunks read (to relay), or the recall call.
+
+    ``prefix`` holds what was read already (up to the first event that commits
+    the answer); it is looked at again from its start.
+    """
+    splitter, reader = SSESplitter(limit), dialect.reader()
+    chunks: list[bytes] = []
+    held = 0
+
+    def still_possible(chunk: bytes) -> bool:
+        try:
+            events = splitter.feed(chunk)
+        except EventTooLarge:
+            return False
+        for raw in events:
+            event = parse_event(raw)
+            if event is None or not event.data:
+                continue
+            data = event_data(event.data)
+            reader.feed(event.event, data)
+            if not dialect.may_call_only(data, NAME):
+                return False
+        return held <= limit
+
+    for chunk in prefix:
+        chunks.append(chunk)
+        held += len(chunk)
+        if not still_possible(chunk):
+            return chunks, None
+    timing.wait_started()
+    try:
+        async for chunk in resp.content.iter_any():
+            chunks.append(chunk)
+            held += len(chunk)
+            if not still_possible(chunk):
+                return chunks, None
+    finally:
+        timing.wait_ended()
+    return chunks, recall_of(dialect, reader.items(), reader.usage) if reader.received else None
+
+
+async def answer(turn: Turn, view: PreparedView, recall: RecallCall) -> PreparedView:
+    """The view for the next round: this one, the recall call and its answers from the log."""
+    turn.recalls += 1
+    if recall.usage is not None:
+        turn.metrics.usage_reported(turn.dialect.prompt_tokens(recall.usage), turn.dialect.cached_tokens(recall.usage))
+    results = [turn.dialect.tool_result(call_id, await recalled(turn, arguments))
+               for call_id, arguments in recall.calls]
+    return replace(view, messages=[*view.messages, *recall.items, *results], changed=True)
+
+
+async def recalled(turn: Turn, arguments: Any) -> str:
+    """The output logged at the entry ``arguments`` name, clipped to a quarter of the window; or why not."""
+    try:
+        parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+        entry = parsed["entry"] if isinstance(parsed, dict) else None
+    except (orjson.JSONDecodeError, KeyError):
+        entry = None
+    if type(entry) is not int or entry < 0:
+        return f"{NAME} needs an integer 'entry', the log entry a placeholder names."
+    try:
+        facts = await turn.request.app[store_key].read(turn.key, after=entry - 1, limit=1)
+    except StoreError:
+        return f"The log could not be read just now; entry {entry} is still there. Re-run the tool instead."
+    fact = facts[0] if facts and facts[0].seq == entry else None
+    if fact is None or fact.kind != "message" or fact.message is None:
+        return f"Log entry {entry} holds no tool output of this conversation."
+    dialect = dialect_of(fact)
+    texts = [output_text(get_path(fact.message, path))[0] for path in dialect.result_paths(dict(fact.message))]
+    if not texts:
+        return f"Log entry {entry} holds no tool output of this conversation."
+    text = "\n\n".join(texts)
+    window = turn.engine.window_for(turn.parsed.model)
+    measure = turn.engine.policy(window)
+    tokens = measure.text_tokens(text)
+    return cut_text(text, tokens, window // 4, measure, f"log entry {entry}") if tokens > window // 4 else text

@@ -1,0 +1,211 @@
+"""Keeping the provider's prompt cache warm, and counting what it served: keys, breakpoints, usage metrics."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.app import create_app
+from proxy.context.projection import SUMMARY_HEADER
+from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.dialects.chat import prompt_cache_key
+from proxy.dialects.messages import breakpoints
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.settings import Settings
+from proxy.store.base import SessionKey
+from tests.fakemessages import FakeMessages
+from tests.fakeresponses import FakeResponses
+from tests.fakescript import STEP, Script
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log
+from tests.test_compaction_e2e import prose
+
+KEY = "sk-cache"
+AUTH = {"Authorization": f"Bearer {KEY}", "x-api-key": KEY}
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def counter(metrics: str, name: str) -> float:
+    return sum(sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
+               if sample.name == name)
+
+
+async def test_the_session_becomes_the_prompt_cache_key_and_the_body_is_otherwise_the_clients(
+        proxy: Any, fake: FakeUpstream) -> None:
+    raw = b' { "messages" : [ {"role": "user", "content": "hi"} ],\n "model": "m" } '
+    resp = await proxy.post("/v1/chat/completions", data=raw, headers={**AUTH, "X-Session-Id": "s1"})
+    assert resp.status == 200
+    assert fake.bodies[-1] == (b' {"prompt_cache_key":"s1", "messages" : [ {"role": "user", "content": "hi"} ],'
+                               b'\n "model": "m" } ')
+    own = b'{"model": "m", "prompt_cache_key": "theirs", "messages": [{"role": "user", "content": "hi"}]}'
+    await proxy.post("/v1/chat/completions", data=own, headers={**AUTH, "X-Session-Id": "s1"})
+    assert fake.bodies[-1] == own, "a key the client set is the client's"
+
+
+def test_a_session_longer_than_openai_takes_is_hashed_into_the_key() -> None:
+    assert prompt_cache_key("run-1") == "run-1"
+    assert prompt_cache_key("x" * 64) == "x" * 64
+    long = prompt_cache_key("x" * 65)
+    assert long.startswith("ctxproxy-") and len(long) == 41 and long == prompt_cache_key("x" * 65)
+
+
+def test_each_api_sets_its_own_cache_fields() -> None:
+    assert CHAT.cache_fields({}, "s") == RESPONSES.cache_fields({}, "s") == {"prompt_cache_key": "s"}
+    assert RESPONSES.cache_fields({"prompt_cache_key": "codex-thread"}, "s") == {}
+    assert MESSAGES.cache_fields({}, "s") == {}, "Anthropic has no such field: it takes breakpoints"
+
+
+SUMMARY_ITEM = {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_HEADER}\n\nS"},
+                                            {"type": "text", "text": "go on"}]}
+
+
+def test_a_breakpoint_goes_on_the_summary_block_while_the_request_has_room() -> None:
+    marked = MESSAGES.cache_hints({"system": [{"type": "text", "text": "s", "cache_control": EPHEMERAL}]},
+                                  [SUMMARY_ITEM], 0)
+    assert marked == [{"role": "user", "content": [{**SUMMARY_ITEM["content"][0], "cache_control": EPHEMERAL},
+                                                   SUMMARY_ITEM["content"][1]]}]
+    assert SUMMARY_ITEM["content"][0].get("cache_control") is None, "the view's items are not changed in place"
+    full = {"system": [{"type": "text", "text": str(i), "cache_control": EPHEMERAL} for i in range(2)],
+            "tools": [{"name": "t", "input_schema": {}, "cache_control": EPHEMERAL}]}
+    last = {"role": "assistant", "content": [{"type": "text", "text": "x", "cache_control": EPHEMERAL}]}
+    assert breakpoints(full["system"], full["tools"], [SUMMARY_ITEM, last]) == 4
+    assert MESSAGES.cache_hints(full, [SUMMARY_ITEM, last], 0) == [SUMMARY_ITEM, last], "four already: no room"
+    assert MESSAGES.cache_hints({}, [SUMMARY_ITEM], None) == [SUMMARY_ITEM], "no summary in the view"
+    assert CHAT.cache_hints({}, [SUMMARY_ITEM], 0) == [SUMMARY_ITEM]
+
+
+async def proxy_for(aiohttp_server: Any, aiohttp_client: Any, fake: Any, store_url: str,
+                    **settings: Any) -> TestClient[Any, Any]:
+    upstream = await aiohttp_server(fake.app())
+    root = str(upstream.make_url("")).rstrip("/")
+    client: TestClient[Any, Any] = await aiohttp_client(create_app(Settings(
+        upstream=root + "/v1", anthropic_upstream=root, store=store_url, **settings)))
+    return client
+
+
+async def claude_steps(proxy: TestClient[Any, Any], steps: int, system: Any, stream_every: int = 2) -> None:
+    rng = random.Random(6)
+    tools = [{"name": "Bash", "input_schema": {"type": "object", "properties": {}}}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Go."}]}]
+    for n in range(steps):
+        body = {"model": "m", "max_tokens": 512, "system": system, "messages": messages, "tools": tools,
+                "stream": n % stream_every == 1}
+        resp = await proxy.post("/v1/messages", data=orjson.dumps(body), headers={**AUTH, "X-Session-Id": "claude"})
+        raw = await resp.read()
+        assert resp.status == 200, raw[:300]
+        content = stream_content(raw) if body["stream"] else orjson.loads(raw)["content"]
+        use = content[-1]
+        step = int(STEP.search(use["input"]["command"]).group(1))  # type: ignore[union-attr]
+        messages += [{"role": "assistant", "content": content}, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": use["id"], "content": f"step-{step}\n" + prose(rng, 700)}]}]
+
+
+def stream_content(raw: bytes) -> list[dict[str, Any]]:
+    """The content blocks a client assembles from an Anthropic stream."""
+    blocks: dict[int, dict[str, Any]] = {}
+    for line in raw.split(b"\n"):
+        if not line.startswith(b"data: "):
+            continue
+        event = orjson.loads(line[6:])
+        if event["type"] == "content_block_start":
+            blocks[event["index"]] = dict(event["content_block"])
+        elif event["type"] == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            for field, key in (("thinking", "thinking"), ("signature", "signature"), ("text", "text")):
+                if key in delta:
+                    block[field] = block.get(field, "") + delta[key]
+            if "partial_json" in delta:
+                block["_json"] = block.get("_json", "") + delta["partial_json"]
+    out = []
+    for index in sorted(blocks):
+        block = blocks[index]
+        if "_json" in block:
+            block["input"] = orjson.loads(block.pop("_json"))
+        out.append(block)
+    return out
+
+
+@pytest.mark.parametrize("taken", [1, 4])
+async def test_an_anthropic_view_gets_a_breakpoint_on_its_summary_when_the_client_leaves_room(
+        aiohttp_server: Any, aiohttp_client: Any, store_url: str, taken: int) -> None:
+    fake = FakeMessages(Script(steps=40), window=16_000)
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, context_window=16_000,
+                            keep_tool_outputs=1_000)  # masking off: a summary is what gets the breakpoint
+    system = [{"type": "text", "text": f"part {i}", "cache_control": EPHEMERAL} for i in range(taken)]
+    await claude_steps(proxy, 24, system)
+    turns = [r.body for r in fake.turns()]
+    summarised = [t for t in turns if t["messages"][0]["content"][0]["text"].startswith(SUMMARY_HEADER)]
+    assert summarised, "the run was summarised"
+    for body in summarised:
+        block = body["messages"][0]["content"][0]
+        assert block.get("cache_control") == (EPHEMERAL if taken < 4 else None)
+        assert breakpoints(body["system"], body.get("tools"), body["messages"]) <= 4
+    assert all("prompt_cache_key" not in body for body in turns)
+
+
+async def test_usage_metrics_count_anthropic_reads_from_the_cache(aiohttp_server: Any, aiohttp_client: Any,
+                                                                 store_url: str) -> None:
+    fake = FakeMessages(Script(steps=40))
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, admin_token="admin-token")
+    await claude_steps(proxy, 12, "You code.")
+    metrics = await (await proxy.get("/metrics")).text()
+    turns = fake.turns()
+    assert counter(metrics, "ctxproxy_upstream_prompt_tokens_total") == sum(t.tokens or 0 for t in turns)
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "claude"))
+    cached = sum(f.extra["usage"]["cache_read_input_tokens"] for f in facts if "usage" in f.extra)
+    assert cached > 0, "a stable prefix is read from the cache"
+    assert counter(metrics, "ctxproxy_upstream_cached_tokens_total") == cached
+    view = await (await proxy.get(f"/admin/sessions/{tenant_of(KEY)}/claude/view",
+                                  headers={"Authorization": "Bearer admin-token"})).json()
+    assert view["usage"] == {"replies": 12, "prompt_tokens": sum(t.tokens or 0 for t in turns),
+                             "cached_tokens": cached}
+
+
+async def test_usage_metrics_count_openai_chat_and_responses_shapes(aiohttp_server: Any, aiohttp_client: Any,
+                                                                    store_url: str) -> None:
+    chat_fake = FakeUpstream()
+    chat_fake.cached_tokens = 5
+    chat_proxy = await proxy_for(aiohttp_server, aiohttp_client, chat_fake, store_url)
+    for stream in (False, True, False):
+        chat_fake.script.append(Reply(content="ok"))
+        body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hello there"}]}
+        assert (await chat_proxy.post("/v1/chat/completions", json=body, headers=AUTH)).status == 200
+    metrics = await (await chat_proxy.get("/metrics")).text()
+    prompt = sum(len(orjson.dumps(m)) for m in chat_fake.requests[0]["messages"]) // 4
+    assert counter(metrics, "ctxproxy_upstream_prompt_tokens_total") == 3 * prompt
+    assert counter(metrics, "ctxproxy_upstream_cached_tokens_total") == 3 * 5
+
+    fake = FakeResponses(Script(steps=20))
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, admin_token="admin-token")
+    tools = [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}]
+    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Go. " + prose(random.Random(1),
+                                                                                                 2000)}]
+    for n in range(6):
+        body = {"model": "m", "input": items, "tools": tools, "store": False, "stream": n % 2 == 1}
+        resp = await proxy.post("/v1/responses", json=body, headers={**AUTH, "X-Session-Id": "codex"})
+        raw = await resp.read()
+        output = (orjson.loads(raw)["output"] if not body["stream"] else
+                  next(orjson.loads(line[6:])["response"]["output"] for line in raw.split(b"\n")
+                   if line.startswith(b"data: ") and b'"response.completed"' in line))
+        call = output[-1]
+        items += [*output, {"type": "function_call_output", "call_id": call["call_id"],
+                            "output": f"step-{n + 1}\n" + prose(random.Random(n), 300)}]
+    metrics = await (await proxy.get("/metrics")).text()
+    turns = fake.turns()
+    assert all(t.body["prompt_cache_key"] == "codex" for t in turns), "the session keys the cache"
+    assert counter(metrics, "ctxproxy_upstream_prompt_tokens_total") == sum(t.tokens or 0 for t in turns)
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "codex"))
+    replies = {orjson.dumps(f.extra["view"]): f.extra["usage"] for f in facts if "usage" in f.extra}  # per reply
+    assert len(replies) == 6
+    cached = sum(usage["input_tokens_details"]["cached_tokens"] for usage in replies.values())
+    assert cached > 0 and counter(metrics, "ctxproxy_upstream_cached_tokens_total") == cached
+    view = await (await proxy.get(f"/admin/sessions/{tenant_of(KEY)}/codex/view",
+                                  headers={"Authorization": "Bearer admin-token"})).json()
+    assert view["usage"] == {"replies": 6, "prompt_tokens": sum(t.tokens or 0 for t in turns),
+                             "cached_tokens": cached}, "a reply of two items counts once"
