@@ -22,6 +22,8 @@ from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose, send, tool_call
 
 WINDOW = 16_000
+# Every test here keeps tool outputs unmasked (keep_tool_outputs): masking (tier 1) would free the window first,
+# and these tests are about the summary (tier 2) written beside the requests.
 
 
 def waits(proxy: Any) -> tuple[float, float]:
@@ -39,7 +41,7 @@ def compactions(proxy: Any, trigger: str) -> float:
 async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready(make_proxy,
                                                                                 fake: FakeUpstream) -> None:
     """Between the soft threshold (0.6) and the trigger (0.8) requests go out while the summary is held."""
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
     fake.window = WINDOW
     fake.summary_gate = asyncio.Event()
     rng = random.Random(3)
@@ -74,7 +76,7 @@ async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready
 
 async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_proxy, fake: FakeUpstream) -> None:
     """One big step jumps past the window while the summary is held: that request waits, and is the only one."""
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
     fake.window = WINDOW
     fake.summary_gate = asyncio.Event()
     rng = random.Random(5)
@@ -102,7 +104,7 @@ async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_
 
 async def test_shutdown_cancels_a_running_background_compaction_and_logs_nothing_of_it(make_proxy, fake: FakeUpstream,
                                                                                        store_url: str) -> None:
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6)
+    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
     fake.window = WINDOW
     fake.summary_gate = asyncio.Event()  # never set: the summary is still being written at shutdown
     rng = random.Random(9)

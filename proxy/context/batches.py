@@ -51,6 +51,20 @@ def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | No
         return None
 
 
+def maskable(engine: ContextEngine, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState,
+             previous: Checkpoint | None, *, dialect: ItemModel, window: int) -> tuple[int, int]:
+    """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs) and the tokens
+    it would free. Remembered per prefix: a request pays for what is new."""
+    start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
+                           previous.masked_until if previous else 0)
+    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs)
+    if end <= start:
+        return end, 0
+    seqs, keys = state.entries_for(hashes, end)
+    count = engine.policy(window).counter_for(dialect)
+    return end, engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count)
+
+
 async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                      state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
                      window: int, tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
@@ -67,14 +81,8 @@ async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[
     if prepared.estimate.tokens <= batch:
         return None
     previous = prepared.checkpoint
-    start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
-                           previous.masked_until if previous else 0)
-    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs)
-    if end <= start:
-        return None
-    seqs, keys = state.entries_for(hashes, end)
-    count = engine.policy(window).counter_for(dialect)
-    if engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count) < batch:
+    end, freed = maskable(engine, messages, hashes, state, previous, dialect=dialect, window=window)
+    if freed < batch:
         return None
     started = time.perf_counter()
     try:

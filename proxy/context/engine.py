@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from proxy.context.background import BackgroundCompactions
-from proxy.context.batches import checkpoint_fact, mask_batch
+from proxy.context.batches import checkpoint_fact, mask_batch, maskable
 from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import (
@@ -252,8 +252,12 @@ class ContextEngine:
                                     window=window, tools=tools, max_output=max_output) or prepared
         allowed = state is not None and self.backoff.allowed(f"{key.tenant}:{key.session}")
         soft = self.policy(window).soft_threshold(self.settings.precompact_threshold, prepared.threshold)
-        # A soft threshold at the trigger (or above) turns background compaction off.
+        # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
+        # while masking what is maskable now would bring the view under it (tier 1 comes first, and is free).
         ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
+        if ahead and state is not None and self.settings.mask_batch_share is not None:
+            _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window)
+            ahead = soft < prepared.estimate.tokens - freed
         if allowed and ahead and self.background.running(key) is None:
             self.background.start(key, self.compact(key, list(messages), list(hashes), trigger="background",
                                                     model=model, complete=complete, threshold=soft, **options))

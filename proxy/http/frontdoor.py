@@ -89,6 +89,8 @@ class Turn:
         """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
         must change: the view, the usage a stream must report, the prompt cache's key and hints, the recall tool."""
         dialect, payload = self.dialect, self.parsed.payload
+        if "previous_response_id" in payload:
+            return self.parsed.raw  # the history lives upstream: the request goes as the client sent it
         extra = {**(dialect.usage_request(self.parsed) or {}), **dialect.cache_fields(payload, self.key.session),
                  **(recall.tools_field(self) if recall.offered(self, view) else {})}
         if not view.changed and not any(name in payload for name in extra):
