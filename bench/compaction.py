@@ -64,7 +64,8 @@ async def run(window: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         store = await SqliteFactLog.open(Path(tmp) / "facts.db")
         history = HistoryManager(store, clock=time.time)
-        engine = ContextEngine(history, EngineSettings(context_window=window), clock=time.time)
+        settings = EngineSettings(context_window=window, precompact_threshold=1.0)  # compaction in front, timed
+        engine = ContextEngine(history, settings, clock=time.time)
         messages = session(rng, 290_000)
         key = SessionKey("bench", "s")
         hashes = [message_hash(m) for m in messages]

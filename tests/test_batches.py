@@ -36,7 +36,8 @@ def run(steps: int, words: int = 400) -> list[dict[str, Any]]:
 
 def engine_over(store: FactLog, **overrides: Any) -> ContextEngine:
     history = HistoryManager(store, clock=lambda: 1000.0)
-    return ContextEngine(history, EngineSettings(context_window=WINDOW, **overrides), clock=lambda: 1000.0)
+    settings = EngineSettings(**{"context_window": WINDOW, "precompact_threshold": 1.0, **overrides})  # no background
+    return ContextEngine(history, settings, clock=lambda: 1000.0)
 
 
 async def batch(engine: ContextEngine, messages: list[dict[str, Any]], prepared: Any = None) -> Any:

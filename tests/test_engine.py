@@ -58,8 +58,10 @@ class Summariser:
 
 
 def engine_over(store: FactLog, **overrides: Any) -> ContextEngine:
+    """An engine that compacts in front of the request (no background jobs: tests/test_background.py has those)."""
     history = HistoryManager(store, clock=lambda: 1000.0)
-    settings = EngineSettings(**{"context_window": WINDOW, "min_retain_rounds": 2, "summary_timeout": 5, **overrides})
+    settings = EngineSettings(**{"context_window": WINDOW, "min_retain_rounds": 2, "summary_timeout": 5,
+                                 "precompact_threshold": 1.0, **overrides})
     return ContextEngine(history, settings, clock=lambda: 1000.0)
 
 
@@ -178,7 +180,7 @@ async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and
 async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summary_model: str | None, calls: int,
                                                             max_input: int, max_output: int) -> None:
     engine = ContextEngine(HistoryManager(store, clock=lambda: 1000.0),
-                           EngineSettings(summary_model=summary_model, min_retain_rounds=2))
+                           EngineSettings(summary_model=summary_model, min_retain_rounds=2, precompact_threshold=1.0))
     messages = conversation(60)
     hashes = [message_hash(m) for m in messages]
     summariser = Summariser()
