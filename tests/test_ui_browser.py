@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -58,7 +59,18 @@ class Browser:
 
     async def sign_in(self, base: str, token: str) -> None:
         await self.open(base + "/ui")
-        await self.run((await self.find(By.ID, "token")).send_keys, token)
+
+        def typed(driver: WebDriver) -> bool:
+            """Type the token once the form is the page's own (the browser may still be replacing the document)."""
+            try:
+                field = driver.find_element(By.ID, "token")
+                field.clear()
+                field.send_keys(token)
+            except WebDriverException:  # a node of the page being replaced: look again
+                return False
+            return True
+
+        await self.until(typed)
         await self.submit("form.signin button")
 
     async def find(self, by: str, value: str) -> Any:
