@@ -27,7 +27,6 @@ import orjson
 from proxy.blocks import message_blocks, role_label
 from proxy.context.engine import ContextEngine, PreparedView
 from proxy.context.lineage import ConversationState
-from proxy.context.projection import SYSTEM_ROLES
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
@@ -274,7 +273,7 @@ class Transcript:
         if fact.kind == "summary":
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
         seqs = self.state.seqs
-        if (seqs and seqs[-1] == fact.seq and message.get("role") in SYSTEM_ROLES
+        if (seqs and seqs[-1] == fact.seq and dialect_of(fact).role(message) == "system"
                 and (len(seqs) == 1 or seqs[-2] in self._system_lead)):
             self._system_lead.add(fact.seq)
         partial = " · partial reply" if fact.extra.get("partial") else ""

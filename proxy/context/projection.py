@@ -47,7 +47,6 @@ if TYPE_CHECKING:
     from proxy.context.compactor import Checkpoint
 
 SummaryPlacement = Literal["user", "system"]
-SYSTEM_ROLES = frozenset({"system", "developer"})
 #: Ends the summary where it leads a user message, so the model sees where the user's own words start.
 SUMMARY_END = "\n\n[ctxproxy] End of the summary. The user's message:\n\n"
 SUMMARY_HEADER = (
