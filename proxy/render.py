@@ -273,7 +273,7 @@ class Transcript:
         if fact.kind == "summary":
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
         seqs = self.state.seqs
-        if (seqs and seqs[-1] == fact.seq and dialect_of(fact).role(message) == "system"
+        if (seqs and seqs[-1] == fact.seq and dialect_of(fact).role(dict(message)) == "system"
                 and (len(seqs) == 1 or seqs[-2] in self._system_lead)):
             self._system_lead.add(fact.seq)
         partial = " · partial reply" if fact.extra.get("partial") else ""
