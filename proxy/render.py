@@ -267,13 +267,13 @@ class Transcript:
             return _rewind_line(fact)
         if fact.kind == "checkpoint":
             return self._checkpoint(fact.extra.get("checkpoint"))
-        message = fact.message or {}
-        tokens = self.counter.message_tokens(dialect_of(fact), dict(message), fact.hash) if message else 0
+        message = dict(fact.message or {})
+        tokens = self.counter.message_tokens(dialect_of(fact), message, fact.hash) if message else 0
         when = iso_time(fact.ts)
         if fact.kind == "summary":
             return f"### summary · {fact.source} · {tokens:,} tokens · {when}\n{message_body(message)}"
         seqs = self.state.seqs
-        if (seqs and seqs[-1] == fact.seq and dialect_of(fact).role(dict(message)) == "system"
+        if (seqs and seqs[-1] == fact.seq and dialect_of(fact).role(message) == "system"
                 and (len(seqs) == 1 or seqs[-2] in self._system_lead)):
             self._system_lead.add(fact.seq)
         partial = " · partial reply" if fact.extra.get("partial") else ""
