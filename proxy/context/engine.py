@@ -11,10 +11,8 @@ It stays free of HTTP: the summary call is injected as ``complete``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -35,6 +33,7 @@ from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.masking import Masker
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
+from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.window import context_window_for
@@ -48,7 +47,6 @@ Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
 Compacted = Literal["none", "proactive", "reactive"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
-LOCK_NAME = "compact"
 DEFAULT_WINDOW = 128_000
 
 
@@ -155,6 +153,7 @@ class ContextEngine:
         #: Told how long each request over the trigger waited on a compaction (0: it did not).
         self.wait_observer = wait_observer
         self.background = BackgroundCompactions()
+        self.lock = CompactionLock(history.log, wait=settings.summary_timeout)
         self.counter = counter if counter is not None else TokenCounter()
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
                                          cooldown=settings.failure_cooldown)
@@ -314,20 +313,16 @@ class ContextEngine:
         are the request's: every measure counts them. ``over_limit`` (and any
         reactive ``level``) lifts the minimum gain: a view over the window must shrink.
         """
-        token = uuid.uuid4().hex
-        ttl = self.lock_lease
         started = time.perf_counter()
         state: ConversationState | None
         try:
             # A checkpoint must cover logged messages: log the conversation first (usually a no-op).
             state = await self.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
-            if not await self._acquire(key, token, ttl):
+            async with self.lock.held(key) as taken:
                 state = await self.history.state(key, refresh=True)
-                return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
-                                     started), state
-            heartbeat = asyncio.create_task(self._renew(key, token, ttl))
-            try:
-                state = await self.history.state(key, refresh=True)
+                if not taken:
+                    return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
+                                         started), state
                 previous = active_checkpoint(state, hashes)
                 fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                                   max_output=max_output, fit=False)
@@ -350,11 +345,6 @@ class ContextEngine:
                     min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys)
                 if result.outcome == "ok" and result.checkpoint is not None:
                     state = await self._record(key, result.checkpoint, dialect, summarised=result.tier == "summary")
-            finally:
-                heartbeat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await heartbeat
-                await self.history.log.unlock(key, LOCK_NAME, token)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)
@@ -380,33 +370,6 @@ class ContextEngine:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""
         budget = self.settings.keep_user_words
         return budget if budget is not None else window // 10
-
-    @property
-    def lock_lease(self) -> float:
-        """Seconds the compaction lock lives without renewal.
-
-        Short, and renewed by ``_renew`` while the compaction runs: a process
-        killed mid-summary blocks its session's compactions for one lease at most.
-        """
-        return min(15.0, max(1.0, self.settings.summary_timeout))
-
-    async def _renew(self, key: SessionKey, token: str, ttl: float) -> None:
-        while True:
-            await asyncio.sleep(ttl / 3)
-            try:
-                await self.history.log.try_lock(key, LOCK_NAME, token, ttl)
-            except StoreError:
-                logger.warning("could not renew the compaction lock of session %s", key.session)
-
-    async def _acquire(self, key: SessionKey, token: str, ttl: float) -> bool:
-        deadline = time.monotonic() + self.settings.summary_timeout
-        delay = 0.02
-        while not await self.history.log.try_lock(key, LOCK_NAME, token, ttl):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(delay)  # polling a lock held by another process; no notification to wait on
-            delay = min(delay * 2, 0.5)
-        return True
 
     async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, *,
                       summarised: bool = True) -> ConversationState:
