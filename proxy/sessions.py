@@ -104,12 +104,15 @@ def fingerprint_session(dialect: ItemModel, messages: Sequence[Message], system:
     the items), the leading system items and the first user item, whole."""
     digest = hashlib.blake2b(b"ctxproxy-session-v1\x00", digest_size=12)
     option = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
-    if system is not None:
-        digest.update(orjson.dumps(system, option=option))
-    for message in messages:
-        digest.update(orjson.dumps(dialect.identity(message), option=option))
-        if dialect.role(message) != "system":
-            break
+    try:
+        if system is not None:
+            digest.update(orjson.dumps(system, option=option))
+        for message in messages:
+            digest.update(orjson.dumps(dialect.identity(message), option=option))
+            if dialect.role(message) != "system":
+                break
+    except orjson.JSONEncodeError as exc:  # read (1024 levels) but not writable (254): the client's error
+        raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
     return "auto-" + digest.hexdigest()
 
 

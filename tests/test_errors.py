@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
+from typing import Any
 
 import orjson
 import pytest
@@ -231,3 +233,32 @@ async def test_client_keys_are_checked_before_the_body_is_read(make_proxy, fake)
         resp = await proxy.post("/v1/chat/completions", data=b"{not json", headers={header: value})
         assert resp.status == 400, header  # the key is good: now the body is read, and refused
     assert fake.requests == []
+
+
+@pytest.mark.parametrize("session", ["deep-later", None])
+async def test_an_item_nested_past_what_orjson_writes_is_a_400_in_any_request_of_a_session(proxy, fake,
+                                                                                           session) -> None:
+    """Items are checked when they are new to the session (not on every step): a deep one in a later request
+    is refused as in the first, with or without a session header (the fingerprint hashes the first messages)."""
+    headers = {"Authorization": "Bearer sk-deep", "Content-Type": "application/json",
+               **({"X-Session-Id": session} if session else {})}
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start"}]
+    resp = await proxy.post("/v1/chat/completions", data=json.dumps({"model": "m", "messages": messages}),
+                            headers=headers)
+    assert resp.status == 200
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "x", "metadata": deep(300)}]
+    resp = await proxy.post("/v1/chat/completions", data=json.dumps({"model": "m", "messages": messages}),
+                            headers=headers)
+    assert resp.status == 400, await resp.text()
+    assert (await resp.json())["error"]["code"] == "invalid_json"
+    first = [{"role": "user", "content": [{"type": "text", "text": "y"}, {"type": "data", "value": deep(300)}]}]
+    resp = await proxy.post("/v1/chat/completions", data=json.dumps({"model": "m", "messages": first}),
+                            headers=headers)
+    assert resp.status == 400
+
+
+def deep(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value

@@ -32,7 +32,7 @@ from proxy.context.items import Item, ItemModel
 from proxy.errors import BadRequest
 from proxy.settings import Settings
 
-#: orjson reads 1024 levels of nesting but writes only 254; what could not be written again is refused.
+#: Values that cannot nest: an item made of them alone can always be written back.
 _FLAT = (str, int, float, bool, type(None))
 
 
@@ -117,8 +117,20 @@ class Dialect(ItemModel):
         if not isinstance(payload, dict):
             raise BadRequest("Request body must be a JSON object.", code="invalid_json")
         items = self.items_of(payload)
-        check_writable(payload, self.items_field, items)
+        check_writable({key: value for key, value in payload.items() if key != self.items_field})
         return ParsedRequest(raw, payload, items)
+
+    def checked_hash(self, item: Item) -> str:
+        """``hash``, for an item new to the session: refused first if it could not be written back.
+
+        The request path hashes only the items that were not in the session's
+        previous request, so each item is checked once, not on every step.
+        """
+        for value in item.values():  # a flat item (most of a chat history) cannot nest: nothing to write
+            if not isinstance(value, _FLAT):
+                check_writable({self.items_field: [item]})
+                break
+        return self.hash(item)
 
     @abc.abstractmethod
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
@@ -215,20 +227,11 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"Request body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-def check_writable(payload: Mapping[str, Any], field: str, items: Sequence[Item]) -> None:
-    """Refuse what orjson could read but not write, before hashing, logging or forwarding tries to.
-
-    Only what can nest is written: the payload without its items, and the items
-    holding anything but scalars, each wrapped as deep as it sits in the
-    payload. Flat items (most of a long history) cost nothing.
-    """
+def check_writable(value: Any) -> None:
+    """Refuse what orjson could read but not write (254 levels, where it reads 1024), before hashing, logging
+    or forwarding tries to: a 400, never a 500. ``value`` is wrapped as deep as it sits in the request."""
     try:
-        orjson.dumps({key: value for key, value in payload.items() if key != field})
-        for item in items:
-            for value in item.values():  # a plain loop: this runs for every item of every request
-                if not isinstance(value, _FLAT):
-                    orjson.dumps({field: [item]})
-                    break
+        orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
 

@@ -261,7 +261,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
         payload = {**parsed.payload, dialect.items_field: expanded}
         parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
-    hashes = history.hashes_for(key, parsed.items, len(parsed.raw), dialect.hash)
+    hashes = history.hashes_for(key, parsed.items, len(parsed.raw), dialect.checked_hash)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has.
     state: ConversationState | None = None
