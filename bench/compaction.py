@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.latency import write_doc
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.summarizer import SECTIONS, SummaryAnswer
@@ -125,15 +126,7 @@ def main() -> None:
     )
     print(section)
     if args.write:
-        path = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-        text = path.read_text()
-        start = text.find("## Compaction overhead")
-        if start < 0:
-            text = text.rstrip("\n") + "\n\n" + section
-        else:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-        path.write_text(text)
+        write_doc(section, section.splitlines()[0])  # the section, under its own heading
 
 
 if __name__ == "__main__":

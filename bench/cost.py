@@ -40,6 +40,7 @@ import orjson
 from aiohttp.test_utils import TestServer
 
 from bench.costrun import STEPS, SYSTEM, TOOLS, USER_EVERY, Recorder, Step, instruction, script
+from bench.latency import write_doc
 from proxy.app import create_app
 from proxy.keys import engine_key
 from proxy.settings import Settings
@@ -171,15 +172,7 @@ async def main_async(write: bool) -> None:
     section = report(results, time.perf_counter() - started)
     print(section)
     if write:
-        path = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-        text = path.read_text()
-        start = text.find("## Cost of a long run")
-        if start < 0:
-            text = text.rstrip("\n") + "\n\n" + section
-        else:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-        path.write_text(text)
+        write_doc(section, section.splitlines()[0])  # the section, under its own heading
 
 
 def main() -> None:

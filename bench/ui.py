@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
 
+from bench.latency import write_doc
 from proxy.app import create_app
 from proxy.context.compactor import Checkpoint, prefix_hash
 from proxy.dialects.chat import message_hash
@@ -142,15 +143,7 @@ def main() -> None:
     )
     print(section)
     if args.write:
-        path = Path(__file__).resolve().parent.parent / "docs" / "BENCHMARKS.md"
-        text = path.read_text()
-        start = text.find("## Session inspector")
-        if start < 0:
-            text = text.rstrip("\n") + "\n\n" + section
-        else:
-            end = text.find("\n## ", start + 1)
-            text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
-        path.write_text(text)
+        write_doc(section, section.splitlines()[0])  # the section, under its own heading
 
 
 if __name__ == "__main__":
