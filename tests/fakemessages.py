@@ -28,21 +28,30 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakescript import Recorded, Script, Window, cached_prefix, is_summary_prompt, pieces, sse, summary_text
+from tests.fakescript import (
+    Recorder,
+    Script,
+    Window,
+    cached_prefix,
+    is_summary_prompt,
+    pieces,
+    sse,
+    summary_text,
+)
 from tests.fakeupstream import overflow_body
 
 #: Claude Code's own compaction request carries this in its last user message; a proxy-driven run must never send it.
 CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversation so far"
 
 
-class FakeMessages:
+class FakeMessages(Recorder):
     """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: ``http`` or ``event``."""
 
     def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
         self.script = script or Script()
         self.window = Window(window)
         self.overflow = overflow
-        self.requests: list[Recorded] = []
+        super().__init__()
         self._ids = itertools.count(1)
         #: (thinking, signature) of every thinking block handed out, so one sent back can be checked.
         self._issued: set[tuple[str, str]] = set()
@@ -54,15 +63,6 @@ class FakeMessages:
         app.router.add_post("/v1/messages/count_tokens", self.count_tokens)
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
-
-    def turns(self) -> list[Recorded]:
-        return [r for r in self.requests if r.kind == "turn"]
-
-    def _record(self, request: web.Request, body: Any, kind: str, **extra: Any) -> Recorded:
-        recorded = Recorded(request.method, request.path, dict(request.query), dict(request.headers), body, kind,
-                            **extra)
-        self.requests.append(recorded)
-        return recorded
 
     def _count(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
         """The prompt as the model reads it (tools, system, messages) and each part's tokens."""

@@ -27,7 +27,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakescript import Recorded, Script, Window, cached_prefix, is_summary_prompt, pieces, sse, summary_text
+from tests.fakescript import (
+    Recorder,
+    Script,
+    Window,
+    cached_prefix,
+    is_summary_prompt,
+    pieces,
+    sse,
+    summary_text,
+)
 
 OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
                   "message": "Your input exceeds the context window of this model. Please adjust your input and try "
@@ -36,14 +45,14 @@ OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_excee
 CLIENT_COMPACTION = "You are performing a CONTEXT CHECKPOINT COMPACTION"
 
 
-class FakeResponses:
+class FakeResponses(Recorder):
     """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: in which shape."""
 
     def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
         self.script = script or Script()
         self.window = Window(window)
         self.overflow = overflow
-        self.requests: list[Recorded] = []
+        super().__init__()
         self._ids = itertools.count(1)
         #: encrypted_content of every reasoning item handed out, so one sent back can be checked.
         self._issued: set[str] = set()
@@ -56,15 +65,6 @@ class FakeResponses:
         app.router.add_post("/v1/chat/completions", self.chat_summary)
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
-
-    def turns(self) -> list[Recorded]:
-        return [r for r in self.requests if r.kind == "turn"]
-
-    def _record(self, request: web.Request, body: Any, kind: str, **extra: Any) -> Recorded:
-        recorded = Recorded(request.method, request.path, dict(request.query), dict(request.headers), body, kind,
-                            **extra)
-        self.requests.append(recorded)
-        return recorded
 
     # -- routes ---------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from proxy.context.tokens import TokenCounter
 from tests.fakeupstream import FACT, SUMMARY_MARKER
@@ -99,6 +100,22 @@ class Recorded:
     kind: str
     tokens: int | None = None
     status: int = 200
+
+
+class Recorder:
+    """What both fakes keep of the requests they receive (``requests``), and their turns."""
+
+    def __init__(self) -> None:
+        self.requests: list[Recorded] = []
+
+    def turns(self) -> list[Recorded]:
+        return [r for r in self.requests if r.kind == "turn"]
+
+    def _record(self, request: web.Request, body: Any, kind: str, **extra: Any) -> Recorded:
+        recorded = Recorded(request.method, request.path, dict(request.query), dict(request.headers), body, kind,
+                            **extra)
+        self.requests.append(recorded)
+        return recorded
 
 
 @dataclass
