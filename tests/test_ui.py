@@ -352,3 +352,26 @@ async def test_a_masked_request_is_rebuilt_as_sent_with_its_masked_outputs_marke
     assert html.count('<li class="vm masked">') == len(masked)
     assert html.count("masked · a placeholder stands in for the output") == len(masked)
     assert '<li class="vm summary">' not in html, "masking alone: no summary item"
+
+
+async def test_a_tool_output_clipped_to_fit_is_marked_in_the_request_it_went_out_in(make_proxy, fake) -> None:
+    """The rebuilt view shows the output whole; the logged view names it clipped, and the page says so."""
+    proxy = await ui_proxy(make_proxy, context_window=4000)
+    await sign_in(proxy)
+    rng = random.Random(8)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Read the log."}]
+    fake.script.append(Reply(tool_calls=[{"id": "call_0", "type": "function",
+                                          "function": {"name": "read_file", "arguments": '{"path": "build.log"}'}}]))
+    messages.append(await step(proxy, messages, "clip"))
+    messages.append({"role": "tool", "tool_call_id": "call_0", "content": prose(rng, 6_000)})  # over the window
+    fake.script.append(Reply(content="The build failed."))
+    messages.append(await step(proxy, messages, "clip"))
+    assert "characters elided by ctxproxy" in fake.requests[-1]["messages"][3]["content"]
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "clip"))
+    reply = facts[-1]
+    assert reply.extra["view"]["clipped"] == [3]
+    html = await page(proxy, f"{session_path('clip')}/requests/{reply.seq}")
+    assert html.count('<li class="vm clipped">') == 1
+    assert "clipped to fit the window when it went upstream" in html
+    assert "differs from the logged one" not in html

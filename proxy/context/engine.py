@@ -84,7 +84,7 @@ class PreparedView:
     """What to send upstream. ``changed`` is False when it is the client's conversation as sent.
 
     ``threshold`` is where compaction starts, ``limit`` what the upstream would
-    refuse; ``clipped`` says tool results were cut to get under ``limit``.
+    refuse; ``clipped`` names the positions of the view whose tool results were cut to get under ``limit``.
     """
 
     messages: list[Message]
@@ -94,7 +94,7 @@ class PreparedView:
     compacted: Compacted
     threshold: int
     limit: int
-    clipped: bool = False
+    clipped: tuple[int, ...] = ()
 
     @property
     def view_key(self) -> str:
@@ -224,7 +224,8 @@ class ContextEngine:
             lambda clipped: policy.estimate(dialect, clipped, tools=tools, source=(messages, hashes)))
         if fitted is None:
             return prepared
-        return replace(prepared, messages=fitted[0], changed=True, estimate=fitted[1], clipped=True,
+        clipped = tuple(i for i, (cut, whole) in enumerate(zip(fitted[0], view, strict=True)) if cut is not whole)
+        return replace(prepared, messages=fitted[0], changed=True, estimate=fitted[1], clipped=clipped,
                        compacted="proactive" if compacted == "none" else compacted)
 
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],

@@ -104,8 +104,10 @@ class Turn:
         history = self.request.app[history_key]
         dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
         last = view.messages[-1]
-        view_info = {"key": view.view_key, "length": len(view.messages),
-                     "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
+        view_info: dict[str, Any] = {"key": view.view_key, "length": len(view.messages),
+                                     "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
+        if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
+            view_info["clipped"] = list(view.clipped)
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
             if usage is not None:

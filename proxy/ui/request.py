@@ -82,12 +82,18 @@ class RequestView:
     reply: Mapping[str, Any]
     dialect: ItemModel
 
+    @property
+    def clipped(self) -> frozenset[int]:
+        """Positions of the view whose tool output went upstream cut to fit (the rebuild shows them whole)."""
+        positions = self.logged_view.get("clipped")
+        return frozenset(p for p in positions if isinstance(p, int)) if isinstance(positions, list) else frozenset()
+
     def matches(self) -> bool:
-        """Whether the rebuilt view has the logged view's length and last message."""
+        """Whether the rebuilt view has the logged view's length and last message (or a last message clipped)."""
         if not self.view:
             return False
-        return (self.logged_view.get("length") == len(self.view)
-                and self.logged_view.get("last") == self.dialect.hash(self.view[-1]))
+        last = len(self.view) - 1 in self.clipped or self.logged_view.get("last") == self.dialect.hash(self.view[-1])
+        return self.logged_view.get("length") == len(self.view) and last
 
 
 async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Checkpoint | None,
@@ -130,8 +136,12 @@ def _view_rows(r: RequestView, kinds: list[Origin], counter: TokenCounter, entry
             badge = f'<span class="badge summary">summary · stands in for {e(summarised)}</span>'
         elif origin.kind in ("clipped", "masked") and origin.index is not None:
             link = entry(r.seqs[origin.index]) if origin.index < len(r.seqs) else ""
-            label = (f"clipped · {origin.elided:,} characters elided" if origin.kind == "clipped"
-                     else "masked · a placeholder stands in for the output")
+            if origin.kind == "masked":
+                label = "masked · a placeholder stands in for the output"
+            elif origin.elided:
+                label = f"clipped · {origin.elided:,} characters elided"
+            else:
+                label = "clipped to fit the window when it went upstream · shown whole here"
             badge = (f'<span class="badge {origin.kind}">{e(label)}</span> '
                      + (f'<a href="{e(link)}">whole output</a>' if link else ""))
         rows.append(f'<li class="vm {origin.kind}"><div class="head">{e(at)}<b>{e(role_label(message))}</b> '
@@ -183,7 +193,8 @@ def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], st
 
 def request_html(r: RequestView, counter: TokenCounter, *, entry: Callable[[int], str]) -> str:
     """The request's section: figures, the view and the history side by side, and the reply."""
-    kinds = origins(r.view, r.messages, r.dialect, r.seqs)
+    kinds = [Origin("clipped", origin.index) if position in r.clipped and origin.kind == "verbatim" else origin
+             for position, origin in enumerate(origins(r.view, r.messages, r.dialect, r.seqs))]
     p = r.point
     return (f'<section class="request" id="request-view" data-seq="{p.seq}">'
             f"<h2>Request {p.n + 1} · entry #{p.seq} · {e(iso_time(p.ts))}</h2>{_figures(r)}"
