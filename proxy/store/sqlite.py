@@ -36,6 +36,8 @@ T = TypeVar("T")
 Migration = Callable[[sqlite3.Connection], None]
 MIGRATIONS: list[tuple[str, Migration]] = []
 
+#: Seconds opening a file may keep retrying while other processes open (and migrate) it too.
+OPEN_DEADLINE = 30.0
 #: Sessions fetched per round trip by ``sessions()``; bounds memory on large stores.
 SESSIONS_PAGE = 500
 
@@ -120,18 +122,32 @@ def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    """Open, switch to WAL and migrate; retried while another process does the same to a new file.
+
+    Switching a file to WAL needs it to itself, and SQLite answers "database is
+    locked" there without always waiting out ``busy_timeout`` (two workers of
+    ``serve --workers`` starting on a new file hit it), so the whole opening is
+    retried, for ``OPEN_DEADLINE`` seconds at most.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    # isolation_level=None: we issue BEGIN/COMMIT ourselves (BEGIN IMMEDIATE is not expressible otherwise).
-    conn = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
-    try:
-        conn.execute("PRAGMA busy_timeout = 5000")
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        _migrate(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
+    deadline = time.monotonic() + OPEN_DEADLINE
+    while True:
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves (BEGIN IMMEDIATE is not expressible otherwise).
+        conn = sqlite3.connect(path, timeout=5.0, isolation_level=None, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA busy_timeout = 5000")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            _migrate(conn)
+            return conn
+        except sqlite3.OperationalError as exc:
+            conn.close()
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        time.sleep(0.05)  # on the store's own thread: another process is opening the same new file
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
