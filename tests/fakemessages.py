@@ -31,7 +31,6 @@ from aiohttp import web
 from tests.fakescript import (
     Recorder,
     Script,
-    Window,
     cached_prefix,
     is_summary_prompt,
     pieces,
@@ -48,10 +47,7 @@ class FakeMessages(Recorder):
     """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: ``http`` or ``event``."""
 
     def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
-        self.script = script or Script()
-        self.window = Window(window)
-        self.overflow = overflow
-        super().__init__()
+        super().__init__(script, window, overflow)
         self._ids = itertools.count(1)
         #: (thinking, signature) of every thinking block handed out, so one sent back can be checked.
         self._issued: set[tuple[str, str]] = set()

@@ -30,7 +30,6 @@ from aiohttp import web
 from tests.fakescript import (
     Recorder,
     Script,
-    Window,
     cached_prefix,
     is_summary_prompt,
     pieces,
@@ -49,10 +48,7 @@ class FakeResponses(Recorder):
     """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: in which shape."""
 
     def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
-        self.script = script or Script()
-        self.window = Window(window)
-        self.overflow = overflow
-        super().__init__()
+        super().__init__(script, window, overflow)
         self._ids = itertools.count(1)
         #: encrypted_content of every reasoning item handed out, so one sent back can be checked.
         self._issued: set[str] = set()

@@ -103,9 +103,13 @@ class Recorded:
 
 
 class Recorder:
-    """What both fakes keep of the requests they receive (``requests``), and their turns."""
+    """What both API fakes share: the run they drive (``script``), their window and overflow shape, and what
+    they keep of the requests they receive (``requests``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: Script | None = None, window: int | None = None, overflow: str = "http") -> None:
+        self.script = script or Script()
+        self.window = Window(window)
+        self.overflow = overflow
         self.requests: list[Recorded] = []
 
     def turns(self) -> list[Recorded]:

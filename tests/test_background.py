@@ -38,11 +38,32 @@ def compactions(proxy: Any, trigger: str) -> float:
                if s.name == "ctxproxy_compactions_total" and s.labels.get("trigger") == trigger)
 
 
+async def background_proxy(make_proxy: Any, fake: FakeUpstream) -> Any:
+    """A proxy compacting in the background past 0.6 of the window, in front of ``fake`` with that window."""
+    fake.window = WINDOW
+    return await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
+
+
+async def until_a_summary_is_held(make_proxy: Any, fake: FakeUpstream, session: str,
+                                  seed: int) -> tuple[Any, list[dict[str, Any]]]:
+    """Agent steps until the background summary has been asked for (and is held at ``fake.summary_gate``)."""
+    proxy = await background_proxy(make_proxy, fake)
+    rng = random.Random(seed)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Refactor the parser module."}]
+    step = 0
+    while not fake.summary_requests:
+        fake.script.append(tool_call(step))
+        _, reply = await send(proxy, messages, session, stream=False)
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 300)}]
+        step += 1
+    return proxy, messages
+
+
 async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready(make_proxy,
                                                                                 fake: FakeUpstream) -> None:
     """Between the soft threshold (0.6) and the trigger (0.8) requests go out while the summary is held."""
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
-    fake.window = WINDOW
+    proxy = await background_proxy(make_proxy, fake)
     fake.summary_gate = asyncio.Event()
     rng = random.Random(3)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
@@ -76,20 +97,9 @@ async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready
 
 async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_proxy, fake: FakeUpstream) -> None:
     """One big step jumps past the window while the summary is held: that request waits, and is the only one."""
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
-    fake.window = WINDOW
     fake.summary_gate = asyncio.Event()
-    rng = random.Random(5)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                      {"role": "user", "content": "Refactor the parser module."}]
-    step = 0
-    while not fake.summary_requests:
-        fake.script.append(tool_call(step))
-        _, reply = await send(proxy, messages, "jump", stream=False)
-        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
-                             "content": prose(rng, 300)}]
-        step += 1
-    messages.append({"role": "user", "content": prose(rng, 2_400)})  # far past the window's hard limit
+    proxy, messages = await until_a_summary_is_held(make_proxy, fake, "jump", seed=5)
+    messages.append({"role": "user", "content": prose(random.Random(5), 2_400)})  # far past the hard limit
     fake.script.append(Reply(content="Read it."))
     background = proxy.app[engine_key].background
     waiting = asyncio.create_task(send(proxy, messages, "jump", stream=False))
@@ -104,19 +114,8 @@ async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_
 
 async def test_shutdown_cancels_a_running_background_compaction_and_logs_nothing_of_it(make_proxy, fake: FakeUpstream,
                                                                                        store_url: str) -> None:
-    proxy = await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000)
-    fake.window = WINDOW
     fake.summary_gate = asyncio.Event()  # never set: the summary is still being written at shutdown
-    rng = random.Random(9)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                      {"role": "user", "content": "Refactor the parser module."}]
-    step = 0
-    while not fake.summary_requests:
-        fake.script.append(tool_call(step))
-        _, reply = await send(proxy, messages, "stop", stream=False)
-        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
-                             "content": prose(rng, 300)}]
-        step += 1
+    proxy, _ = await until_a_summary_is_held(make_proxy, fake, "stop", seed=9)
     job = proxy.app[engine_key].background.running(SessionKey(tenant_of("sk-e2e"), "stop"))
     assert job is not None and not job.done()
     await proxy.close()  # the app's cleanup: background jobs first, then the store

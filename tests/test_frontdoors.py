@@ -264,7 +264,11 @@ async def test_the_new_doors_are_counted_by_route(aiohttp_server, aiohttp_client
                      headers={"Authorization": f"Bearer {KEY}"})
     await proxy.get("/v1/responses", headers={"Upgrade": "websocket", "Connection": "Upgrade"})
     await proxy.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    for path in ("/v1/responses/input_tokens", "/v1/messages/count_tokens"):  # malformed: counted as the 400 it is
+        resp = await proxy.post(path, data=b'{"model": "m"}', headers={"Authorization": f"Bearer {KEY}"})
+        assert resp.status == 400
     metrics = await (await proxy.get("/metrics")).text()
     assert [counted(metrics, *labels) for labels in [("responses", "200"), ("messages", "200"),
                                                      ("responses", "426"), ("passthrough", "404"),
-                                                     ("chat", "200")]] == [3.0, 2.0, 1.0, 1.0, 0.0]
+                                                     ("chat", "200"), ("responses", "400"),
+                                                     ("messages", "400")]] == [3.0, 2.0, 1.0, 1.0, 0.0, 1.0, 1.0]

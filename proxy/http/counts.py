@@ -14,11 +14,14 @@ request compacts if it must.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from proxy.context.engine import PreparedView
 from proxy.dialects import MESSAGES, RESPONSES
+from proxy.errors import ProxyError
 from proxy.http.frontdoor import Turn, open_turn
 from proxy.http.relay import read_whole
 from proxy.keys import client_key, metrics_key
@@ -31,35 +34,47 @@ def _view(turn: Turn) -> PreparedView:
                             tools=turn.parsed.tools, max_output=turn.max_output)
 
 
+def counted(route: str) -> Callable[[Handler], Handler]:
+    """Count a counting endpoint's requests under its API's route, with the status it answered (a refusal's too)."""
+
+    def wrap(handler: Handler) -> Handler:
+        async def count(request: web.Request) -> web.StreamResponse:
+            status = 500
+            try:
+                response = await handler(request)
+                status = response.status
+                return response
+            except ProxyError as exc:
+                status = exc.status
+                raise
+            finally:
+                request.app[metrics_key].requests.labels(route=route, status=str(status)).inc()
+
+        return count
+
+    return wrap
+
+
+@counted(RESPONSES.name)
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
-    status = 500
-    try:
-        turn = await open_turn(request, RESPONSES)
-        view = _view(turn)
-        status = 200
-        return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens},
-                                 headers=turn.headers(view, started))
-    finally:
-        request.app[metrics_key].requests.labels(route="responses", status=str(status)).inc()
+    turn = await open_turn(request, RESPONSES)
+    view = _view(turn)
+    return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens},
+                             headers=turn.headers(view, started))
 
 
+@counted(MESSAGES.name)
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
-    status = 502
-    try:
-        turn = await open_turn(request, MESSAGES)
-        view = _view(turn)
-        headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
-        url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
-        async with map_upstream_errors(), request.app[client_key].post(
-                url, data=turn.upstream_body(view), headers=headers, params=request.rel_url.query,
-                timeout=client_timeout(turn.settings)) as resp:
-            raw = await read_whole(resp, turn.timing)
-            status = resp.status
-            out = response_headers(resp.headers, decoded=True)
-            out.update(turn.headers(view, started))
-            return web.Response(status=resp.status, headers=out, body=raw)
-    finally:
-        request.app[metrics_key].requests.labels(route="messages", status=str(status)).inc()
-
+    turn = await open_turn(request, MESSAGES)
+    view = _view(turn)
+    headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
+    url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
+    async with map_upstream_errors(), request.app[client_key].post(
+            url, data=turn.upstream_body(view), headers=headers, params=request.rel_url.query,
+            timeout=client_timeout(turn.settings)) as resp:
+        raw = await read_whole(resp, turn.timing)
+        out = response_headers(resp.headers, decoded=True)
+        out.update(turn.headers(view, started))
+        return web.Response(status=resp.status, headers=out, body=raw)
