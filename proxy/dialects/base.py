@@ -96,6 +96,8 @@ class Dialect(ItemModel):
     path: str
     #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
     anthropic: bool = False
+    #: Whether requests may carry back a ``compaction`` item the proxy handed out (Codex's remote compaction).
+    carries_compaction_items: bool = False
     #: Headers the API requires, for a summary call whose caller sent none (an admin compaction).
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
 

@@ -56,6 +56,7 @@ class ResponsesDialect(Dialect):
     name = "responses"
     items_field = "input"
     path = "/responses"
+    carries_compaction_items = True
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "input", allow_string=True)

@@ -259,7 +259,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
     key = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     metrics.session_seen(key)
-    expanded = await clientcompaction.expand(request, key, parsed.items)
+    expanded = await clientcompaction.expand(request, key, parsed.items) if dialect.carries_compaction_items \
+        else parsed.items
     if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
         payload = {**parsed.payload, dialect.items_field: expanded}
         parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
