@@ -32,6 +32,7 @@ from tests.fakescript import (
     Recorder,
     Script,
     cached_prefix,
+    content_text,
     is_summary_prompt,
     pieces,
     sse,
@@ -228,7 +229,7 @@ def _last_call(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         for later in messages[index + 1:]:
             for block in _blocks(later):
                 if block.get("type") == "tool_result" and block.get("tool_use_id") == call.get("id"):
-                    return command, _text(block.get("content"))
+                    return command, content_text(block.get("content"))
         return command, None
     return None, None
 
@@ -236,11 +237,6 @@ def _last_call(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") == "user":
-            return _text(message.get("content"))
+            return content_text(message.get("content"))
     return ""
 
-
-def _text(value: Any) -> str:
-    if isinstance(value, list):
-        return "\n".join(str(b.get("text", "")) for b in value if isinstance(b, dict))
-    return value if isinstance(value, str) else ""

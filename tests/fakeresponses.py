@@ -31,6 +31,7 @@ from tests.fakescript import (
     Recorder,
     Script,
     cached_prefix,
+    content_text,
     is_summary_prompt,
     pieces,
     sse,
@@ -269,7 +270,7 @@ def _last_call(items: list[dict[str, Any]]) -> tuple[str | None, str | None]:
         command = str(item.get("arguments"))
         for later in items[index + 1:]:
             if later.get("type") == "function_call_output" and later.get("call_id") == item.get("call_id"):
-                return command, _text(later.get("output"))
+                return command, content_text(later.get("output"))
         return command, None
     return None, None
 
@@ -277,12 +278,6 @@ def _last_call(items: list[dict[str, Any]]) -> tuple[str | None, str | None]:
 def _last_user_text(items: list[dict[str, Any]]) -> str:
     for item in reversed(items):
         if item.get("type", "message") == "message" and item.get("role") == "user":
-            return _text(item.get("content"))
+            return content_text(item.get("content"))
     return ""
 
-
-def _text(value: Any) -> str:
-    """A string, or the texts of a list of content parts joined."""
-    if isinstance(value, list):
-        return "\n".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
-    return value if isinstance(value, str) else ""

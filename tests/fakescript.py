@@ -102,6 +102,13 @@ class Recorded:
     status: int = 200
 
 
+def content_text(value: Any) -> str:
+    """A string, or the texts of a list of content parts (or blocks) joined."""
+    if isinstance(value, list):
+        return "\n".join(str(p.get("text", "")) for p in value if isinstance(p, dict))
+    return value if isinstance(value, str) else ""
+
+
 class Recorder:
     """What both API fakes share: the run they drive (``script``), their window and overflow shape, and what
     they keep of the requests they receive (``requests``)."""
