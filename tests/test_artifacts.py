@@ -1,0 +1,336 @@
+"""The artifact trail: files and commands read from each client's tool calls, de-duplicated, rendered, stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.context.artifactparse import command_text, outcome, patch_files
+from proxy.context.artifacts import ARTIFACTS_HEADING, Artifact, collect, from_json, merge, render, to_json
+from proxy.context.tokens import TokenCounter
+from proxy.dialects import CHAT, MESSAGES, RESPONSES
+
+COUNTER = TokenCounter()
+
+
+def trail(artifacts: list[Artifact]) -> list[tuple[str, str, str]]:
+    return [(a.kind, a.name, a.action) for a in artifacts]
+
+
+# Claude Code (Anthropic Messages): tool_use blocks in the assistant turn, tool_result blocks in the next user turn.
+def claude_call(*uses: tuple[str, str, dict[str, Any]]) -> dict[str, Any]:
+    return {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "plan", "signature": "sig"},
+        *({"type": "tool_use", "id": i, "name": n, "input": a} for i, n, a in uses)]}
+
+
+def claude_results(*results: tuple[str, Any, bool]) -> dict[str, Any]:
+    return {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": i, "content": c, **({"is_error": True} if e else {})}
+        for i, c, e in results]}
+
+
+CLAUDE: list[dict[str, Any]] = [
+    {"role": "user", "content": "fix the parser"},
+    claude_call(("t1", "Read", {"file_path": "/repo/parse.py"}),
+                ("t2", "Write", {"file_path": "/repo/new.py", "content": "x = 1\n"}),
+                ("t3", "Edit", {"file_path": "/repo/parse.py", "old_string": "a", "new_string": "b"}),
+                ("t4", "Edit", {"file_path": "/repo/other.py", "old_string": "zz", "new_string": "b"})),
+    claude_results(("t1", [{"type": "text", "text": "1\ta = 1"}], False),
+                   ("t2", "File created successfully at: /repo/new.py", False),
+                   ("t3", "The file /repo/parse.py has been updated.", False),
+                   ("t4", "<tool_use_error>String to replace not found in file.</tool_use_error>", True)),
+    claude_call(("t5", "Bash", {"command": "python -m pytest -q", "description": "Run the tests"}),
+                ("t6", "MultiEdit", {"file_path": "/repo/m.py", "edits": []}),
+                ("t7", "NotebookEdit", {"notebook_path": "/repo/n.ipynb", "new_source": "", "edit_mode": "delete"}),
+                ("t8", "Bash", {"command": "frobnicate --all"})),
+    claude_results(("t5", [{"type": "text", "text": "Exit code 1\nTraceback (most recent call last):\n  File \"x\"\n"
+                                                    "ValueError: bad token"}], True),
+                   ("t6", "Applied 2 edits to /repo/m.py", False),
+                   ("t7", "Deleted cell 3", False),
+                   ("t8", "/bin/bash: line 1: frobnicate: command not found", True)),
+]
+
+
+def test_claude_code_files_and_commands_with_exit_status_and_errors() -> None:
+    assert trail(collect(MESSAGES, CLAUDE, 0, len(CLAUDE), seqs=[10, 11, 12, 13, 14])) == [
+        ("file", "/repo/new.py", "written"),
+        ("file", "/repo/parse.py", "edited"),  # t4's edit failed: it changed nothing and is not listed
+        ("command", "python -m pytest -q", "exit 1: ValueError: bad token"),
+        ("file", "/repo/m.py", "edited"),
+        ("file", "/repo/n.ipynb", "edited"),
+        ("command", "frobnicate --all", "error: /bin/bash: line 1: frobnicate: command not found"),
+    ]
+    found = collect(MESSAGES, CLAUDE, 0, len(CLAUDE), seqs=[10, 11, 12, 13, 14])
+    assert [(a.index, a.seq) for a in found] == [(1, 11), (1, 11), (3, 13), (3, 13), (3, 13), (3, 13)]
+
+
+def test_the_text_editor_tool_says_in_its_command_whether_it_writes() -> None:
+    messages = [claude_call(("e1", "str_replace_based_edit_tool", {"command": "view", "path": "/r/a.py"}),
+                            ("e2", "str_replace_based_edit_tool", {"command": "create", "path": "/r/b.py",
+                                                                   "file_text": ""}),
+                            ("e3", "str_replace_based_edit_tool", {"command": "str_replace", "path": "/r/a.py",
+                                                                   "old_str": "a", "new_str": "b"}))]
+    assert trail(collect(MESSAGES, messages, 0, 1)) == [("file", "/r/b.py", "created"), ("file", "/r/a.py", "edited")]
+
+
+# Codex (Responses): function_call / custom_tool_call / local_shell_call items, each answered by its own output item.
+PATCH = ("*** Begin Patch\n*** Update File: src/app.py\n*** Move to: src/main.py\n@@\n-a\n+b\n"
+         "*** Delete File: old.py\n*** Add File: docs/new.md\n+# New\n*** End Patch")
+
+
+def fc(call_id: str, name: str, arguments: Any) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": name,
+            "arguments": arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()}
+
+
+def out(call_id: str, output: str, kind: str = "function_call_output") -> dict[str, Any]:
+    return {"type": kind, "call_id": call_id, "output": output}
+
+
+CODEX: list[dict[str, Any]] = [
+    {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "e"},
+    fc("c1", "exec_command", {"cmd": "pytest -q", "workdir": "/repo", "yield_time_ms": 1000}),
+    out("c1", "Chunk ID: ab12\nWall time: 0.8 seconds\nProcess exited with code 1\nOriginal token count: 40\n"
+              "Output:\nFAILED tests/test_x.py::test_y - AssertionError: boom\nexit code 0\n1 failed in 0.1s\n"),
+    fc("c2", "shell", {"command": ["bash", "-lc", "ls -la"], "workdir": "/repo"}),
+    out("c2", '{"output":"total 0\\n","metadata":{"exit_code":0,"duration_seconds":0.0}}'),
+    fc("c3", "shell", {"command": ["bash", "-lc", "apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: hello.txt\n"
+                                   "+hi\n*** End Patch\nEOF\n"]}),
+    out("c3", "Exit code: 0\nWall time: 0 seconds\nOutput:\nSuccess. Updated the following files:\nA hello.txt\n"),
+    fc("c4", "apply_patch", {"input": PATCH}),
+    out("c4", "Exit code: 0\nWall time: 0 seconds\nOutput:\nSuccess."),
+    {"type": "custom_tool_call", "id": "ctc_5", "call_id": "c5", "name": "apply_patch",
+     "input": "*** Begin Patch\n*** Update File: src/main.py\n@@\n-b\n+c\n*** End Patch\n"},
+    out("c5", "Success. Updated the following files:\nM src/main.py\n", "custom_tool_call_output"),
+    {"type": "local_shell_call", "id": "lsh_6", "call_id": "c6", "status": "completed",
+     "action": {"type": "exec", "command": ["make", "test"], "timeout_ms": 1000, "working_directory": "/repo",
+                "env": {}}},
+    out("c6", '{"output":"cc -o x x.c\\nx.c:3: error: expected \';\'\\nmake: *** [test] Error 2\\n",'
+              '"metadata":{"exit_code":2,"duration_seconds":0.3}}', "local_shell_call_output"),
+    fc("c7", "shell_command", {"command": "git status --short"}),
+]
+
+
+def test_codex_commands_patches_moves_deletes_and_local_shell() -> None:
+    assert trail(collect(RESPONSES, CODEX, 0, len(CODEX))) == [
+        ("command", "pytest -q", "exit 1: FAILED tests/test_x.py::test_y - AssertionError: boom"),
+        ("command", "ls -la", "exit 0"),
+        ("file", "hello.txt", "created"),  # apply_patch through the shell is a file, not a command line
+        ("file", "src/app.py", "moved to src/main.py"),
+        ("file", "old.py", "deleted"),
+        ("file", "docs/new.md", "created"),
+        ("file", "src/main.py", "edited"),  # moved in, then edited: one line, the last action
+        ("command", "make test", "exit 2: x.c:3: error: expected ';'"),
+        ("command", "git status --short", ""),  # no result yet
+    ]
+
+
+def test_a_patch_whose_run_failed_changed_nothing() -> None:
+    messages = [fc("p1", "shell", {"command": ["bash", "-lc", "apply_patch <<'EOF'\n*** Begin Patch\n"
+                                               "*** Update File: a.py\n@@\n-x\n+y\n*** End Patch\nEOF"]}),
+                out("p1", "Exit code: 1\nWall time: 0 seconds\nOutput:\nerror: Failed to find expected lines in a.py")]
+    assert collect(RESPONSES, messages, 0, 2) == []
+
+
+# opencode and Gemini CLI (Chat Completions): tool_calls on the assistant message, role "tool" results.
+def chat_call(*calls: tuple[str, str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": n, "arguments": a if isinstance(a, str)
+                                                   else orjson.dumps(a).decode()}} for i, n, a in calls]}
+
+
+def chat_result(call_id: str, content: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+GEMINI_FAILED = ("Command: npm test\nDirectory: (root)\nOutput: FAIL src/a.test.ts\nError: expect(received).toBe(2)\n"
+                 "Error: (none)\nExit Code: 1\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: 4242")
+
+
+def test_opencode_and_gemini_cli_tools() -> None:
+    messages = [
+        {"role": "system", "content": "you are opencode"},
+        {"role": "user", "content": "add a test"},
+        chat_call(("o1", "write", {"filePath": "/r/a.test.ts", "content": "test()"}),
+                  ("o2", "edit", {"filePath": "/r/a.ts", "oldString": "1", "newString": "2"}),
+                  ("o3", "bash", {"command": "bun test", "description": "Runs the tests"}),
+                  ("o4", "read", {"filePath": "/r/a.ts"}), ("o5", "glob", {"pattern": "*.ts", "path": "/r"})),
+        chat_result("o1", "Wrote file successfully."), chat_result("o2", "Edit applied successfully."),
+        chat_result("o3", "error: 1 test failed"),  # opencode states no exit status: none is guessed
+        chat_result("o4", "1\tx"), chat_result("o5", "/r/a.ts"),
+        chat_call(("g1", "write_file", {"file_path": "/r/b.ts", "content": "x"}),
+                  ("g2", "replace", {"file_path": "/r/a.ts", "old_string": "2", "new_string": "3"}),
+                  ("g3", "run_shell_command", {"command": "npm test", "description": "tests"}),
+                  ("g4", "run_shell_command", {"command": "npm run lint"})),
+        chat_result("g1", "Successfully created and wrote to new file: /r/b.ts."),
+        chat_result("g2", "Successfully modified file: /r/a.ts (1 replacements)."),
+        chat_result("g3", GEMINI_FAILED),
+        chat_result("g4", "Command: npm run lint\nDirectory: (root)\nOutput: ok\nError: (none)\nExit Code: 0\n"
+                          "Signal: (none)\nBackground PIDs: (none)\nProcess Group PGID: 4243"),
+    ]
+    assert trail(collect(CHAT, messages, 0, len(messages), seqs=list(range(100, 100 + len(messages))))) == [
+        ("file", "/r/a.test.ts", "written"),
+        ("command", "bun test", ""),
+        ("file", "/r/b.ts", "written"),
+        ("file", "/r/a.ts", "edited"),
+        ("command", "npm test", "exit 1: Error: expect(received).toBe(2)"),
+        ("command", "npm run lint", "exit 0"),
+    ]
+
+
+def test_generic_writing_tools_moves_and_deletes_by_name_and_path_argument() -> None:
+    messages = [chat_call(("m1", "move_file", {"source": "a.py", "destination": "b.py"}),
+                          ("m2", "delete_file", {"path": "c.py"}),
+                          ("m3", "create_directory_entry", {"target_file": "d/e.py"}),
+                          ("m4", "create_goal", {"objective": "ship"}),  # a writing name but no path: no file
+                          ("m5", "write_stdin", {"session_id": 3, "chars": "y\n"}),
+                          ("m6", "run", {"cmd": ["git", "commit", "-m", "a b"]}),
+                          ("m7", "terminal", {"commands": ["cd /r", "make"]}))]
+    assert trail(collect(CHAT, messages, 0, 1)) == [
+        ("file", "a.py", "moved to b.py"), ("file", "b.py", "moved from a.py"), ("file", "c.py", "deleted"),
+        ("file", "d/e.py", "created"), ("command", "git commit -m 'a b'", ""), ("command", "cd /r; make", "")]
+
+
+@pytest.mark.parametrize("arguments", ['{"command": "ls', "null", "[1, 2]", '"ls"', "", "{" * 2000, '{"cmd": 3}',
+                                       '{"command": []}', '{"file_path": 7}', '{"input": 5}'])
+@pytest.mark.parametrize("name", ["bash", "Write", "apply_patch", "shell"])
+def test_arguments_that_do_not_parse_are_skipped_never_raise(name: str, arguments: str) -> None:
+    messages = [chat_call(("x", name, arguments)), chat_result("x", "Exit code: 0")]
+    found = collect(CHAT, messages, 0, 2)
+    assert all(a.kind == "file" for a in found) if name == "apply_patch" else found == []
+
+
+def test_a_patch_tool_with_text_arguments_reads_them_as_the_patch() -> None:
+    messages = [chat_call(("x", "apply_patch", "*** Begin Patch\n*** Add File: z.py\n+1\n*** End Patch"))]
+    assert trail(collect(CHAT, messages, 0, 1)) == [("file", "z.py", "created")]
+
+
+def test_only_calls_in_the_range_count_and_their_results_may_come_after_it() -> None:
+    messages = [chat_call(("a", "bash", {"command": "one"})), chat_result("a", "Exit code: 0"),
+                chat_call(("b", "bash", {"command": "two"})), chat_result("b", "Exit code: 3\nerror: nope")]
+    assert trail(collect(CHAT, messages, 2, 3)) == [("command", "two", "exit 3: error: nope")]
+    assert trail(collect(CHAT, messages, 0, 1)) == [("command", "one", "exit 0")]
+
+
+class Window(list[Any]):
+    """A conversation that refuses to be read outside ``[low, high)``: collect must cost O(range)."""
+
+    def __init__(self, items: list[Any], low: int, high: int) -> None:
+        super().__init__(items)
+        self.low, self.high = low, high
+
+    def __getitem__(self, index: Any) -> Any:
+        if not self.low <= index < self.high:
+            raise AssertionError(f"read item {index} outside [{self.low}, {self.high})")
+        return super().__getitem__(index)
+
+
+def test_collect_reads_only_the_range_and_up_to_the_last_answer() -> None:
+    turn = [chat_call(("c", "bash", {"command": "x"})), chat_result("c", "Exit code: 0")]
+    messages = Window([{"role": "user", "content": str(i)} for i in range(50)] + turn
+                      + [{"role": "user", "content": str(i)} for i in range(50)], 50, 52)
+    assert trail(collect(CHAT, messages, 50, 51)) == [("command", "x", "exit 0")]
+
+
+def test_repeats_keep_one_line_each_with_the_last_outcome_newest_last() -> None:
+    messages = [chat_call(("1", "bash", {"command": "pytest"}), ("2", "write", {"filePath": "a"})),
+                chat_result("1", "Exit code: 1"), chat_result("2", "ok"),
+                chat_call(("3", "edit", {"filePath": "b"})), chat_result("3", "ok"),
+                chat_call(("4", "edit", {"filePath": "a"}), ("5", "bash", {"command": "pytest"})),
+                chat_result("4", "ok"), chat_result("5", "Exit code: 0")]
+    found = collect(CHAT, messages, 0, len(messages), seqs=[7, 8, 9, 10, 11])
+    assert [(a.name, a.action, a.index, a.seq) for a in found] == [
+        ("b", "edited", 3, 10), ("a", "edited", 5, -1), ("pytest", "exit 0", 5, -1)]
+    later = [Artifact("file", "b", "deleted", 9, 40), Artifact("command", "ls", "", 9, 40)]
+    assert [(a.name, a.action) for a in merge(found, later)] == [
+        ("a", "edited"), ("pytest", "exit 0"), ("b", "deleted"), ("ls", "")]
+
+
+@pytest.mark.parametrize(("text", "is_error", "expected"), [
+    ("Chunk ID: 1\nWall time: 1s\nProcess exited with code 0\nOutput:\nError: x\n", False, "exit 0"),
+    ("Chunk ID: 1\nWall time: 1s\nProcess running with session ID 7\nOutput:\nExit code: 1\n", False, ""),
+    ("Exit code: 127\nWall time: 0 seconds\nOutput:\nbash: foo: command not found\n", False,
+     "exit 127: bash: foo: command not found"),
+    ('{"output": "ls: cannot access x: No such file or directory\\n", "metadata": {"exit_code": 2}}', False,
+     "exit 2: ls: cannot access x: No such file or directory"),
+    ('{"output": "", "metadata": {"exit_code": 5}}', False, "exit 5"),
+    ("Exit code 1\nTraceback (most recent call last):\n  File \"t.py\", line 1\n", True,
+     "exit 1: Traceback (most recent call last):"),
+    ("some output\nmore\n", True, "error: some output"),
+    ("<tool_use_error>File has not been read yet.</tool_use_error>", True, "error: File has not been read yet."),
+    ("all good\nerror: words in ordinary output\n", False, ""),
+    ("", True, "error"),
+    ('{"not": "codex"}', False, ""),
+])
+def test_exit_status_is_what_the_result_states(text: str, is_error: bool, expected: str) -> None:
+    assert outcome(text, is_error) == expected
+
+
+def test_unified_diffs_name_their_files() -> None:
+    diff = ("diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+            "--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+n\n--- a/gone.py\n+++ /dev/null\n"
+            "diff --git a/p.py b/q.py\nsimilarity index 90%\nrename from p.py\nrename to q.py\n"
+            "--- a/p.py\n+++ b/q.py\n")
+    assert patch_files(diff) == [("x.py", "edited"), ("new.py", "created"), ("gone.py", "deleted"),
+                                 ("p.py", "moved to q.py"), ("q.py", "moved from p.py")]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (["bash", "-lc", "cd /r && pytest -x"], "cd /r && pytest -x"),
+    (["/bin/zsh", "-l", "-c", "ls"], "ls"),
+    (["git", "commit", "-m", "a b"], "git commit -m 'a b'"),
+    ("bash -lc 'echo hi'", "echo hi"),
+    ("echo 'unbalanced", "echo 'unbalanced"),
+    ("  ", None), ([], None), ([1, 2], None), ({"a": 1}, None),
+])
+def test_command_lines_join_argv_and_unwrap_the_shell(value: Any, expected: str | None) -> None:
+    assert command_text(value) == expected
+
+
+def test_long_commands_are_clipped_and_folded_to_one_line() -> None:
+    script = "python - <<'EOF'\n" + "print(1)\n" * 100 + "EOF"
+    (found,) = collect(CHAT, [chat_call(("1", "bash", {"command": script}))], 0, 1)
+    assert found.name.startswith("python - <<'EOF' print(1) print(1)") and len(found.name) == 200
+    assert found.name.endswith("…") and "\n" not in found.name
+
+
+SAMPLE = (Artifact("file", "src/a.py", "edited", 3, 12), Artifact("command", "pytest -x", "exit 1: boom", 4, -1),
+          Artifact("file", "b.py", "moved from a.py", 5, 14), Artifact("command", "ls", "", 6, 15))
+
+
+def test_render_names_each_line_s_log_entry() -> None:
+    assert render(SAMPLE, 1000, COUNTER.text_tokens) == "\n".join([
+        ARTIFACTS_HEADING, "Files:", "- src/a.py — edited (log #12)", "- b.py — moved from a.py (log #14)",
+        "Commands:", "- $ pytest -x — exit 1: boom (message 4)", "- $ ls (log #15)"])
+    assert render((), 1000, COUNTER.text_tokens) == ""
+
+
+def test_render_within_a_budget_drops_the_oldest_and_says_how_many() -> None:
+    many = tuple(Artifact("file", f"src/module_{i}.py", "edited", i, 100 + i) for i in range(200))
+    full = render(many, 10**6, COUNTER.text_tokens)
+    budget = COUNTER.text_tokens(full) // 3
+    text = render(many, budget, COUNTER.text_tokens)
+    assert COUNTER.text_tokens(text) <= budget
+    lines = text.splitlines()
+    dropped = int(lines[1].split()[0].lstrip("("))
+    assert lines[:3] == [ARTIFACTS_HEADING, f"({dropped} older entries not shown; the log holds them)", "Files:"]
+    assert lines[3:] == [f"- src/module_{i}.py — edited (log #{100 + i})" for i in range(dropped, 200)]
+    one_more = [ARTIFACTS_HEADING, f"({dropped - 1} older entries not shown; the log holds them)", "Files:",
+                f"- src/module_{dropped - 1}.py — edited (log #{99 + dropped})", *lines[3:]]
+    assert COUNTER.text_tokens("\n".join(one_more)) > budget  # the fewest dropped that fit
+    assert render(many, 3, COUNTER.text_tokens) == ""
+
+
+def test_json_round_trip_and_malformed_rows() -> None:
+    assert from_json(orjson.loads(orjson.dumps(to_json(SAMPLE)))) == SAMPLE
+    assert to_json(SAMPLE)[0] == ["file", "src/a.py", "edited", 3, 12]
+    malformed: tuple[Any, ...] = ({}, "[]", [["file", "a", "edited", 1]], [["dir", "a", "", 1, 2]],
+                                  [["file", 1, "", 1, 2]], [["file", "a", "", "1", 2]], [["file", "a", "", 1, True]],
+                                  ["x"])
+    for raw in malformed:
+        with pytest.raises(ValueError):
+            from_json(raw)
