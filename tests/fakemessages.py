@@ -36,7 +36,6 @@ from tests.fakescript import (
     is_summary_prompt,
     pieces,
     sse,
-    summary_text,
 )
 from tests.fakeupstream import overflow_body
 
@@ -85,7 +84,9 @@ class FakeMessages(Recorder):
         messages: list[dict[str, Any]] = body.get("messages") or []
         if is_summary_prompt(body.get("system")):
             self._record(request, body, "summary")
-            text = summary_text(orjson.dumps(messages).decode())
+            text = await self.summary(messages)
+            if isinstance(text, web.Response):
+                return text
             return await self._answer(request, body, [{"type": "text", "text": text}], "end_turn", 0, 0)
         prompt, counts = self._count(body)
         tokens = sum(counts)

@@ -35,7 +35,6 @@ from tests.fakescript import (
     is_summary_prompt,
     pieces,
     sse,
-    summary_text,
 )
 
 OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
@@ -83,7 +82,9 @@ class FakeResponses(Recorder):
             return web.json_response({"error": {"type": "invalid_request_error", "message": "summaries only"}},
                                      status=404)
         self._record(request, body, "summary")
-        text = summary_text(orjson.dumps(messages[1:]).decode())
+        text = await self.summary(messages[1:])
+        if isinstance(text, web.Response):
+            return text
         return web.json_response({"id": "chatcmpl-summary", "object": "chat.completion", "model": body.get("model"),
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": text}}],
@@ -99,7 +100,10 @@ class FakeResponses(Recorder):
         items: list[dict[str, Any]] = body.get("input") or []
         if is_summary_prompt(body.get("instructions")) or (items and is_summary_prompt(items[0].get("content"))):
             self._record(request, body, "summary")
-            return await self._answer(request, body, [self._message(summary_text(orjson.dumps(items).decode()))], 0)
+            text = await self.summary(items)
+            if isinstance(text, web.Response):
+                return text
+            return await self._answer(request, body, [self._message(text)], 0)
         if items and items[-1].get("type") == "compaction_trigger":
             self._record(request, body, "compact")
             return await self._answer(request, body, [self._compaction_item()], 0)

@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context.tokens import TokenCounter
-from tests.fakeupstream import FACT, SUMMARY_MARKER
+from tests.fakeupstream import FACT, SUMMARY_MARKER, restyle, summary_fault
 
 STEP = re.compile(r"step-(\d+)")
 #: The sections the proxy's summariser asks for (proxy/context/summarizer.py), in order.
@@ -118,6 +118,13 @@ class Recorder:
         self.window = Window(window)
         self.overflow = overflow
         self.requests: list[Recorded] = []
+        #: How the summary model answers: ``sections`` (as asked) or one of ``tests.fakeupstream.MISBEHAVIOURS``.
+        self.summary_style = "sections"
+
+    async def summary(self, shown: object) -> str | web.Response:
+        """The summary of what a summary request ``shown``, as this fake's summary model writes it (or its fault)."""
+        fault = await summary_fault(self.summary_style)
+        return fault if fault is not None else restyle(self.summary_style, summary_text(orjson.dumps(shown).decode()))
 
     def turns(self) -> list[Recorded]:
         return [r for r in self.requests if r.kind == "turn"]

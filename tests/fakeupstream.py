@@ -69,6 +69,45 @@ def full_summary(goals: str, identifiers: str = "None") -> str:
     return "\n".join(f"## {n}. {title}\n{body.get(n, 'None')}" for n, title in enumerate(SECTION_TITLES, 1))
 
 
+#: How a summary model may misbehave (``FakeUpstream.summary_mode``, ``Recorder.summary_style``): another format
+#: (``bold``, ``numbered``, ``translated``, ``prose``), sections with nothing in them (``lazy``), a refusal, an HTTP
+#: 500 (``error``), or no answer at all (``hang``).
+MISBEHAVIOURS = ("bold", "numbered", "translated", "prose", "lazy", "refusal", "error", "hang")
+GERMAN = ("Ziele", "Erledigte Arbeit", "Entscheidungen", "Geänderte Dateien", "Fehler", "Aktueller Stand",
+          "Nächste Schritte", "Bezeichner")
+_SECTION = re.compile(r"^#+\s*\d+\.\s*(.+)$", re.MULTILINE)
+
+
+def restyle(style: str, summary: str) -> str:
+    """``summary`` (in the proxy's ``## N. Title`` sections) as a model that ignores the format writes it."""
+    sections = [(m.group(1), summary[m.end():next_start].strip()) for m, next_start in
+                zip(_SECTION.finditer(summary), [*(m.start() for m in list(_SECTION.finditer(summary))[1:]), None],
+                    strict=True)]
+    if style == "bold":
+        return "\n\n".join(f"**{title}**\n{body}" for title, body in sections)
+    if style == "numbered":
+        return "\n".join(f"{n}. {title}: {body}" for n, (title, body) in enumerate(sections, 1))
+    if style == "translated":
+        return "\n".join(f"## {german}\n{body}" for german, (_, body) in zip(GERMAN, sections, strict=False))
+    if style == "prose":
+        return " ".join(body for _, body in sections if body != "None")
+    if style == "lazy":
+        return "\n".join(f"## {n}. {title}\nNone" for n, (title, _) in enumerate(sections, 1))
+    if style == "refusal":
+        return "I'm sorry, but I can't help with that request."
+    return summary
+
+
+async def summary_fault(style: str) -> web.Response | None:
+    """The answer a broken summary model gives instead of text (``error``: a 500; ``hang``: none, ever)."""
+    if style == "error":
+        return web.json_response({"error": {"message": "The server had an error while processing your request.",
+                                            "type": "server_error", "param": None, "code": None}}, status=500)
+    if style == "hang":
+        await asyncio.Event().wait()  # until the server is closed at the end of the test
+    return None
+
+
 def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
     """A Chat Completions answer to a summary request."""
     return web.json_response({"id": "sum", "object": "chat.completion", "model": model,
@@ -168,12 +207,13 @@ class FakeUpstream:
         self.summary_requests.append(body)
         if self.summary_mode == "fail":
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
-        if self.summary_mode == "hang":
-            await asyncio.Event().wait()
+        fault = await summary_fault(self.summary_mode)
+        if fault is not None:
+            return fault
         if self.summary_gate is not None:
             await self.summary_gate.wait()
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
-        text = "" if self.summary_mode == "empty" else full_summary("Keep going.", facts)
+        text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
         return summary_response(text, model=body.get("model"))
 

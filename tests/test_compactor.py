@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -159,14 +160,27 @@ CHECKPOINT = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5)
 def test_checkpoint_json_round_trip() -> None:
     text = CHECKPOINT.to_json()
     assert text == (
-        '{"created_at":12.5,"masked_until":0,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,'
-        '"round_start_idx":3,"summary":"sum","tokens_after":300,"tokens_before":900,"user_words":[],"v":2}'
+        '{"artifacts":[],"created_at":12.5,"elision":"","masked_until":0,"model":"gpt-4o","prefix_hash":"abc",'
+        '"retain_start_idx":5,"round_start_idx":3,"summarised_until":-1,"summary":"sum","tokens_after":300,'
+        '"tokens_before":900,"trail":"","user_words":[],"v":3}'
     )
     assert Checkpoint.from_json(text) == CHECKPOINT
     assert Checkpoint.from_json(text.encode()) == CHECKPOINT
     assert Checkpoint.from_json({**CHECKPOINT.__dict__, "v": 2}) == CHECKPOINT
     tiered = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5, 9, ((2, 7, 3, "use tabs", 1),))
     assert Checkpoint.from_json(tiered.to_json()) == tiered, "lists read back as the tuples the dataclass holds"
+    elided = Checkpoint("sum", 9, "abc", None, 900, 300, "gpt-4o", 12.5, summarised_until=4, elision="## Not shown",
+                        artifacts=(("file", "a.py", "edited", 3, 7),), trail="## Artifact trail")
+    assert Checkpoint.from_json(elided.to_json()) == elided
+    assert elided.summary_end == 4 and CHECKPOINT.summary_end == 5
+    assert elided.view_key != replace(elided, trail="").view_key, "the proxy's own text is part of the view"
+
+
+def test_a_version_2_checkpoint_reads_as_one_without_an_elided_range_or_a_trail() -> None:
+    text = ('{"created_at":12.5,"masked_until":0,"model":"gpt-4o","prefix_hash":"abc","retain_start_idx":5,'
+            '"round_start_idx":3,"summary":"sum","tokens_after":300,"tokens_before":900,"user_words":[],"v":2}')
+    assert Checkpoint.from_json(text) == CHECKPOINT
+    assert CHECKPOINT.view_key == "5:abc:" + CHECKPOINT.view_key.split(":")[2], "version 2 keys stay as they were"
 
 
 def test_a_version_1_checkpoint_reads_as_one_that_neither_masks_nor_carries_words() -> None:
@@ -190,6 +204,8 @@ def test_a_version_1_checkpoint_reads_as_one_that_neither_masks_nor_carries_word
         '{"created_at":1,"model":"m","prefix_hash":"","user_words":[[1, 2]],'
         '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":2}',
         '{"created_at":1,"model":"m","prefix_hash":"",'
+        '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":4}',
+        '{"created_at":1,"model":"m","prefix_hash":"","elision":7,'
         '"retain_start_idx":5,"round_start_idx":null,"summary":"s","tokens_after":1,"tokens_before":1,"v":3}',
     ],
 )

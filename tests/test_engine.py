@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from proxy.context import userwords
+from proxy.context.checkpoint import Checkpoint
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.projection import SUMMARY_END
@@ -23,6 +24,8 @@ from tests.test_compaction_e2e import prose
 
 KEY = SessionKey("tenant", "engine")
 WINDOW = 4_000
+#: A window whose hard limit lies well above the threshold: a view can pass the one and not the other.
+ROOMY = {"context_window": 20_000, "compression_threshold": 0.1}
 
 
 def conversation(rounds: int, seed: int = 1) -> list[dict[str, Any]]:
@@ -131,22 +134,65 @@ async def test_one_compaction_at_a_time_across_engines(store: FactLog) -> None:
     Summariser(gate=asyncio.Event()),  # never answers: hits the summary timeout
 ], ids=["error", "empty", "hang"])
 async def test_failed_summary_changes_nothing(store: FactLog, summariser: Summariser) -> None:
-    engine = engine_over(store, summary_timeout=0.05) if summariser.gate else engine_over(store)
-    messages = conversation(20)
+    """Past the threshold but under the hard limit: the view goes as it is, the log gains nothing."""
+    engine = engine_over(store, **ROOMY, **({"summary_timeout": 0.05} if summariser.gate else {}))
+    messages = conversation(10)
     view = await prepare(engine, messages, summariser)
+    assert view.threshold < view.estimate.tokens <= view.limit
     assert view.compacted == "none" and not view.changed
     assert view.messages == messages
     facts = await read_log(store, KEY)
     assert {f.kind for f in facts} == {"message"}
 
 
-async def test_three_failures_pause_proactive_compaction(store: FactLog) -> None:
-    engine = engine_over(store)
+@pytest.mark.parametrize("summariser", [
+    Summariser(error=RuntimeError("upstream 500")),
+    Summariser(answer="I'm sorry, but I can't help with that."),
+    Summariser(gate=asyncio.Event()),
+], ids=["error", "refusal", "hang"])
+async def test_over_the_hard_limit_a_failed_summary_gives_way_to_the_model_free_tier(
+        store: FactLog, summariser: Summariser) -> None:
+    engine = engine_over(store, **({"summary_timeout": 0.05} if summariser.gate else {}))
     messages = conversation(20)
+    view = await prepare(engine, messages, summariser)
+    assert view.compacted == "proactive" and view.estimate.tokens <= view.limit and not view.clipped
+    facts = await read_log(store, KEY)
+    assert [f.message for f in facts if f.kind == "message"] == messages, "compaction never alters messages"
+    assert [f.kind for f in facts[-2:]] == ["summary", "checkpoint"]
+    checkpoint = Checkpoint.from_json(facts[-1].extra["checkpoint"])
+    assert checkpoint.summary == "" and checkpoint.summary_end == 1, "nothing of the model's: no summary yet"
+    assert f"Messages 1 to {checkpoint.retain_start_idx - 1} of this conversation (log entries 1 to " \
+           f"{checkpoint.retain_start_idx - 1})" in checkpoint.elision
+    assert userwords.HEADING in facts[-2].message["content"], "the user's words of the elided turns are carried"
+
+    # The next compaction that gets a model summary folds the elided range back in.
+    later = [*messages, *conversation(12, seed=2)[1:]]
+    working = Summariser()
+    await prepare(engine, later, working)
+    assert "[#1 user]" in working.prompts[0][1]["content"], "the summary starts where the elided range does"
+    folded = Checkpoint.from_json((await read_log(store, KEY))[-1].extra["checkpoint"])
+    assert folded.summary == full_summary("the summary") and not folded.elision
+
+
+async def test_three_failures_pause_proactive_compaction(store: FactLog) -> None:
+    engine = engine_over(store, **ROOMY)
+    messages = conversation(10)
     failing = Summariser(error=RuntimeError("down"))
     for _ in range(5):
         await prepare(engine, messages, failing)
     assert failing.calls == 3
+
+
+async def test_with_the_backoff_open_a_view_over_the_limit_gets_the_model_free_tier_without_a_call(
+        store: FactLog) -> None:
+    engine = engine_over(store, max_failures=1)
+    failing = Summariser(error=RuntimeError("down"))
+    await prepare(engine, conversation(20), failing)
+    assert failing.calls == 1
+    longer = [*conversation(20), *conversation(14, seed=3)[1:]]
+    view = await prepare(engine, longer, failing)
+    assert failing.calls == 1, "the backoff is open: no summary call"
+    assert view.estimate.tokens <= view.limit and view.checkpoint is not None and view.checkpoint.elision
 
 
 async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and_a_return_does(

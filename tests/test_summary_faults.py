@@ -142,13 +142,19 @@ async def test_a_broken_summariser_changes_nothing_and_the_session_keeps_working
         fake.release.set()
 
     assert len(fake.summary_requests) > asked, "the broken summariser was asked (and failed)"
-    assert compactions(metrics, "timeout" if mode == "hang" else "failed") >= 1
+    # The window is small enough that a view past the threshold is past the hard limit: the model-free tier stands
+    # in for the summary the model could not write (proxy.context.fallback).
+    assert compactions(metrics, "fallback") >= 1
     facts = await session.facts()
     assert facts[:len(before)] == before
     added = facts[len(before):]
-    assert {f.kind for f in added} <= {"message", "checkpoint"}, "no summary from a broken summariser"
-    for fact in added:  # masking (tier 1) needs no summary call and keeps going; it keeps the summary as it was
-        assert fact.kind == "message" or fact.extra["checkpoint"]["summary"] == checkpoint["summary"]
+    for fact in added:  # masking and the model-free tier need no model and keep the model's summary as it was
+        if fact.kind == "checkpoint":
+            assert fact.extra["checkpoint"]["summary"] == checkpoint["summary"]
+        elif fact.kind == "summary":
+            assert checkpoint["summary"] in (fact.message or {})["content"], "the model-free tier keeps the previous summary"
+        else:
+            assert fact.kind == "message"
     assert same_conversation(replay(facts), session.messages[:-1])
     for body in fake.requests[first_request:]:
         assert checkpoint["summary"] in summary_in_view(body), "every request kept the active checkpoint"

@@ -18,13 +18,15 @@ import orjson
 
 from proxy.context.chain import chain_hash
 
-CompactionOutcome = Literal["ok", "failed", "timeout", "skipped"]
-#: Which reduction a compaction made: masked tool outputs (no model call) or a summary.
-Tier = Literal["mask", "summary"]
+#: ``fallback``: no usable summary could be had and the model-free tier (``proxy.context.fallback``) stood in.
+CompactionOutcome = Literal["ok", "failed", "timeout", "skipped", "fallback"]
+#: Which reduction a compaction made: masked tool outputs (no model call), a summary, or the model-free tier.
+Tier = Literal["mask", "summary", "fallback"]
 
-#: Version 2 added ``masked_until`` and ``user_words``; a version 1 checkpoint reads as one without either.
-CHECKPOINT_FORMAT = 2
-READABLE_FORMATS = (1, 2)
+#: Version 2 added ``masked_until`` and ``user_words``; version 3 ``summarised_until``, ``elision``, ``artifacts``
+#: and ``trail``. An older checkpoint reads as one without them.
+CHECKPOINT_FORMAT = 3
+READABLE_FORMATS = (1, 2, 3)
 #: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
 #: its tokens as carried, its text as carried (clipped head and tail when the budget required it), and how many
 #: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.userwords``).
@@ -52,6 +54,15 @@ class Checkpoint:
     verbatim after the summary (``proxy.context.userwords``). ``prefix_hash``
     names ``messages[:covers]``: everything the checkpoint's view depends on,
     so a rewind never gets a view masking an item it does not have.
+
+    ``summarised_until`` is where the model's summary ends (-1: at
+    ``retain_start_idx``). When it ends earlier, the model-free tier
+    (``proxy.context.fallback``) elided ``messages[summarised_until:retain_start_idx]``
+    behind ``elision``, a marker naming their log range; the next model summary
+    starts there and folds them back in. ``artifacts`` are the files and
+    commands of everything before the split (``proxy.context.artifacts``, as
+    JSON), and ``trail`` their rendering in the summary item: both written by
+    the proxy from the log, never by the model.
     """
 
     summary: str
@@ -64,6 +75,15 @@ class Checkpoint:
     created_at: float
     masked_until: int = 0
     user_words: tuple[UserWords, ...] = ()
+    summarised_until: int = -1
+    elision: str = ""
+    artifacts: tuple[Any, ...] = ()
+    trail: str = ""
+
+    @property
+    def summary_end(self) -> int:
+        """Where the model's summary ends: the next summary folds in what follows, elided range first."""
+        return self.retain_start_idx if self.summarised_until < 0 else self.summarised_until
 
     @property
     def covers(self) -> int:
@@ -73,7 +93,7 @@ class Checkpoint:
     @property
     def summarises(self) -> bool:
         """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
-        return bool(self.summary.strip() or self.user_words)
+        return bool(self.summary.strip() or self.user_words or self.elision or self.trail)
 
     @property
     def masks(self) -> bool:
@@ -92,6 +112,9 @@ class Checkpoint:
         if self.masked_until or self.user_words:
             words = hashlib.blake2b(orjson.dumps(self.user_words), digest_size=8).hexdigest()
             key += f":m{self.masked_until}:u{words}"
+        if self.elision or self.trail:
+            proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}".encode(), digest_size=8).hexdigest()
+            key += f":e{self.summarised_until}:{proxy_text}"
         return key
 
     def matches(self, hashes: Sequence[str]) -> bool:
@@ -120,6 +143,10 @@ class Checkpoint:
                                          for i, seq, tokens, text, count in values["user_words"])
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint has malformed user_words: {exc}") from exc
+        if (not isinstance(values["summarised_until"], int) or not isinstance(values["elision"], str)
+                or not isinstance(values["trail"], str) or not isinstance(values["artifacts"], list | tuple)):
+            raise ValueError("checkpoint has a malformed summarised_until, elision, artifacts or trail")
+        values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
         return cls(**values)
 
 
@@ -133,6 +160,9 @@ class CompactionResult:
     tokens_after: int
     detail: str = ""
     tier: Tier = "summary"
+    #: Why the model's summary failed when the result still carries a reduction (a masking kept, the model-free
+    #: tier): the failure backoff counts it.
+    summary_error: str | None = None
 
 
 def masking_checkpoint(previous: Checkpoint | None, masked_until: int, hashes: Sequence[str], *, system_end: int,

@@ -16,8 +16,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint, prefix_hash
+from proxy.context.checkpoint import (
+    Checkpoint,
+    CompactionOutcome,
+    CompactionResult,
+    UserWords,
+    masking_checkpoint,
+    prefix_hash,
+)
 from proxy.context.clipping import Measure
+from proxy.context.fallback import reduced_checkpoint
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
 from proxy.context.masking import first_unmasked, mask_end
 from proxy.context.projection import ProjectionBuilder
@@ -38,6 +46,11 @@ DEFAULT_RETAIN_FRACTION = 0.35
 DEFAULT_MIN_GAIN = 0.10
 #: Tool outputs never masked: the last ten (``--keep-tool-outputs``), as in "The Complexity Trap".
 DEFAULT_KEEP_TOOL_OUTPUTS = 10
+
+
+#: The artifact trail for a checkpoint: from the previous one's artifacts (JSON form), the conversation, the range
+#: ``[start, end)`` newly leaving the verbatim tail and the log's seqs, the merged artifacts and their rendering.
+TrailMaker = Callable[[tuple[object, ...], Sequence[Message], int, int, Sequence[int]], tuple[tuple[object, ...], str]]
 
 
 def retain_budget_for(context_window: int, fraction: float = DEFAULT_RETAIN_FRACTION) -> int:
@@ -85,7 +98,8 @@ def plan_retain_start(
 class CompactionBackoff:
     """Stops proactive compaction of a session after repeated failures, for a cool-down.
 
-    ``failed`` and ``timeout`` count; ``ok`` clears the record; ``skipped`` (a
+    ``failed``, ``timeout`` and ``fallback`` (the model failed, the model-free tier stood in) count; ``ok``
+    clears the record; ``skipped`` (a
     compaction not worth doing, decided before or after the call) leaves it as
     it is. When the cool-down ends the session gets a fresh set of attempts.
     Bounded: the oldest records are forgotten past ``max_sessions``.
@@ -117,7 +131,7 @@ class CompactionBackoff:
     def record(self, key: str, outcome: str) -> None:
         if outcome == "ok":
             self._failures.pop(key, None)
-        elif outcome in ("failed", "timeout"):
+        elif outcome in ("failed", "timeout", "fallback"):
             count = self._failures.pop(key, (0, None))[0] + 1
             until = self._clock() + self.cooldown if count >= self.max_failures else None
             self._failures[key] = (count, until)
@@ -150,6 +164,7 @@ class ContextCompactor:
         keep_tool_outputs: int = DEFAULT_KEEP_TOOL_OUTPUTS,
         measure: Measure | None = None,
         user_words_budget: int = 0,
+        trail_of: TrailMaker | None = None,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -160,6 +175,7 @@ class ContextCompactor:
         self.keep_tool_outputs = keep_tool_outputs
         self.measure = measure
         self.user_words_budget = user_words_budget
+        self.trail_of = trail_of
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
@@ -183,6 +199,8 @@ class ContextCompactor:
         mask_target: int | None = None,
         seqs: Sequence[int] = (),
         keys: Sequence[str] = (),
+        fallback: bool = False,
+        use_model: bool = True,
     ) -> CompactionResult:
         """Reduce the view: mask when that reaches ``mask_target`` (None: go straight to a summary), else summarise.
 
@@ -193,6 +211,13 @@ class ContextCompactor:
         call (0 when the view is over the window: any gain is then worth it).
         ``seqs`` and ``keys`` are the log's seqs and prefix hashes of the
         conversation, which name masked outputs and carried user words.
+
+        With ``fallback``, a summary that cannot be had (failed, timed out,
+        refused, or not tried: ``use_model`` False while the failure backoff is
+        open) is replaced by the model-free tier (``proxy.context.fallback``):
+        the same split, the older turns elided behind a marker, outcome
+        ``fallback``. Without it a failed summary changes nothing, except that a
+        masking the same compaction computed is kept.
         """
         gain = self.min_gain if min_gain is None else min_gain
         if len(hashes) != len(messages):
@@ -204,6 +229,9 @@ class ContextCompactor:
         def tokens(checkpoint: Checkpoint | None) -> int:
             return self.view_tokens(self.projection.build(messages, checkpoint, seqs=seqs, keys=keys), known)
 
+        def worth(after: int) -> bool:
+            return before - after >= gain * before and before > after
+
         before = tokens(previous)
         dialect = self.projection.dialect
         system_end = leading_system_count(dialect, messages)
@@ -213,7 +241,7 @@ class ContextCompactor:
             checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
                                             created_at=self.clock(), tokens_before=before)
             after = tokens(checkpoint)
-            if before - after >= gain * before and before > after:
+            if worth(after):
                 masking = CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after,
                                            f"masked tool outputs before #{masked_until}", tier="mask")
                 if mask_target is not None and after <= mask_target:
@@ -221,45 +249,65 @@ class ContextCompactor:
         counts = self.message_counts(messages, hashes)
         start = plan_retain_start(dialect, messages, counts, max(1, self.min_retain_rounds >> level),
                                   max(1, budget >> level))
-        base = previous.retain_start_idx if previous is not None else system_end
-        if start <= base:
+        split_from = previous.retain_start_idx if previous is not None else system_end
+        base = previous.summary_end if previous is not None else system_end
+        folding_back = base < split_from and use_model  # a model summary would fold the elided range back in
+        if start <= split_from and not folding_back:
             return masking or CompactionResult("skipped", None, before, before, "nothing new to summarise")
+        start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
-        words = previous.user_words if previous is not None else ()
-        planned = tokens(Checkpoint(previous.summary if previous is not None else "", start, "", opener, 0, 0, model,
-                                    0.0, masked_until, words))
-        if before - planned < gain * before or before <= planned:
+        if start > split_from and not worth(tokens(Checkpoint(
+                previous.summary if previous is not None else "", start, "", opener, 0, 0, model, 0.0, masked_until,
+                previous.user_words if previous is not None else ()))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
-        result = await self.summarizer.summarise(
-            previous.summary if previous is not None else None,
-            messages[base:start],
-            dialect,
-            first_index=base,
-            instructions=instructions,
-        )
-        if result.outcome != "ok" or result.summary is None:
-            return CompactionResult(result.outcome, None, before, before, result.error or "")
+        words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
+        summary, summary_end, detail, error, outcome = await self._summary(
+            messages, previous, base if previous is not None else system_end, start, instructions, use_model)
+        if error is not None and not fallback:
+            # A failed summary keeps the masking the same compaction computed (the backoff still counts it).
+            return (replace(masking, summary_error=error) if masking is not None
+                    else CompactionResult(outcome, None, before, before, error))
+        checkpoint = reduced_checkpoint(
+            summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
+            masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
+            created_at=self.clock(), tokens_before=before)
+        after = tokens(checkpoint)
+        if not worth(after) and not (folding_back and error is None):
+            return masking or CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
+        if error is not None:
+            return CompactionResult("fallback", replace(checkpoint, tokens_after=after), before, after,
+                                    f"model-free tier: {error}", tier="fallback", summary_error=error)
+        return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after, detail)
+
+    def _carried(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,
+                 opener: int | None, seqs: Sequence[int], counts: Sequence[int],
+                 ) -> tuple[tuple[UserWords, ...], tuple[object, ...], str]:
+        """What the proxy itself carries past a split at ``start``: the user's words and the artifact trail of
+        ``messages[split_from:start]`` added to the previous checkpoint's."""
+        words = previous.user_words if previous is not None else ()
         if self.measure is not None and self.user_words_budget > 0:
-            words = carry(dialect, messages, words, start=base, end=start, opener=opener,
+            words = carry(self.projection.dialect, messages, words, start=split_from, end=start, opener=opener,
                           previous_opener=previous.round_start_idx if previous is not None else None, seqs=seqs,
                           measure=self.measure, budget=self.user_words_budget, counts=counts)
-        masked_until = masked_until if masked_until > start else 0  # a masked region summarised away is no more
-        checkpoint = Checkpoint(
-            summary=result.summary,
-            retain_start_idx=start,
-            prefix_hash=prefix_hash(hashes, max(start, masked_until)),
-            round_start_idx=opener,
-            tokens_before=before,
-            tokens_after=0,
-            model=model,
-            created_at=self.clock(),
-            masked_until=masked_until,
-            user_words=words,
-        )
-        after = tokens(checkpoint)
-        if before - after < gain * before or before <= after:
-            return CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
-        return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after)
+        artifacts, trail = (previous.artifacts, previous.trail) if previous is not None else ((), "")
+        if self.trail_of is not None and start > split_from:
+            artifacts, trail = self.trail_of(artifacts, messages, split_from, start, seqs)
+        return words, artifacts, trail
+
+    async def _summary(self, messages: Sequence[Message], previous: Checkpoint | None, base: int, start: int,
+                       instructions: str | None, use_model: bool,
+                       ) -> tuple[str, int, str, str | None, CompactionOutcome]:
+        """The model's summary of ``messages[base:start]`` folded into the previous one: (summary, where it ends,
+        detail, error or None, outcome). On failure the previous summary and its end stand."""
+        summary, end = (previous.summary, base) if previous is not None else ("", base)
+        if not use_model:
+            return summary, end, "", "no summary call: the failure backoff is open", "failed"
+        result = await self.summarizer.summarise(previous.summary if previous is not None else None,
+                                                 messages[base:start], self.projection.dialect, first_index=base,
+                                                 instructions=instructions)
+        if result.outcome == "ok" and result.summary is not None:
+            return result.summary, base + result.folded, result.error or "", None, "ok"
+        return summary, end, "", result.error or result.outcome, result.outcome
 
     def _mask_until(self, messages: Sequence[Message], previous: Checkpoint | None, level: int) -> int:
         """How far the checkpoint masks: up to the last ``keep_tool_outputs`` outputs (fewer, harder pressed)."""

@@ -20,14 +20,9 @@ from typing import Any, Literal
 from proxy.context.background import BackgroundCompactions
 from proxy.context.batches import checkpoint_fact, mask_batch, maskable
 from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
+from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.clipping import entry_namer, fit_by_clipping
-from proxy.context.compactor import (
-    Checkpoint,
-    CompactionBackoff,
-    CompactionResult,
-    ContextCompactor,
-    retain_budget_for,
-)
+from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
@@ -36,6 +31,7 @@ from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summar
 from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
+from proxy.context.trail import trail_maker
 from proxy.context.window import context_window_for
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
@@ -44,7 +40,7 @@ from proxy.types import Message
 logger = logging.getLogger(__name__)
 
 Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
-Compacted = Literal["none", "proactive", "reactive"]
+Compacted = Literal["none", "proactive", "reactive", "background"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 DEFAULT_WINDOW = 128_000
@@ -77,6 +73,8 @@ class EngineSettings:
     #: Below the threshold, a batch of old outputs is masked once it frees this share of the window (None: only
     #: at the threshold).
     mask_batch_share: float | None = 0.125
+    #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
+    artifact_share: float = 0.10
 
 
 @dataclass(frozen=True)
@@ -159,6 +157,8 @@ class ContextEngine:
                                          cooldown=settings.failure_cooldown)
         self._policies: dict[int, ContextBudgetPolicy] = {}
         self._learned: dict[str, int] = {}
+        #: Checkpoints a background compaction made that no request's view has used yet (their view keys).
+        self._unannounced: dict[SessionKey, str] = {}
         self.masker = Masker(self.counter, recall=settings.recall_tool)
 
     def window_for(self, model: str | None) -> int:
@@ -247,6 +247,9 @@ class ContextEngine:
         window = self.window_for(model)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
         prepared = self.view(messages, hashes, state, fit=False, **options)
+        if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
+            del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
+            prepared = replace(prepared, compacted="background")
         # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output) or prepared
@@ -264,6 +267,8 @@ class ContextEngine:
         if prepared.estimate.tokens <= prepared.threshold:
             return prepared
         started = time.monotonic()
+        ask_model = True
+        latest = prepared
         job = self.background.running(key)
         if job is not None:
             if prepared.estimate.tokens <= prepared.limit:  # the summary is on its way and the view still fits
@@ -275,26 +280,36 @@ class ContextEngine:
                 self._waited(time.monotonic() - started)
                 return replace(after, compacted="proactive")
             if _failed(job):  # one summary attempt per request: a failed job is not tried again at once
-                self._waited(time.monotonic() - started)
-                return self.view(messages, hashes, state, **options)
-            # It made a checkpoint for an earlier step, or skipped: this request compacts further itself.
-            allowed = self.backoff.allowed(f"{key.tenant}:{key.session}")
-        if not allowed:
+                ask_model = False
+            else:  # it made a checkpoint for an earlier step, or skipped: this request compacts further itself
+                allowed = self.backoff.allowed(f"{key.tenant}:{key.session}")
+            latest = after
+        over = latest.estimate.tokens > latest.limit
+        if (not allowed or not ask_model) and not (over and state is not None):
             self._waited(time.monotonic() - started)
             return self.view(messages, hashes, state, **options)
+        # Over the hard limit, the model-free tier stands in for a summary that cannot be had: the view never goes
+        # out over the window because a summary failed (with the backoff open, it answers without a model call).
         result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
-                                           complete=complete, threshold=prepared.threshold,
-                                           over_limit=prepared.estimate.tokens > prepared.limit, **options)
+                                           complete=complete, threshold=prepared.threshold, over_limit=over,
+                                           fallback=over, model_call=allowed and ask_model, **options)
         self._waited(time.monotonic() - started)
         after = self.view(messages, hashes, state, **options)
         # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
-        if result.outcome == "ok" or (after.checkpoint is not None and after.checkpoint != prepared.checkpoint):
+        if result.outcome in ("ok", "fallback") or (after.checkpoint is not None
+                                                    and after.checkpoint != prepared.checkpoint):
             return replace(after, compacted="proactive")
         return after
 
     async def aclose(self) -> None:
         """Cancel the background compactions (shutdown): a cancelled one has written nothing."""
         await self.background.aclose()
+
+    def _unannounce(self, key: SessionKey, view_key: str) -> None:
+        self._unannounced.pop(key, None)
+        if len(self._unannounced) >= 10_000:  # bounded: the oldest sessions' announcements are dropped
+            self._unannounced.pop(next(iter(self._unannounced)))
+        self._unannounced[key] = view_key
 
     def _waited(self, seconds: float) -> None:
         if self.wait_observer is not None:
@@ -305,6 +320,7 @@ class ContextEngine:
                       level: int = 0,
                       threshold: int | None = None, instructions: str | None = None,
                       tools: Sequence[Any] | None = None, max_output: int | None = None, over_limit: bool = False,
+                      fallback: bool = False, model_call: bool = True,
                       ) -> tuple[CompactionResult, ConversationState | None]:
         """Compact under the session lock and record the checkpoint; the state is returned caught up.
 
@@ -312,9 +328,18 @@ class ContextEngine:
         summary timeout) and then, if the view now fits, uses that compaction's
         checkpoint instead of writing a second one. ``tools`` and ``max_output``
         are the request's: every measure counts them. ``over_limit`` (and any
-        reactive ``level``) lifts the minimum gain: a view over the window must shrink.
+        reactive ``level``) lifts the minimum gain: a view over the window must shrink. ``fallback`` lets the
+        model-free tier stand in when no summary can be had (``ContextCompactor.compact``); the failure backoff,
+        when open, then skips the summary call altogether.
         """
         started = time.perf_counter()
+        session = f"{key.tenant}:{key.session}"
+        # With the backoff open the model is not asked (a manual compaction always asks): the model-free tier
+        # answers at once where it may stand in, instead of a request waiting out another summary timeout.
+        use_model = model_call and (trigger == "manual" or self.backoff.allowed(session))
+        if not use_model and not fallback:
+            return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "failure backoff open"),
+                                 started), self.history.cached(key)
         state: ConversationState | None
         try:
             # A checkpoint must cover logged messages: log the conversation first (usually a no-op).
@@ -336,20 +361,26 @@ class ContextEngine:
                     dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
                     summary=summary_text(previous) if previous is not None else None)
-                # Tiers (proxy.context.compactor): masking when it reaches the target, else a summary; "manual" asks
-                # for the summary.
-                target = None if trigger == "manual" else self.policy(window).reduced_target(
+                # Tiers (proxy.context.compactor): masking when it reaches the target, else a summary; "manual" and
+                # "client" (the client's own compaction) ask for the summary.
+                target = None if trigger in ("manual", "client") else self.policy(window).reduced_target(
                     fresh.estimate, fresh.threshold, tools)
                 seqs, keys = state.entries_for(hashes, len(hashes))
                 result = await self._compactor(complete, window, dialect).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
-                    min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys)
-                if result.outcome == "ok" and result.checkpoint is not None:
-                    state = await self._record(key, result.checkpoint, dialect, summarised=result.tier == "summary")
+                    min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys,
+                    fallback=fallback, use_model=use_model)
+                if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
+                    state = await self._record(key, result.checkpoint, dialect, previous, hashes,
+                                               summarised=result.tier != "mask")
+                    made = active_checkpoint(state, hashes)
+                    if trigger == "background" and made is not None:
+                        self._unannounce(key, made.view_key)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)
-        self.backoff.record(f"{key.tenant}:{key.session}", result.outcome)
+        if use_model:  # a compaction that never called the model tells the backoff nothing new
+            self.backoff.record(session, "failed" if result.summary_error else result.outcome)
         return self._observe(key, trigger, result, started), state
 
     def _compactor(self, complete: Complete, window: int, dialect: ItemModel) -> ContextCompactor:
@@ -365,23 +396,41 @@ class ContextEngine:
         return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
                                 projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds,
                                 keep_tool_outputs=self.settings.keep_tool_outputs, measure=policy,
-                                user_words_budget=self.user_words_budget(window))
+                                user_words_budget=self.user_words_budget(window),
+                                trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
+                                                     policy.text_tokens))
 
     def user_words_budget(self, window: int) -> int:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""
         budget = self.settings.keep_user_words
         return budget if budget is not None else window // 10
 
-    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, *,
-                      summarised: bool = True) -> ConversationState:
+    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, previous: Checkpoint | None,
+                      hashes: Sequence[str], *, summarised: bool = True) -> ConversationState:
         """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
-        has none to log)."""
-        record = checkpoint_fact(checkpoint)
-        if not summarised:
-            return await self.history.append_proxy_facts(key, [record])
-        summary = NewFact(kind="summary", index=checkpoint.retain_start_idx, source="proxy",
-                          message=dialect.with_summary(None, summary_text(checkpoint)), extra={"dialect": dialect.name})
-        return await self.history.append_proxy_facts(key, [summary, record])
+        has none to log).
+
+        A masking batch (``proxy.context.batches``) takes no lock: when one landed
+        while this compaction ran, the checkpoint keeps what the batch masked
+        rather than unmasking it (the batch planned from the checkpoint this
+        compaction started from, so its region is this one's or reaches further).
+        """
+
+        def plan(state: ConversationState) -> list[NewFact]:
+            current = active_checkpoint(state, hashes)
+            final = checkpoint
+            if (current is not None and current != previous and current.masked_until > final.masked_until
+                    and current.masked_until > final.retain_start_idx):
+                final = replace(final, masked_until=current.masked_until,
+                                prefix_hash=prefix_hash(hashes, max(final.retain_start_idx, current.masked_until)))
+            facts = [checkpoint_fact(final)]
+            if summarised:
+                facts.insert(0, NewFact(kind="summary", index=final.retain_start_idx, source="proxy",
+                                        message=dialect.with_summary(None, summary_text(final)),
+                                        extra={"dialect": dialect.name}))
+            return facts
+
+        return await self.history.append_planned(key, plan)
 
     def _observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
                  started: float) -> CompactionResult:

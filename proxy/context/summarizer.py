@@ -99,6 +99,7 @@ class SummaryResult:
     summary: str | None = None
     calls: int = 0
     error: str | None = None
+    folded: int = 0
 
 
 def missing_section(text: str) -> int | None:
@@ -255,4 +256,4 @@ class SummaryGenerator:
                     pending = rest
         except TimeoutError:
             return SummaryResult("timeout", calls=calls, error=f"no summary within {self.timeout} s")
-        return SummaryResult("ok", summary=summary, calls=calls)
+        return SummaryResult("ok", summary=summary, calls=calls, folded=len(messages))

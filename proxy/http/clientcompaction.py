@@ -6,15 +6,17 @@ expects back); this module is the wiring:
 - ``answer``: a recognised request (Claude Code's summary prompt, Codex's local compaction prompt, its
   ``compaction_trigger`` turn, ``POST /v1/responses/compact``) is answered from the checkpoint that covers the
   conversation, made now only when none is ready (or when the user's own instructions, ``/compact <text>``,
-  ask for a rolling update). The client is about to throw its whole history away, so the answer is the
-  checkpoint's summary followed by what it keeps verbatim, as a transcript. It is logged as a ``summary``
+  ask for a rolling update, or when the checkpoint only masks). The client is about to throw its whole history
+  away, so the answer is the checkpoint's summary item (with the user's words and the artifact trail) followed
+  by the newest items it keeps verbatim, as a transcript, within a quarter of the window. It is logged as a ``summary``
   entry; Codex's ``compaction`` item carries a signed reference to that entry (``proxy.secret``).
 - ``expand``: a ``compaction`` item that comes back in a later request becomes, before anything else sees
   it, the user message that entry holds: no upstream but OpenAI's could read its ``encrypted_content``, and
   ours names a log entry. A forged, altered or unknown reference gets a 400.
 
-When no checkpoint can be had (a conversation too short to summarise, a failed summary), ``answer`` returns
-None and the request goes upstream as the client sent it: the model writes the summary, as without a proxy.
+When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.fallback``). Only when no
+checkpoint can be had at all (a conversation too short to summarise) does ``answer`` return None and the request
+go upstream as the client sent it: the model writes the summary, as without a proxy.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from aiohttp import web
 
 from proxy.clientcompact import CompactionRequest, Envelope, compaction_references, render
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
-from proxy.context.compactor import Checkpoint
+from proxy.context.checkpoint import Checkpoint
 from proxy.context.engine import active_checkpoint
 from proxy.context.items import Item
+from proxy.context.projection import summary_text
 from proxy.context.summarizer import serialise_message
 from proxy.errors import BadRequest, StoreError
 from proxy.keys import history_key, secret_key, store_key
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
 #: Characters of one retained item in the answer's transcript, head and tail kept.
 TRANSCRIPT_CLIP_CHARS = 2_000
 RECENT_HEADING = "## Recent messages, verbatim (oldest first)"
+#: Share of the window the answer may take: the client carries it in every later request.
+ANSWER_SHARE = 0.25
 
 
 async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
@@ -55,15 +60,18 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     same = request.index if request.index is not None else len(items)  # items before it are the request's own
     hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
     checkpoint = active_checkpoint(turn.state, hashes)
-    if checkpoint is None or request.instructions:
-        model = turn.parsed.model or ""
+    model = turn.parsed.model or ""
+    window = turn.engine.window_for(model)
+    if checkpoint is None or not checkpoint.summary.strip() or request.instructions:
+        # No summary ready (none at all, or a checkpoint that only masks): one is made now, as the client would
+        # have waited for its own; when none can be had, the model-free tier's answer stands in.
         result, state = await turn.engine.compact(
             turn.key, items, hashes, trigger="client", dialect=dialect, model=model, complete=turn.summarise,
-            window=turn.engine.window_for(model), instructions=request.instructions, over_limit=True)
-        checkpoint = active_checkpoint(state, hashes) if result.outcome in ("ok", "skipped") else None
-        if checkpoint is None:
+            window=window, instructions=request.instructions, over_limit=True, fallback=True)
+        checkpoint = active_checkpoint(state, hashes) if result.outcome in ("ok", "fallback", "skipped") else None
+        if checkpoint is None or not checkpoint.summarises:
             return None
-    text = summary_with_tail(turn, items, checkpoint)
+    text = summary_with_tail(turn, items, checkpoint, int(window * ANSWER_SHARE))
     history = turn.request.app[history_key]
     try:
         # The conversation the answer covers is logged first (usually a no-op), then the answer after it.
@@ -88,13 +96,30 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     return web.Response(body=rendered.body, content_type=rendered.content_type.split(";")[0], headers=headers)
 
 
-def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint) -> str:
-    """The checkpoint's summary, then the items it keeps verbatim as a transcript: all the client will keep."""
+def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint, budget: int) -> str:
+    """The checkpoint's summary item (the summary, what the model-free tier elided, the user's words, the artifact
+    trail), then as many of the newest items it keeps verbatim as fit ``budget`` tokens, as a transcript.
+
+    The client carries the answer in every later request, so it is bounded:
+    never a transcript of the whole history, which a checkpoint that only
+    masks would otherwise make it.
+    """
+    summary = summary_text(checkpoint)
+    count = turn.engine.counter.text_tokens
+    room = budget - count(summary) - count(RECENT_HEADING)
     start = checkpoint.retain_start_idx
     opener = checkpoint.round_start_idx
     kept = ([opener] if opener is not None and opener < start else []) + list(range(start, len(items)))
-    transcript = "\n\n".join(serialise_message(turn.dialect, items[i], i, TRANSCRIPT_CLIP_CHARS) for i in kept)
-    return f"{checkpoint.summary.strip()}\n\n{RECENT_HEADING}\n\n{transcript}" if transcript else checkpoint.summary
+    recent: list[str] = []
+    for index in reversed(kept):
+        text = serialise_message(turn.dialect, items[index], index, TRANSCRIPT_CLIP_CHARS)
+        room -= count(text) + 1
+        if room < 0:
+            break
+        recent.append(text)
+    if not recent:
+        return summary
+    return f"{summary}\n\n{RECENT_HEADING}\n\n" + "\n\n".join(reversed(recent))
 
 
 async def expand(request: web.Request, key: SessionKey, items: list[Item]) -> list[Item]:

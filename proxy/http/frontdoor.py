@@ -155,7 +155,8 @@ class Turn:
         and its rounds per level, down to the split-inside-a-round minimum. The
         retry must also come in under what was refused (``retry_limit``), with
         tool results clipped if that is what it takes, so a view that compaction
-        cannot shrink (one huge result in the last step) still gets through.
+        cannot shrink (one huge result in the last step) still gets through. When no summary can be had (it
+        fails, or the failure backoff is open and none is tried) the model-free tier stands in at once.
         """
         self.attempts += 1
         attempt = self.attempts
@@ -173,8 +174,8 @@ class Turn:
             result, state = await self.engine.compact(self.key, items, self.hashes, trigger="reactive",
                                                       dialect=self.dialect, model=model, complete=self.summarise,
                                                       window=window, level=attempt, tools=tools,
-                                                      max_output=max_output)
-            compacted = result.outcome == "ok"
+                                                      max_output=max_output, fallback=True)
+            compacted = result.outcome in ("ok", "fallback")
             self.state = state if state is not None else self.state
         limit = retry_limit(self.engine.policy(window).hard_limit(max_output), refused.estimate.tokens)
         view = self.engine.view(items, self.hashes, self.state, dialect=self.dialect, window=window, tools=tools,

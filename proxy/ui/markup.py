@@ -108,7 +108,11 @@ def entry_html(fact: StoredFact, *, tokens: int | None, mark: Mark | None, entry
             span = (f"messages {mark.first}–{mark.retain_start - 1}" if mark.retain_start - 1 > mark.first  # noqa: RUF001
                     else f"message {mark.first}")
             text = f"checkpoint: {span} summarised ({mark.tokens_before:,} → {mark.tokens_after:,} tokens)"
-        return f"{li}{_head(seq, f'<b>{e(text)}</b>', when)}</li>"
+        badge = ""
+        if mark is not None and mark.elided_from is not None:  # the model-free tier stood in for a summary
+            badge = (f'<span class="badge warn">no model summary: messages {mark.elided_from}–{mark.retain_start - 1}'  # noqa: RUF001
+                     " elided by the model-free tier</span>")
+        return f"{li}{_head(seq, f'<b>{e(text)}</b>', when)}{badge}</li>"
     message = fact.message or {}
     count = f"{tokens:,} tokens" if tokens is not None else ""
     if fact.kind == "summary":

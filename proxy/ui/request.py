@@ -118,6 +118,9 @@ def _figures(r: RequestView) -> str:
     if r.checkpoint is not None:
         text += (f" · checkpoint: messages before [{r.checkpoint.retain_start_idx}] summarised "
                  f"({r.checkpoint.tokens_before:,} → {r.checkpoint.tokens_after:,} tokens)")
+        if r.checkpoint.elision:
+            text += (f", of which [{r.checkpoint.summary_end}] to [{r.checkpoint.retain_start_idx - 1}] elided by the "
+                     "model-free tier (no model summary)")
     note = "" if r.matches() else (
         '<p class="note warn">This rebuilt view differs from the logged one (length '
         f'{e(r.logged_view.get("length", "unknown"))}): the window or the settings that shape a view have changed '

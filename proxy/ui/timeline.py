@@ -65,6 +65,8 @@ class Mark:
     tokens_before: int
     tokens_after: int
     view_key: str
+    #: Where the model-free tier's elided range starts (``Checkpoint.summarised_until``); None: nothing elided.
+    elided_from: int | None = None
 
 
 def usage_figures(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
@@ -141,7 +143,8 @@ class Timeline:
         system = leading_system_count(self.lineage.dialect, self.lineage.messages)
         self.marks.append(Mark(fact.seq, fact.ts, len(self.points), system,
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
-                               checkpoint.view_key))
+                               checkpoint.view_key,
+                               checkpoint.summary_end if checkpoint.elision else None))
 
     def _point(self, fact: StoredFact) -> None:
         index = len(self.lineage.messages) - 1
