@@ -90,7 +90,12 @@ async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready
     fake.script.append(Reply(content="All done."))
     response, _ = await send(proxy, messages, "bg", stream=False)
     assert int(response.headers["X-Ctxproxy-View-Tokens"]) < 0.6 * WINDOW, "the ready checkpoint was applied"
+    assert response.headers["X-Ctxproxy-Compacted"] == "background", "the first view using it says so"
     assert fake.requests[-1]["messages"][1]["content"].startswith("[ctxproxy] Summary of earlier work")
+    fake.script.append(Reply(content="Still done."))
+    response, _ = await send(proxy, [*messages, {"role": "assistant", "content": "All done."},
+                                     {"role": "user", "content": "Thanks."}], "bg", stream=False)
+    assert response.headers["X-Ctxproxy-Compacted"] == "none", "only the first one"
     assert fake.refused == 0 and max(fake.prompt_tokens) <= WINDOW
     assert waits(proxy) == (0.0, 0.0), "no request reached the trigger without its summary ready"
 

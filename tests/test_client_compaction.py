@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.clientcompact.texts import CLAUDE_CONTINUATION, CLAUDE_MARKER, CODEX_PROMPT
+from proxy.context.tokens import TokenCounter
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
@@ -54,7 +55,7 @@ async def proxy_for(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Any, fak
 # -- Claude Code ----------------------------------------------------------------------------------
 
 
-async def claude_run(proxy: TestClient[Any, Any], steps: int) -> list[dict[str, Any]]:
+async def claude_run(proxy: TestClient[Any, Any], steps: int, lines: int = 40) -> list[dict[str, Any]]:
     """A Claude Code-like loop: each Bash call answered with its output, until ``steps`` are done."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": [{"type": "text", "text": "Run the steps."}]}]
     for step in range(1, steps + 1):
@@ -66,7 +67,7 @@ async def claude_run(proxy: TestClient[Any, Any], steps: int) -> list[dict[str, 
         use = next(b for b in content if b["type"] == "tool_use")
         messages += [{"role": "assistant", "content": content},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
-                                                   "content": f"step-{step}\n" + "output line\n" * 40}]}]
+                                                   "content": f"step-{step}\n" + "output line\n" * lines}]}]
     return messages
 
 
@@ -107,6 +108,30 @@ async def test_claude_codes_compaction_is_answered_from_the_checkpoint(aiohttp_s
     logged = [f.message for f in facts if f.kind == "message"]
     assert logged[-2:] == [messages[-1],  # its tool results, the prompt block taken out
                            {"role": "system", "content": "Today's date is 2026-11-30."}], "what it covers is logged"
+
+
+async def test_claude_codes_compaction_over_a_checkpoint_that_only_masks_gets_a_summary_in_a_quarter_window(
+        aiohttp_server, aiohttp_client, tmp_path) -> None:
+    """A masking batch is no summary: answering with it would hand the client a transcript of its whole history,
+    which it then carries in every request. A summary is made now, as the client would have waited for its own."""
+    fake = FakeMessages(Script(steps=60))
+    window = 16_000
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, fake, window=window)
+    messages = await claude_run(proxy, 20, lines=150)
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "cc-1"))
+    checkpoints = [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"]
+    assert checkpoints and not checkpoints[-1]["summary"], "the ready checkpoint only masks"
+    assert not [r for r in fake.requests if r.kind == "summary"]
+    resp = await proxy.post("/v1/messages?beta=true", headers=CLAUDE_HEADERS, json={
+        "model": "claude-test", "max_tokens": 1024, "system": [{"type": "text", "text": "You are Claude Code."}],
+        "tools": [BASH], "messages": claude_compaction(messages)})
+    assert resp.status == 200
+    text = (await resp.json())["content"][0]["text"]
+    summary = text[text.index("<summary>") + len("<summary>"):text.index("</summary>")]
+    assert [r for r in fake.requests if r.kind == "summary"], "a summary was made for the answer"
+    assert "## 1. Goals" in summary and "Ran steps 1 to" in summary
+    assert TokenCounter().text_tokens(summary) <= window // 4, "within a quarter of the window"
+    assert "step-1\n" not in summary and "step-20\n" in summary, "the newest items only, not the whole history"
 
 
 async def test_claude_codes_next_request_after_its_compaction_is_a_marked_boundary(aiohttp_server, aiohttp_client,

@@ -525,3 +525,66 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
         else:
             assert not model.prompts and again.checkpoint.summary == first.summary
         assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system", strict)
+
+
+# ---- the model-free tier and what a failed summary keeps (issue 18, items 2 and 7) -------------------------------
+
+
+def tool_loop(steps: int, size: int = 600) -> list[Message]:
+    """One round of ``steps`` tool calls with large outputs: only masking and summaries can shrink it."""
+    messages: list[Message] = [{"role": "system", "content": "s"}, {"role": "user", "content": "go"}]
+    for i in range(steps):
+        messages += [{"role": "assistant", "content": f"step {i}", "tool_calls": [call(f"c{i}")]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": f"{i:03d}" + "o" * size}]
+    return messages
+
+
+async def broken(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
+    raise RuntimeError("upstream 500")
+
+
+async def test_a_failed_summary_keeps_the_masking_the_same_compaction_computed() -> None:
+    messages = tool_loop(20)
+    masking = ContextCompactor(SummaryGenerator(broken), COUNT, clock=lambda: CREATED_AT,
+                               projection=ProjectionBuilder(CHAT), min_retain_rounds=1, keep_tool_outputs=3)
+    result = await masking.compact(messages, hashes_of(messages), None, budget=600, model="m", mask_target=10)
+    assert result.outcome == "ok" and result.tier == "mask" and result.checkpoint is not None
+    assert result.summary_error == "RuntimeError: upstream 500", "the backoff still hears of the failure"
+    assert result.tokens_after < result.tokens_before
+
+
+async def test_with_fallback_a_failed_summary_gives_the_model_free_checkpoint() -> None:
+    messages = chat(12)
+    seqs = list(range(100, 100 + len(messages)))
+    result = await compactor(broken).compact(messages, hashes_of(messages), None, budget=600, model="m",
+                                             fallback=True, seqs=seqs)
+    assert result.outcome == "fallback" and result.tier == "fallback" and result.checkpoint is not None
+    checkpoint = result.checkpoint
+    assert checkpoint.summary == "" and checkpoint.summary_end == 1 < checkpoint.retain_start_idx
+    last = checkpoint.retain_start_idx - 1
+    assert f"Messages 1 to {last} of this conversation (log entries 101 to {100 + last})" in checkpoint.elision
+    assert result.tokens_after < result.tokens_before
+    view = ProjectionBuilder(CHAT).build(messages, checkpoint)
+    assert role_error(view) is None and checkpoint.elision in view[1]["content"]
+
+
+async def test_with_the_model_not_asked_the_model_free_tier_makes_no_call() -> None:
+    model = Model()
+    messages = chat(12)
+    result = await compactor(model).compact(messages, hashes_of(messages), None, budget=600, model="m",
+                                            fallback=True, use_model=False)
+    assert result.outcome == "fallback" and model.prompts == []
+
+
+async def test_a_model_summary_after_the_model_free_tier_folds_the_elided_range_back_in() -> None:
+    messages = chat(12)
+    hashes = hashes_of(messages)
+    elided = (await compactor(broken).compact(messages, hashes, None, budget=600, model="m", fallback=True)).checkpoint
+    assert elided is not None
+    model = Model()
+    # The split stays where it is: the summary covers the elided range, and the marker goes.
+    result = await compactor(model, rounds=3).compact(messages, hashes, elided, budget=600, model="m")
+    assert result.outcome == "ok" and result.checkpoint is not None
+    assert model.indices()[0] == 1, "the summary starts where the elided range does"
+    assert result.checkpoint.retain_start_idx == elided.retain_start_idx
+    assert not result.checkpoint.elision and result.checkpoint.summary_end == elided.retain_start_idx

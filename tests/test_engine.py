@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from proxy.context import userwords
-from proxy.context.checkpoint import Checkpoint
+from proxy.context.batches import checkpoint_fact
+from proxy.context.checkpoint import Checkpoint, masking_checkpoint
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.projection import SUMMARY_END
@@ -255,3 +256,31 @@ async def test_tool_definitions_count_when_a_checkpoint_exists(store: FactLog) -
     assert engine.policy(WINDOW).tools_tokens(tools) > 1_200
     assert summariser.calls >= 3
     assert [v.estimate.tokens for v in views if v.estimate.tokens > v.threshold] == []
+
+
+async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_the_batch_masked(
+        store: FactLog) -> None:
+    engine = engine_over(store, keep_tool_outputs=1_000)  # the compaction itself masks nothing: the batch does
+    rng = random.Random(7)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    for i in range(16):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": f"step {i}", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": prose(rng, 150)}]
+    hashes = [message_hash(m) for m in messages]
+    await engine.history.sync(KEY, messages, hashes)
+    gate = asyncio.Event()
+    held = Summariser(gate=gate)
+    job = asyncio.create_task(engine.compact(KEY, messages, hashes, trigger="background", dialect=CHAT, model="m",
+                                             complete=held, window=WINDOW))
+    await asyncio.wait_for(held.entered.wait(), 10)
+    # A masking batch lands meanwhile (it takes no lock), masking all but the last two outputs.
+    batch = masking_checkpoint(None, len(messages) - 4, hashes, system_end=1, model="m", created_at=1000.0)
+    await engine.history.append_proxy_facts(KEY, [checkpoint_fact(batch)])
+    gate.set()
+    result, state = await job
+    assert result.outcome == "ok" and result.checkpoint is not None
+    assert result.checkpoint.retain_start_idx < batch.masked_until, "the batch masks past the summary's split"
+    final = active_checkpoint(state, hashes)
+    assert final is not None and final.summary == full_summary("the summary")
+    assert final.masked_until == batch.masked_until, "the summary did not unmask what the batch masked"

@@ -273,7 +273,8 @@ class ContextCompactor:
             created_at=self.clock(), tokens_before=before)
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
-            return masking or CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
+            skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
+            return (masking or skipped) if error is not None else skipped
         if error is not None:
             return CompactionResult("fallback", replace(checkpoint, tokens_after=after), before, after,
                                     f"model-free tier: {error}", tier="fallback", summary_error=error)
