@@ -264,7 +264,13 @@ def test_repeats_keep_one_line_each_with_the_last_outcome_newest_last() -> None:
     ("<tool_use_error>File has not been read yet.</tool_use_error>", True, "error: File has not been read yet."),
     ("all good\nerror: words in ordinary output\n", False, ""),
     ("", True, "error"),
+    ("<tool_use_error>Error: No such tool available: Foo</tool_use_error>", True,
+     "error: Error: No such tool available: Foo"),
+    ("Command: false\nDirectory: (root)\nOutput: (empty)\nError: (none)\nExit Code: 1\nSignal: (none)", False,
+     "exit 1"),
     ('{"not": "codex"}', False, ""),
+    ("Command: x\nOutput: " + "y" * 5000 + "\n" + "line\n" * 20 + "Error: (none)\nExit Code: 3\nSignal: (none)", False,
+     "exit 3"),
 ])
 def test_exit_status_is_what_the_result_states(text: str, is_error: bool, expected: str) -> None:
     assert outcome(text, is_error) == expected

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -31,18 +31,19 @@ _DIFF_NEW = re.compile(r"^\+\+\+ (?:b/)?(.+?)(?:\t.*)?\s*$")
 _GIT_RENAME = re.compile(r"^rename (from|to) (.+?)\s*$")
 _EXIT = re.compile(r"^\W*(?:exit(?:ed with)? (?:code|status)|process exited with code|exit_code)\b[:=]?\s*(-?\d+)",
                    re.IGNORECASE)
-#: Lines that say what went wrong, strongest first; a traceback's own first line only when nothing better shows.
-_ERROR_LINES = (
-    re.compile(r"\b\w*(?:Error|Exception|error|ERROR|fatal|FATAL):"),
-    re.compile(r"command not found|No such file|Permission denied|^ERROR\b|\bfailed\b", re.IGNORECASE),
-    re.compile(r"^Traceback \(most recent call last\)"),
+#: What marks a line that says what went wrong, strongest first; a traceback's own first line only when nothing
+#: better shows. Plain strings, found with ``str.find``: a regex alternation is twenty times slower on 30 KB.
+ERROR_MARKS = (
+    ("Error:", "Exception:", "error:", "ERROR:", "fatal:", "FATAL:"),
+    ("command not found", "No such file", "Permission denied", "failed", "Failed", "FAILED", "ERROR "),
+    ("Traceback (most recent call last)",),
 )
 _NOTHING_LINE = re.compile(r":\s*\((?:none|empty)\)\s*$")
 _TAG = re.compile(r"</?tool_use_error>")
 #: Lines of a result looked at for a status header: its head (or all before Codex's ``Output:``) and its tail.
 HEAD_LINES, TAIL_LINES = 8, 8
-#: Lines of a result searched for an error line.
-SCAN_LINES = 4000
+#: Characters of a result searched for an error line.
+SCAN_CHARS = 200_000
 
 
 def clip(text: str, limit: int) -> str:
@@ -181,13 +182,15 @@ def _codex_json(text: str) -> tuple[str, int | None]:
 
 
 def _exit_code(text: str) -> int | None:
-    lines = text.splitlines()
-    head = lines[:HEAD_LINES]
+    pieces = text.split("\n", HEAD_LINES)
+    head = pieces[:HEAD_LINES]
     for at, line in enumerate(head):
         if line.strip() == "Output:":  # Codex: the status is in the header, the rest is the command's own output
             return _first_code(head[:at])
-    found = _first_code(lines[:HEAD_LINES])
-    return found if found is not None else _first_code(lines[max(HEAD_LINES, len(lines) - TAIL_LINES):])
+    found = _first_code(head)
+    if found is not None or len(pieces) <= HEAD_LINES:  # no tail beyond the head
+        return found
+    return _first_code(text.rsplit("\n", TAIL_LINES)[1:])
 
 
 def _first_code(lines: Iterable[str]) -> int | None:
@@ -199,28 +202,26 @@ def _first_code(lines: Iterable[str]) -> int | None:
 
 
 def error_line(text: str) -> str:
-    """The first line of ``text`` that says what went wrong (clipped), or ``""``."""
-    candidates: list[str | None] = [None] * len(_ERROR_LINES)
-    for line in _lines(text):
-        if _NOTHING_LINE.search(line) or _EXIT.match(line):
-            continue
-        for rank, pattern in enumerate(_ERROR_LINES):
-            if candidates[rank] is None and pattern.search(line):
-                candidates[rank] = line
-        if candidates[0] is not None:
-            break
-    found = next((line for line in candidates if line is not None), "")
-    return clip(_TAG.sub("", found), LINE_CHARS)
+    """The first line of ``text`` that says what went wrong (clipped), or ``""``.
+
+    Each mark is looked for with ``str.find`` from where the last candidate
+    line ended, so a long output costs a few scans at C speed.
+    """
+    text = text[:SCAN_CHARS]
+    for marks in ERROR_MARKS:
+        found = {mark: text.find(mark) for mark in marks}
+        while any(at >= 0 for at in found.values()):
+            at = min(at for at in found.values() if at >= 0)
+            start = text.rfind("\n", 0, at) + 1
+            end = text.find("\n", at)
+            end = end if end >= 0 else len(text)
+            line = text[start:end].strip()
+            if not (_NOTHING_LINE.search(line) or _EXIT.match(line)):
+                return clip(_TAG.sub("", line), LINE_CHARS)
+            found = {mark: text.find(mark, end) if 0 <= where < end else where for mark, where in found.items()}
+    return ""
 
 
 def _first_line(text: str) -> str:
-    return next((clip(_TAG.sub("", line), LINE_CHARS) for line in _lines(text)), "")
-
-
-def _lines(text: str) -> Iterator[str]:
-    for n, line in enumerate(text.splitlines()):
-        if n >= SCAN_LINES:
-            return
-        line = line.strip()
-        if line:
-            yield line
+    line = next((line for line in text[:SCAN_CHARS].splitlines() if line.strip()), "")
+    return clip(_TAG.sub("", line), LINE_CHARS)
