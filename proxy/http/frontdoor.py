@@ -34,7 +34,15 @@ from proxy.http import clientcompaction, recall
 from proxy.http.body import read_body
 from proxy.http.passthrough import passthrough
 from proxy.http.recall import RecallCall
-from proxy.http.relay import RelayTiming, ReplySink, read_until_commit, read_whole, relay_stream, relay_whole
+from proxy.http.relay import (
+    RelayTiming,
+    ReplySink,
+    answers_stream,
+    read_until_commit,
+    read_whole,
+    relay_stream,
+    relay_whole,
+)
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow
@@ -215,9 +223,10 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
                                                 params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
-            streaming = turn.parsed.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            streaming, head = await answers_stream(resp, turn.timing, turn.parsed.stream)
             if streaming:
-                prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect)
+                prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect,
+                                                           head)
                 if overflow is None and recall.offered(turn, view):
                     prefix, asked = await recall.hold(resp, prefix, turn.timing, settings.max_event_bytes, dialect)
                     if asked is not None:
@@ -229,7 +238,7 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
                                               limit=settings.max_event_bytes)
                 body = b"".join(prefix) + await read_whole(resp, turn.timing)
             else:
-                body = await read_whole(resp, turn.timing)
+                body = head + await read_whole(resp, turn.timing)
                 overflow = classify_overflow(resp.status, body, resp.headers) if resp.status != 200 else None
             if overflow is not None:
                 if turn.refusal is None:
