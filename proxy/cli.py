@@ -116,6 +116,11 @@ def _store_option(f: Any) -> Any:
 @click.option("--recall-tool/--no-recall-tool", envvar="CTXPROXY_RECALL_TOOL", default=None, show_envvar=True,
               help="Offer the model a ctxproxy_recall tool that reads a masked output back from the log "
                    "[default: off]")
+@click.option("--add-fields", envvar="CTXPROXY_ADD_FIELDS", type=click.Choice(["auto", "always", "never"]),
+              default=None, show_envvar=True,
+              help="Add fields the client did not send (prompt_cache_key; stream_options.include_usage on streamed "
+                   "Chat requests): auto only when --upstream is api.openai.com, always, or never (Azure OpenAI "
+                   "refuses arguments it does not know) [default: auto]")
 @click.option("--log-format", envvar="CTXPROXY_LOG_FORMAT", type=click.Choice(["text", "json"]), default=None,
               show_envvar=True, help="Log line format [default: text]")
 @click.option("--log-level", envvar="CTXPROXY_LOG_LEVEL", default=None, show_envvar=True,

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import platformdirs
 
@@ -86,6 +87,10 @@ class Settings:
     keep_user_words: int | None = None
     #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.
     recall_tool: bool = False
+    #: Request fields the client did not send (``prompt_cache_key``; ``stream_options.include_usage`` on a streamed
+    #: Chat request): "auto" adds them only for an upstream known to take them (``OFFICIAL_OPENAI_HOST``),
+    #: "always" everywhere, "never" nowhere. Azure OpenAI refuses a request with an argument it does not know.
+    add_fields: str = "auto"
     log_format: str = "text"
     log_level: str = "INFO"
 
@@ -128,6 +133,13 @@ class Settings:
     def anthropic_base(self) -> str:
         return self.anthropic_upstream.rstrip("/")
 
+    @property
+    def adds_fields(self) -> bool:
+        """Whether requests to ``--upstream`` may carry fields the client did not send (``--add-fields``)."""
+        if self.add_fields == "auto":
+            return (urlsplit(self.upstream).hostname or "").lower() == OFFICIAL_OPENAI_HOST
+        return self.add_fields == "always"
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from ``CTXPROXY_<NAME>`` variables, then ``overrides`` (flags) that are not None."""
@@ -146,9 +158,12 @@ class Settings:
         return cls(**values)
 
 
+#: The one upstream known to take every field the proxy may add: ``--add-fields auto`` adds them only there.
+OFFICIAL_OPENAI_HOST = "api.openai.com"
+
 #: Settings that take one of a few words.
 _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("user", "system"),
-            "log_format": ("text", "json")}
+            "log_format": ("text", "json"), "add_fields": ("auto", "always", "never")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
          "reactive_retries", "keep_tool_outputs", "keep_user_words"}
 _BOOLS = {"recall_tool"}

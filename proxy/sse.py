@@ -31,6 +31,7 @@ __all__ = [
     "SSESplitter",
     "StreamAssembler",
     "is_usage_only",
+    "looks_like_sse",
     "message_from_completion",
     "parse_event",
 ]
@@ -41,6 +42,9 @@ _LINE_END_TEXT = re.compile(r"\r\n|\r|\n")
 _CR = 0x0D
 
 DONE = "[DONE]"
+_BOM = b"\xef\xbb\xbf"
+#: What the first line of an event stream starts with: a field name and its colon, or a comment's colon.
+_SSE_STARTS = (b"data:", b"event:", b"id:", b"retry:", b":")
 
 
 class EventTooLarge(ValueError):
@@ -193,6 +197,23 @@ def parse_event(raw: bytes) -> SSEEvent | None:
     if not data:
         return None
     return SSEEvent(data="\n".join(data), event=event or "message", id=event_id, retry=retry)
+
+
+def looks_like_sse(head: bytes) -> bool | None:
+    """Whether a body opening with ``head`` is an event stream, told by its bytes; None while too short to tell.
+
+    Some upstreams stream SSE under another content type (the ChatGPT Codex
+    backend), or none. A BOM and whitespace may come first; a JSON body opens
+    with ``{`` or ``[``, anything else is not a stream either.
+    """
+    if head and _BOM.startswith(head):
+        return None
+    text = head.removeprefix(_BOM).lstrip()
+    if not text:
+        return None
+    if text.startswith(_SSE_STARTS):
+        return True
+    return None if any(start.startswith(text) for start in _SSE_STARTS) else False
 
 
 class _Parts(list[str]):

@@ -13,7 +13,9 @@ whose history it does not keep) and refuses a prompt over
 ``event`` or ``failed``). The proxy's summary calls are answered on
 ``/v1/chat/completions`` and on ``/v1/responses`` alike; ``/v1/responses/compact``
 and a turn ending in ``compaction_trigger`` get one ``compaction`` item.
-Everything it receives is in ``requests``.
+With ``strict_fields`` (``tests.fakeupstream.StrictFields``) a request carrying
+a top-level field it does not take gets Azure OpenAI's 400 (recorded as
+``refused``). Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tests.fakescript import (
     pieces,
     sse,
 )
+from tests.fakeupstream import StrictFields
 
 OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
                   "message": "Your input exceeds the context window of this model. Please adjust your input and try "
@@ -53,6 +56,8 @@ class FakeResponses(Recorder):
         #: encrypted_content of every reasoning item handed out, so one sent back can be checked.
         self._issued: set[str] = set()
         self._last_input: dict[str, list[Any]] = {}
+        #: Refuse requests carrying a field it does not take, as Azure OpenAI does.
+        self.strict_fields: StrictFields | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -74,8 +79,18 @@ class FakeResponses(Recorder):
         return web.json_response({"error": {"type": "invalid_request_error", "code": "not_found", "param": None,
                                             "message": f"No route {request.method} {request.path}"}}, status=404)
 
+    def _refusal(self, request: web.Request, body: dict[str, Any]) -> web.Response | None:
+        """Azure's 400 for a field ``strict_fields`` does not take (recorded as ``refused``), else None."""
+        unknown = self.strict_fields.unrecognised(body) if self.strict_fields is not None else None
+        if unknown is None:
+            return None
+        self._record(request, body, "refused", status=400)
+        return StrictFields.refusal(unknown)
+
     async def chat_summary(self, request: web.Request) -> web.Response:
         body = await request.json(loads=orjson.loads)
+        if (refused := self._refusal(request, body)) is not None:
+            return refused
         messages = body.get("messages") or []
         if not messages or not is_summary_prompt(messages[0].get("content")):
             self._record(request, body, "other", status=404)
@@ -97,6 +112,8 @@ class FakeResponses(Recorder):
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
+        if (refused := self._refusal(request, body)) is not None:
+            return refused
         items: list[dict[str, Any]] = body.get("input") or []
         if is_summary_prompt(body.get("instructions")) or (items and is_summary_prompt(items[0].get("content"))):
             self._record(request, body, "summary")

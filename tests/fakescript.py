@@ -90,7 +90,8 @@ def is_summary_prompt(text: object) -> bool:
 
 @dataclass
 class Recorded:
-    """One request as the fake received it. ``kind``: turn, summary, compact, count_tokens, websocket or other."""
+    """One request as the fake received it. ``kind``: turn, summary, compact, count_tokens, websocket, refused
+    (``strict_fields``) or other."""
 
     method: str
     path: str

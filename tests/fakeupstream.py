@@ -5,7 +5,9 @@ conversation: a request whose last message is from the user, with tools
 offered, gets a tool call; anything else gets text. Streams are cut into many
 small SSE events, tool-call arguments included, the way OpenAI sends them.
 With ``strict_roles`` it refuses what strict chat templates refuse (Mistral,
-Gemma, Llama-2 style on vLLM), as vLLM answers them.
+Gemma, Llama-2 style on vLLM), as vLLM answers them; with ``strict_fields``
+(``StrictFields``) it refuses a request carrying a top-level field it does not
+know, summary requests included, as Azure OpenAI does.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def full_summary(goals: str, identifiers: str = "None") -> str:
     return "\n".join(f"## {n}. {title}\n{body.get(n, 'None')}" for n, title in enumerate(SECTION_TITLES, 1))
 
 
+<<<<<<< HEAD
 #: How a summary model may misbehave (``FakeUpstream.summary_mode``, ``Recorder.summary_style``): another format
 #: (``bold``, ``numbered``, ``translated``, ``prose``), sections with nothing in them (``lazy``), a refusal, an HTTP
 #: 500 (``error``), or no answer at all (``hang``).
@@ -106,6 +109,34 @@ async def summary_fault(style: str) -> web.Response | None:
     if style == "hang":
         await asyncio.Event().wait()  # until the server is closed at the end of the test
     return None
+=======
+@dataclass(frozen=True)
+class StrictFields:
+    """An upstream that refuses any request with a top-level field it does not take, as Azure OpenAI does:
+    only ``allowed`` ones (None: any), never a ``refused`` one."""
+
+    allowed: frozenset[str] | None = None
+    refused: frozenset[str] = frozenset()
+
+    def unrecognised(self, body: dict[str, Any]) -> str | None:
+        """The first field of ``body`` this upstream refuses, or None when it takes them all."""
+        return next((name for name in body if name in self.refused
+                     or (self.allowed is not None and name not in self.allowed)), None)
+
+    @staticmethod
+    def refusal(name: str) -> web.Response:
+        """Azure OpenAI's answer to a request with an argument it does not know."""
+        return web.json_response({"error": {"message": f"Unrecognized request argument supplied: {name}",
+                                            "type": "invalid_request_error", "param": None, "code": None}},
+                                 status=400)
+
+
+#: What Azure OpenAI's Chat Completions takes (no ``prompt_cache_key``; ``stream_options`` not on every version).
+AZURE_CHAT_FIELDS = frozenset({
+    "model", "messages", "stream", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "user", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "seed", "logprobs", "top_logprobs", "reasoning_effort"})
+>>>>>>> http
 
 
 def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
@@ -162,6 +193,10 @@ class FakeUpstream:
         #: Refuse views a strict chat template rejects (``role_error``) with vLLM's 400.
         self.strict_roles = False
         self.role_errors: list[str] = []
+        #: Refuse requests (summary requests too) carrying a field it does not take, as Azure OpenAI does.
+        self.strict_fields: StrictFields | None = None
+        #: The field each refused request was refused for.
+        self.unrecognised: list[str] = []
         self._counter = TokenCounter()
         self.requests: list[dict[str, Any]] = []
         #: Each chat request's body as it arrived, byte for byte.
@@ -220,6 +255,10 @@ class FakeUpstream:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         body = orjson.loads(raw)
+        unknown = self.strict_fields.unrecognised(body) if self.strict_fields is not None else None
+        if unknown is not None:
+            self.unrecognised.append(unknown)
+            return StrictFields.refusal(unknown)
         first = body["messages"][0]
         if first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_MARKER):
             return await self.summary(body)

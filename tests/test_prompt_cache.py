@@ -37,7 +37,8 @@ def counter(metrics: str, name: str) -> float:
 
 
 async def test_the_session_becomes_the_prompt_cache_key_and_the_body_is_otherwise_the_clients(
-        proxy: Any, fake: FakeUpstream) -> None:
+        make_proxy: Any, fake: FakeUpstream) -> None:
+    proxy = await make_proxy(add_fields="always")  # the fake is not api.openai.com: auto would add nothing
     raw = b' { "messages" : [ {"role": "user", "content": "hi"} ],\n "model": "m" } '
     resp = await proxy.post("/v1/chat/completions", data=raw, headers={**AUTH, "X-Session-Id": "s1"})
     assert resp.status == 200
@@ -46,6 +47,19 @@ async def test_the_session_becomes_the_prompt_cache_key_and_the_body_is_otherwis
     own = b'{"model": "m", "prompt_cache_key": "theirs", "messages": [{"role": "user", "content": "hi"}]}'
     await proxy.post("/v1/chat/completions", data=own, headers={**AUTH, "X-Session-Id": "s1"})
     assert fake.bodies[-1] == own, "a key the client set is the client's"
+
+
+def test_fields_are_added_only_for_the_official_openai_host_unless_told() -> None:
+    assert Settings(upstream="https://api.openai.com/v1").adds_fields
+    assert Settings(upstream="https://API.OpenAI.com:443/v1").adds_fields
+    for other in ("https://myres.openai.azure.com/openai/v1", "https://api.openai.com.evil.test/v1",
+                  "http://127.0.0.1:8000/v1", "https://openrouter.ai/api/v1"):
+        assert not Settings(upstream=other).adds_fields, other
+        assert Settings(upstream=other, add_fields="always").adds_fields, other
+    assert not Settings(upstream="https://api.openai.com/v1", add_fields="never").adds_fields
+    assert Settings.from_env({"CTXPROXY_ADD_FIELDS": "always"}, upstream="http://h/v1").adds_fields
+    with pytest.raises(ValueError, match="add_fields"):
+        Settings(add_fields="sometimes")
 
 
 def test_a_session_longer_than_openai_takes_is_hashed_into_the_key() -> None:
@@ -171,7 +185,8 @@ async def test_usage_metrics_count_openai_chat_and_responses_shapes(aiohttp_serv
                                                                     store_url: str) -> None:
     chat_fake = FakeUpstream()
     chat_fake.cached_tokens = 5
-    chat_proxy = await proxy_for(aiohttp_server, aiohttp_client, chat_fake, store_url)
+    # Streamed Chat answers report usage only when asked: the proxy asks where it may add fields.
+    chat_proxy = await proxy_for(aiohttp_server, aiohttp_client, chat_fake, store_url, add_fields="always")
     for stream in (False, True, False):
         chat_fake.script.append(Reply(content="ok"))
         body = {"model": "m", "stream": stream, "messages": [{"role": "user", "content": "hello there"}]}
@@ -182,7 +197,8 @@ async def test_usage_metrics_count_openai_chat_and_responses_shapes(aiohttp_serv
     assert counter(metrics, "ctxproxy_upstream_cached_tokens_total") == 3 * 5
 
     fake = FakeResponses(Script(steps=20))
-    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, admin_token="admin-token")
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, admin_token="admin-token",
+                            add_fields="always")
     tools = [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}]
     items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Go. " + prose(random.Random(1),
                                                                                                  2000)}]

@@ -75,7 +75,8 @@ async def masked_session(proxy: Any, fake: FakeUpstream) -> tuple[list[dict[str,
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_recall_call_is_answered_from_the_log_and_the_client_sees_only_the_final_answer(
         make_proxy: Any, fake: FakeUpstream, stream: bool) -> None:
-    proxy = await make_proxy(context_window=16_000, recall_tool=True)
+    # Fields added (the fake is not api.openai.com): a streamed round reports usage only when asked to.
+    proxy = await make_proxy(context_window=16_000, recall_tool=True, add_fields="always")
     messages, entry, original = await masked_session(proxy, fake)
     fake.script.extend([Reply(tool_calls=[recall_call(entry)]), Reply(content="The first build printed it.")])
     sent = len(fake.requests)

@@ -34,7 +34,15 @@ from proxy.http import clientcompaction, recall
 from proxy.http.body import read_body
 from proxy.http.passthrough import passthrough
 from proxy.http.recall import RecallCall
-from proxy.http.relay import RelayTiming, ReplySink, read_until_commit, read_whole, relay_stream, relay_whole
+from proxy.http.relay import (
+    RelayTiming,
+    ReplySink,
+    answers_stream,
+    read_until_commit,
+    read_whole,
+    relay_stream,
+    relay_whole,
+)
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow
@@ -85,14 +93,27 @@ class Turn:
     def max_output(self) -> int | None:
         return self.dialect.max_output(self.parsed.payload)
 
+    @property
+    def asks_usage(self) -> bool:
+        """Whether the request goes with usage asked for on the client's behalf (hidden from it in the stream)."""
+        return self.settings.adds_fields and self.dialect.usage_request(self.parsed) is not None
+
+    def added_fields(self) -> dict[str, Any]:
+        """Fields the client did not send: usage in a stream, the prompt cache's key; only for an upstream known
+        to take them (``--add-fields``: Azure OpenAI refuses the whole request over one it does not know).
+        Without them a stream's usage is missing and the estimate falls back to the tokenizer."""
+        if not self.settings.adds_fields:
+            return {}
+        return {**(self.dialect.usage_request(self.parsed) or {}),
+                **self.dialect.cache_fields(self.parsed.payload, self.key.session)}
+
     def upstream_body(self, view: PreparedView) -> bytes:
         """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
-        must change: the view, the usage a stream must report, the prompt cache's key and hints, the recall tool."""
+        must change: the view, the fields ``added_fields`` allows, the prompt cache's hints, the recall tool."""
         dialect, payload = self.dialect, self.parsed.payload
         if "previous_response_id" in payload:
             return self.parsed.raw  # the history lives upstream: the request goes as the client sent it
-        extra = {**(dialect.usage_request(self.parsed) or {}), **dialect.cache_fields(payload, self.key.session),
-                 **(recall.tools_field(self) if recall.offered(self, view) else {})}
+        extra = {**self.added_fields(), **(recall.tools_field(self) if recall.offered(self, view) else {})}
         if not view.changed and not any(name in payload for name in extra):
             return with_fields(self.parsed.raw, extra)
         checkpoint = view.checkpoint
@@ -203,21 +224,22 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
                                                 params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
-            streaming = turn.parsed.stream and resp.status == 200 and resp.content_type == "text/event-stream"
+            streaming, head = await answers_stream(resp, turn.timing, turn.parsed.stream)
             if streaming:
-                prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect)
+                prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect,
+                                                           head)
                 if overflow is None and recall.offered(turn, view):
                     prefix, asked = await recall.hold(resp, prefix, turn.timing, settings.max_event_bytes, dialect)
                     if asked is not None:
                         return asked
                 if overflow is None:
-                    reader = dialect.reader(hide_usage=dialect.usage_request(turn.parsed) is not None)
+                    reader = dialect.reader(hide_usage=turn.asks_usage)
                     return await relay_stream(request, resp, turn.headers(view, started), turn.sink_for(view),
                                               turn.timing, reader=reader, prefix=prefix,
                                               limit=settings.max_event_bytes)
                 body = b"".join(prefix) + await read_whole(resp, turn.timing)
             else:
-                body = await read_whole(resp, turn.timing)
+                body = head + await read_whole(resp, turn.timing)
                 overflow = classify_overflow(resp.status, body, resp.headers) if resp.status != 200 else None
             if overflow is not None:
                 if turn.refusal is None:

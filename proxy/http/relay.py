@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +29,13 @@ from proxy.context.items import Item
 from proxy.dialects.base import Dialect, ReplyReader, Verdict
 from proxy.errors import UpstreamError
 from proxy.overflow import Overflow, classify_sse_event
-from proxy.sse import EventTooLarge, SSESplitter, parse_event
+from proxy.sse import EventTooLarge, SSESplitter, looks_like_sse, parse_event
 from proxy.upstream import response_headers
 
 logger = logging.getLogger(__name__)
+
+#: Bytes read at most to tell an event stream sent under another content type from a body (whitespace only).
+SNIFF_BYTES = 4096
 
 #: Called once with the reply's items (none: nothing to log), its usage, and whether it is complete.
 ReplySink = Callable[[list[Item], dict[str, Any] | None, bool], Awaitable[None]]
@@ -59,6 +62,31 @@ async def read_whole(resp: aiohttp.ClientResponse, timing: RelayTiming) -> bytes
     return body
 
 
+async def answers_stream(resp: aiohttp.ClientResponse, timing: RelayTiming, asked: bool) -> tuple[bool, bytes]:
+    """Whether to relay the answer as an event stream, and the bytes read to tell (they come first).
+
+    Only a 200 to a request that asked to stream is one. ``text/event-stream``
+    says so; under any other content type (the ChatGPT Codex backend sends
+    none) the first bytes tell (``looks_like_sse``): an event stream is relayed
+    as one, event by event, and logged; a JSON body stays a body.
+    """
+    if not asked or resp.status != 200:
+        return False, b""
+    if resp.content_type == "text/event-stream":
+        return True, b""
+    head = b""
+    timing.wait_started()
+    try:
+        while (verdict := looks_like_sse(head)) is None and len(head) < SNIFF_BYTES:
+            chunk = await resp.content.readany()
+            if not chunk:
+                break
+            head += chunk
+    finally:
+        timing.wait_ended()
+    return verdict is True, head
+
+
 def event_data(text: str) -> Any:
     """An event's data, decoded when it is JSON, else the text itself (``[DONE]``, an old llama.cpp error)."""
     try:
@@ -67,11 +95,19 @@ def event_data(text: str) -> Any:
         return text
 
 
+async def _chunks(resp: aiohttp.ClientResponse, head: bytes) -> AsyncIterator[bytes]:
+    if head:
+        yield head
+    async for chunk in resp.content.iter_any():
+        yield chunk
+
+
 async def read_until_commit(resp: aiohttp.ClientResponse, timing: RelayTiming, limit: int,
-                            dialect: Dialect) -> tuple[list[bytes], Overflow | None]:
+                            dialect: Dialect, head: bytes = b"") -> tuple[list[bytes], Overflow | None]:
     """Read until an event that commits the answer (``Dialect.commits``), or an overflow before one.
 
-    Returns the chunks read (to be relayed first) and the overflow, if one of the
+    ``head`` is what was read of the stream already (``answers_stream``). Returns
+    the chunks read (to be relayed first) and the overflow, if one of the
     withheld events was the upstream saying the prompt is too long. What is held
     meanwhile is bounded by ``limit``; past it nothing has reached the client
     yet, so the request fails as a 502.
@@ -81,7 +117,7 @@ async def read_until_commit(resp: aiohttp.ClientResponse, timing: RelayTiming, l
     held = 0
     timing.wait_started()
     try:
-        async for chunk in resp.content.iter_any():
+        async for chunk in _chunks(resp, head):
             chunks.append(chunk)
             held += len(chunk)
             too_large: EventTooLarge | None = None
