@@ -71,7 +71,6 @@ def full_summary(goals: str, identifiers: str = "None") -> str:
     return "\n".join(f"## {n}. {title}\n{body.get(n, 'None')}" for n, title in enumerate(SECTION_TITLES, 1))
 
 
-<<<<<<< HEAD
 #: How a summary model may misbehave (``FakeUpstream.summary_mode``, ``Recorder.summary_style``): another format
 #: (``bold``, ``numbered``, ``translated``, ``prose``), sections with nothing in them (``lazy``), a refusal, an HTTP
 #: 500 (``error``), or no answer at all (``hang``).
@@ -109,7 +108,8 @@ async def summary_fault(style: str) -> web.Response | None:
     if style == "hang":
         await asyncio.Event().wait()  # until the server is closed at the end of the test
     return None
-=======
+
+
 @dataclass(frozen=True)
 class StrictFields:
     """An upstream that refuses any request with a top-level field it does not take, as Azure OpenAI does:
@@ -136,7 +136,6 @@ AZURE_CHAT_FIELDS = frozenset({
     "model", "messages", "stream", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop",
     "presence_penalty", "frequency_penalty", "logit_bias", "user", "tools", "tool_choice", "parallel_tool_calls",
     "response_format", "seed", "logprobs", "top_logprobs", "reasoning_effort"})
->>>>>>> http
 
 
 def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
