@@ -13,6 +13,7 @@ tests/fakemessages.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,8 @@ class Codex:
     items: list[dict[str, Any]] = field(default_factory=lambda: [
         {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]}])
     path: str = "/v1/responses"
+    #: What the shell prints for a command.
+    output: Callable[[str], str] = echo
 
     def body(self, **extra: Any) -> dict[str, Any]:
         return {"model": "gpt-5.5", "instructions": INSTRUCTIONS, "input": self.items, "tools": [SHELL],
@@ -84,7 +87,8 @@ class Codex:
         for item in reply:
             if item["type"] == "function_call":
                 command = orjson.loads(item["arguments"])["command"][-1]
-                self.items.append({"type": "function_call_output", "call_id": item["call_id"], "output": echo(command)})
+                self.items.append({"type": "function_call_output", "call_id": item["call_id"],
+                                   "output": self.output(command)})
         return resp
 
 

@@ -9,7 +9,10 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.fakeresponses import FakeResponses
+from tests.fakescript import Script
 from tests.fakeupstream import FakeUpstream, Reply, overflow_body
+from tests.scripted import Codex, rig
 from tests.test_compaction_e2e import check_log, prose, send, tool_call
 
 UPSTREAM_WINDOW = 12_000
@@ -77,3 +80,24 @@ async def test_exhausted_retries_relay_the_original_refusal_byte_for_byte(make_p
     text = await (await proxy.get("/metrics")).text()
     assert sample(text, "ctxproxy_reactive_retries_total", outcome="failed") >= 1
     assert sample(text, "ctxproxy_compactions_total", trigger="reactive", outcome="fallback") >= 1
+
+
+@pytest.mark.parametrize("overflow", ["http", "event", "failed"])
+async def test_a_refusal_without_a_figure_teaches_a_window_below_it(aiohttp_server, aiohttp_client, tmp_path,
+                                                                   overflow: str) -> None:
+    """Codex's Responses refusals name no window: told 4x the real one, the proxy is refused once, not every
+    few steps, because it plans later views under a window below what was refused."""
+    fake = FakeResponses(Script(steps=30), window=16_000, overflow=overflow)
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=64_000)
+
+    def output(command: str) -> str:  # about 1,000 tokens
+        return command.removeprefix("echo ") + "\n" + prose(random.Random(command), 900)
+
+    codex = Codex(proxy, output=output)
+    for _ in range(30):
+        await codex.step()
+    turns = fake.turns()
+    assert len(turns) > 30 and all(t.tokens is not None for t in turns)
+    refused = [n for n, t in enumerate(turns) if t.tokens is not None and t.tokens > 16_000]
+    assert len(refused) == 1, f"refused at turns {refused} of {len(turns)}"
+    assert codex.items[-1]["output"].startswith("step-30\n"), "every step ran: the run went on after the refusal"

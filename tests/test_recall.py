@@ -148,14 +148,15 @@ async def test_no_recall_tool_without_the_flag_or_without_masked_content(make_pr
 
 
 class RecallingResponses(FakeResponses):
-    """Codex's fake, which answers one turn with reasoning and a call to the recall tool when told to."""
+    """Codex's fake, which answers a turn with reasoning and a call to the recall tool while told to: one turn for
+    each entry in ``recall``."""
 
-    recall: int | None = None
+    recall: list[int]
 
     def _turn_output(self, body: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self.recall is None:
+        if not getattr(self, "recall", None):
             return super()._turn_output(body, items)
-        entry, self.recall = self.recall, None
+        entry = self.recall.pop(0)
         assert NAME in [t["name"] for t in body["tools"]]
         return [self._reasoning("I need that output again."),
                 {"type": "function_call", "id": "fc_r", "call_id": "call_r", "status": "completed", "name": NAME,
@@ -219,7 +220,7 @@ async def test_recall_through_the_responses_and_messages_doors(aiohttp_server: A
     assert (await proxy.post(path, json=body, headers=headers)).status == 200
     first = fake.turns()[-1].body
     entry = int(ENTRY.search(orjson.dumps(first[field]).decode()).group(1))  # type: ignore[union-attr]
-    fake.recall = entry
+    fake.recall = [entry] if isinstance(fake, RecallingResponses) else entry
     resp = await proxy.post(path, json={**body, "stream": stream}, headers=headers)
     raw = await resp.read()
 
@@ -233,3 +234,66 @@ async def test_recall_through_the_responses_and_messages_doors(aiohttp_server: A
     assert original is not None
     text = orjson.dumps(sent[-1]).decode()
     assert orjson.dumps(original).decode().split("step-")[1][:200] in text, "answered with the logged output"
+
+
+
+
+async def responses_proxy(aiohttp_server: Any, aiohttp_client: Any, store_url: str,
+                          fake: RecallingResponses) -> Any:
+    upstream = await aiohttp_server(fake.app())
+    return await aiohttp_client(create_app(Settings(upstream=str(upstream.make_url("/v1")), store=store_url,
+                                                    context_window=16_000, recall_tool=True)))
+
+
+def big_output_session() -> tuple[dict[str, Any], str]:
+    """A Codex request whose first output, about 5,000 tokens (over a quarter of 16k), a 16k view masks."""
+    items = codex_history(16)
+    items[2]["output"] = "step-1\n" + prose(random.Random(9), 5000)
+    return {"model": "m", "input": items, "store": False,
+            "tools": [{"type": "function", "name": "shell", "parameters": {"type": "object"}}]}, items[2]["output"]
+
+
+async def masked_entry(proxy: Any, fake: RecallingResponses, body: dict[str, Any], headers: dict[str, str]) -> int:
+    assert (await proxy.post("/v1/responses", json=body, headers=headers)).status == 200
+    return int(ENTRY.search(orjson.dumps(fake.turns()[-1].body["input"]).decode()).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_recalls_get_the_room_left_in_the_window_and_never_send_a_view_over_it(
+        aiohttp_server: Any, aiohttp_client: Any, store_url: str, stream: bool) -> None:
+    fake = RecallingResponses(Script(steps=40), window=16_000)  # refuses what it counts over 16,000 tokens
+    proxy = await responses_proxy(aiohttp_server, aiohttp_client, store_url, fake)
+    body, original = big_output_session()
+    headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": f"tight-{stream}"}
+    entry = await masked_entry(proxy, fake, body, headers)
+    assert original[7:200] not in orjson.dumps(fake.turns()[-1].body["input"]).decode(), "masked"
+    # A long question brings the view near its limit (12,800 of 16,000); the model recalls the big output twice.
+    question = {"type": "message", "role": "user",
+                "content": "Compare the first step with this log. " + prose(random.Random(4), 5500)}
+    fake.recall = [entry, entry]
+    sent = len(fake.turns())
+    resp = await proxy.post("/v1/responses", json={**body, "input": [*body["input"], question], "stream": stream},
+                            headers=headers)
+
+    rounds = fake.turns()[sent:]
+    assert all(r.tokens is not None and r.tokens <= 16_000 for r in rounds), [r.tokens for r in rounds]
+    assert [r.status for r in rounds] == [200, 200, 200], "two recall rounds, then the answer: none refused"
+    assert resp.status == 200, await resp.text()
+    clipped, refused = (r.body["input"][-1]["output"] for r in rounds[1:])
+    assert clipped.startswith("step-1\n") and clipped.endswith(original[-50:]), "head and tail kept"
+    assert f"full text in the fact log, log entry {entry}" in clipped and len(clipped) < len(original) // 4
+    assert refused == (f"The output is in the log at entry {entry}, but it is too large for the room left in this "
+                       "context window; answer with what you have, or ask the user.")
+    assert int(resp.headers["X-Ctxproxy-View-Tokens"]) <= 12_800, "the last round's view, re-estimated, is in bounds"
+
+
+async def test_a_roomy_view_gets_a_recalled_output_whole(aiohttp_server: Any, aiohttp_client: Any,
+                                                         store_url: str) -> None:
+    fake = RecallingResponses(Script(steps=40), window=16_000)
+    proxy = await responses_proxy(aiohttp_server, aiohttp_client, store_url, fake)
+    body, original = big_output_session()
+    headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": "roomy"}
+    fake.recall = [await masked_entry(proxy, fake, body, headers)]
+    assert (await proxy.post("/v1/responses", json=body, headers=headers)).status == 200
+    assert fake.turns()[-1].body["input"][-1] == {"type": "function_call_output", "call_id": "call_r",
+                                                 "output": original}, "over a quarter of the window, but it fits"

@@ -132,7 +132,10 @@ class Turn:
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
             if usage is not None:
-                self.metrics.usage_reported(dialect.prompt_tokens(usage), dialect.cached_tokens(usage))
+                prompt = dialect.prompt_tokens(usage)
+                self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
+                if prompt is not None:  # a window inferred from refusals may turn out too low
+                    self.engine.learn_success(self.parsed.model, prompt)
             if not reply:
                 return
             extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info}
@@ -186,9 +189,9 @@ class Turn:
         model = self.parsed.model or ""
         if overflow.limit_tokens is not None:
             self.engine.learn_window(model, overflow.limit_tokens)
+        else:  # no figure, but the window is below what was refused: later views are planned under that too
+            self.engine.learn_refusal(model, refused.estimate.tokens + (self.max_output or 0))
         window = self.engine.window_for(model)
-        if overflow.limit_tokens is None:  # no figure, but the window is below what was refused: plan for that
-            window = min(window, max(1024, refused.estimate.tokens // 1024 * 1024))
         items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
         compacted = False
         if self.state is not None:  # without a state the store is down: no compaction, clipping still helps

@@ -17,9 +17,16 @@ What is held is bounded by ``--max-event-bytes``; past it the answer is
 relayed as it is.
 
 The recall exchange is not logged: the client never sends it back, so the log
-(the conversation as the client knows it) has no place for it. The recalled
-text is clipped to a quarter of the window, head and tail, like any output
-too large for a view.
+(the conversation as the client knows it) has no place for it.
+
+Room: a recalled output gets the room left in the view, its hard limit
+(``PreparedView.limit``, the window less the answer's reserve) less the view's
+estimate less a margin, re-estimated after each round, since every round adds
+the call and its result (the round's reported prompt tokens count when they are
+more). An output larger than that is clipped, head and tail around a marker
+naming its log entry, as ``proxy.context.clipping`` clips; when not even
+``MIN_RECALL_TOKENS`` are left, the model is told the output is too large for
+the room left, so a recall never sends a view over the window.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
-from proxy.context.clipping import cut_text
+from proxy.context.budget import ContextBudgetPolicy, Estimate
+from proxy.context.clipping import CLIP_MARKER, cut_text
 from proxy.context.engine import PreparedView
 from proxy.context.items import Item, get_path
 from proxy.context.masking import output_text
@@ -52,6 +60,12 @@ DESCRIPTION = ("Read back a tool output that ctxproxy elided from this conversat
 PARAMETERS: dict[str, Any] = {"type": "object", "properties": {"entry": {
     "type": "integer", "description": "The log entry named in the elided output's placeholder."}},
     "required": ["entry"]}
+#: Tokens kept spare below the view's limit when a recall is sized, for the estimate's error: this share of the
+#: limit, at least ``MIN_MARGIN``.
+MARGIN_SHARE = 0.02
+MIN_MARGIN = 256
+#: A recalled output cut smaller than this says too little to be worth sending: the model is told why instead.
+MIN_RECALL_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -140,17 +154,31 @@ async def hold(resp: aiohttp.ClientResponse, prefix: list[bytes], timing: RelayT
 
 
 async def answer(turn: Turn, view: PreparedView, recall: RecallCall) -> PreparedView:
-    """The view for the next round: this one, the recall call and its answers from the log."""
+    """The view for the next round: this one, the recall call and its answers from the log, each answer sized to
+    the room left, and the view's estimate carried forward to what it now holds."""
     turn.recalls += 1
+    dialect = turn.dialect
+    prompt = dialect.prompt_tokens(recall.usage) if recall.usage is not None else None
     if recall.usage is not None:
-        turn.metrics.usage_reported(turn.dialect.prompt_tokens(recall.usage), turn.dialect.cached_tokens(recall.usage))
-    results = [turn.dialect.tool_result(call_id, await recalled(turn, arguments))
-               for call_id, arguments in recall.calls]
-    return replace(view, messages=[*view.messages, *recall.items, *results], changed=True)
+        turn.metrics.usage_reported(prompt, dialect.cached_tokens(recall.usage))
+    policy = turn.engine.policy(turn.engine.window_for(turn.parsed.model))
+    tool = policy.tools_tokens([dialect.tool_definition(NAME, DESCRIPTION, PARAMETERS)])  # offered, not estimated
+    sent = max(view.estimate.tokens + tool, prompt if isinstance(prompt, int) else 0)  # the round just sent
+    used = sent + sum(policy.message_tokens(dialect, item) for item in recall.items)
+    margin = max(MIN_MARGIN, int(view.limit * MARGIN_SHARE))
+    messages = [*view.messages, *recall.items]
+    for call_id, arguments in recall.calls:
+        framing = policy.message_tokens(dialect, dialect.tool_result(call_id, ""))
+        result = dialect.tool_result(call_id, await recalled(turn, arguments, view.limit - used - margin - framing,
+                                                             policy))
+        messages.append(result)
+        used += policy.message_tokens(dialect, result)
+    # A running figure: the sources the view's estimate was taken from describe the view before the recall.
+    return replace(view, messages=messages, changed=True, estimate=Estimate(used - tool, None, None, None))
 
 
-async def recalled(turn: Turn, arguments: Any) -> str:
-    """The output logged at the entry ``arguments`` name, clipped to a quarter of the window; or why not."""
+async def recalled(turn: Turn, arguments: Any, room: int, policy: ContextBudgetPolicy) -> str:
+    """The output logged at the entry ``arguments`` name, clipped to ``room`` tokens (marker included); or why not."""
     try:
         parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
         entry = parsed["entry"] if isinstance(parsed, dict) else None
@@ -170,7 +198,12 @@ async def recalled(turn: Turn, arguments: Any) -> str:
     if not texts:
         return f"Log entry {entry} holds no tool output of this conversation."
     text = "\n\n".join(texts)
-    window = turn.engine.window_for(turn.parsed.model)
-    measure = turn.engine.policy(window)
-    tokens = measure.text_tokens(text)
-    return cut_text(text, tokens, window // 4, measure, f"log entry {entry}") if tokens > window // 4 else text
+    tokens = policy.text_tokens(text)
+    if tokens <= room:
+        return text
+    where = f"log entry {entry}"
+    cap = room - policy.text_tokens(CLIP_MARKER.format(count=len(text), where=where)) - 2  # the marker's lines
+    if cap < MIN_RECALL_TOKENS:
+        return (f"The output is in the log at entry {entry}, but it is too large for the room left in this context "
+                "window; answer with what you have, or ask the user.")
+    return cut_text(text, tokens, cap, policy, where)
