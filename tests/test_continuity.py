@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from proxy.constants import HEADER_SESSION
-from proxy.context.continuity import PROOF_MIN_TOKENS, Proof, holds, proof
+from proxy.context.continuity import PROOF_MAX_NEW, PROOF_MIN_TOKENS, Proof, holds, proof
 from proxy.context.lineage import ConversationState
 from proxy.dialects import CHAT
 from proxy.keys import store_key
@@ -225,6 +225,11 @@ async def test_another_token_without_the_conversation_gets_nothing_of_the_sessio
     assert [info.checkpoints async for info in proxy.app[store_key].sessions()
             if info.tenant == tenant_of(STRANGER)] == [0]
 
+    # The stranger's session opens as the run does; the run's own refresh still finds the run, not that one.
+    client.headers = bearer(TOKENS[1])
+    await client.step()
+    assert await proxy.app[store_key].link_of(SessionKey(tenant_of(TOKENS[1]), RUN)) == original.tenant
+
 
 # -- the rule itself (proxy.context.continuity) ------------------------------------------------------------------
 
@@ -270,5 +275,7 @@ def test_a_short_guessable_or_stale_history_proves_nothing() -> None:
     assert proof_of(state, messages[:6]) is None, "how it started, not where it is"
     assert proof_of(state, [messages[0], {"role": "user", "content": "other"}, *messages[2:]]) is None
     assert proof_of(ConversationState(), messages) is None
+    assert proof_of(folded(run_of(4)), run_of(4 + PROOF_MAX_NEW)) is not None
+    assert proof_of(folded(run_of(4)), run_of(5 + PROOF_MAX_NEW)) is None, "a session that is only its start"
     assert holds(state, CHAT, messages[:3], [CHAT.hash(i) for i in messages[:3]])
     assert not holds(state, CHAT, messages[:2], [CHAT.hash(i) for i in messages[:2]])

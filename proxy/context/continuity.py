@@ -11,7 +11,10 @@ the session's conversation from its first message, as far as the log goes:
 - that path is the session's current lineage, all of it but at most ``PROOF_MAX_UNSEEN`` trailing entries the
   caller must check are the upstream's replies (one the client never got: an interrupted stream). So a party
   that knows how the session started, but not where it is now, proves nothing either: continuing a session
-  gives nothing of it that the prover does not already hold, but the proxy's own summaries of it.
+  gives nothing of it that the prover does not already hold, but the proxy's own summaries of it;
+- and the request goes at most ``PROOF_MAX_NEW`` items past it (a refresh comes between two steps: the new
+  items are one step's results). So a session made to look like the start of someone else's conversation
+  (by a party that knows that start and the session id) does not capture that conversation's refresh.
 
 Knowing the session id alone never suffices; a reference the proxy handed out for the session (``proxy.secret``)
 is the other proof, checked where references are read.
@@ -28,6 +31,7 @@ from proxy.context.lineage import ROOT, ConversationState
 PROOF_MIN_ITEMS = 2
 PROOF_MIN_TOKENS = 256
 PROOF_MAX_UNSEEN = 4
+PROOF_MAX_NEW = 32
 #: Leading items ``holds`` compares: enough to pass the opening system and user items of any client.
 HOLDS_SCAN = 16
 
@@ -56,7 +60,7 @@ def proof(state: ConversationState, model: ItemModel, items: Sequence[Item], has
     if matched < PROOF_MIN_ITEMS or path[shared - 1] != state.prefixes[shared - 1]:
         return None  # too short, or a branch the session has left
     unseen = tuple(state.seqs[matched:])
-    if len(unseen) > PROOF_MAX_UNSEEN:
+    if len(unseen) > PROOF_MAX_UNSEEN or len(hashes) - matched > PROOF_MAX_NEW:
         return None
     if not any(model.role(item) == "assistant" for item in items[:matched]):
         return None

@@ -89,7 +89,7 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
     hashes = app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
     if target is None:
         try:
-            target = await _continued(request, dialect, own, parsed.items, hashes, references, candidates)
+            target = await _continued(request, dialect, own, parsed, hashes, references, candidates)
         except StoreError as exc:
             app[metrics_key].store_errors.inc()
             logger.warning("store error while looking for the session %s under other credentials: %s",
@@ -97,47 +97,58 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
     return (own if target is None else SessionKey(target, own.session)), parsed, hashes
 
 
-async def _continued(request: web.Request, dialect: Dialect, own: SessionKey, items: Sequence[Item],
+async def _continued(request: web.Request, dialect: Dialect, own: SessionKey, parsed: ParsedRequest,
                      hashes: list[str], references: Sequence[Reference], candidates: Candidates) -> str | None:
     """The tenant whose session the request continues (now linked), or None: the request is its own key's."""
     app = request.app
-    history, store = app[history_key], app[store_key]
     proven = next((r.tenant for r in references if r.session == own.session and r.tenant != own.tenant), None)
     if proven is None:
-        first_seen = history.cached(own) is None
-        if holds(await history.state(own), dialect, items, hashes):
-            if first_seen:
-                await store.note_tenant(own.session, own.tenant, time.time())
-            return None
-        proven = await store.link_of(own)  # linked by another process, or before a restart
-        if proven is not None:
-            app[links_key].put(own, proven)
+        if "previous_response_id" in parsed.payload:
+            return None  # the history lives upstream: the items are only what is new, and prove nothing
+        proven, new = await _found(request, dialect, own, parsed.items, hashes, candidates)
+        if proven is None or not new:
             return proven
-        for tenant in await candidates.get():
-            if await _proves(request, dialect, SessionKey(tenant, own.session), items, hashes):
-                proven = tenant
-                break
-        if proven is None:
-            if first_seen:
-                await store.note_tenant(own.session, own.tenant, time.time())
-            return None
-    linked = await store.link(own, proven, time.time())
+    linked = await app[store_key].link(own, proven, time.time())
     app[links_key].put(own, linked)
     logger.info("session %s continues under a new credential: tenant %s now resolves to tenant %s",
                 own.session, own.tenant, linked)
     return linked
 
 
+async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items: Sequence[Item],
+                 hashes: list[str], candidates: Candidates) -> tuple[str | None, bool]:
+    """The tenant whose session the request's history proves (and True: to be linked), the tenant the store
+    already links its key to (and False), or None: the request is its own key's (noted as holding it)."""
+    app = request.app
+    history, store = app[history_key], app[store_key]
+    first_seen = history.cached(own) is None
+    if not holds(await history.state(own), dialect, items, hashes):
+        linked = await store.link_of(own)  # linked by another process, or before a restart
+        if linked is not None:
+            app[links_key].put(own, linked)
+            return linked, False
+        proven, best = None, 0
+        for tenant in await candidates.get():  # the one the request matches furthest, should several match
+            matched = await _proves(request, dialect, SessionKey(tenant, own.session), items, hashes)
+            if matched > best:
+                proven, best = tenant, matched
+        if proven is not None:
+            return proven, True
+    if first_seen:
+        await store.note_tenant(own.session, own.tenant, time.time())
+    return None, False
+
+
 async def _proves(request: web.Request, dialect: Dialect, key: SessionKey, items: Sequence[Item],
-                  hashes: list[str]) -> bool:
-    """Whether the request's history proves the session ``key`` (``proxy.context.continuity.proof``)."""
+                  hashes: list[str]) -> int:
+    """How many of the request's items prove the session ``key`` (``proxy.context.continuity.proof``); 0: none."""
     app = request.app
     found = proof(await app[history_key].state(key), dialect, items, hashes,
                   partial(app[engine_key].counter.message_tokens, dialect))
     if found is None:
-        return False
+        return 0
     for seq in found.unseen:  # the few entries past what the request holds: only replies it never got may be
         facts = await app[store_key].read(key, after=seq - 1, limit=1)
         if not facts or facts[0].source != "upstream":
-            return False
-    return True
+            return 0
+    return found.matched
