@@ -22,6 +22,7 @@ from proxy.context.tokens import bundled_encoding
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
+from proxy.http.continuity import Links
 from proxy.http.frontdoor import compact_endpoint, front_door
 from proxy.http.middleware import error_middleware, remember_prepared
 from proxy.keys import (
@@ -29,6 +30,7 @@ from proxy.keys import (
     compactions_key,
     engine_key,
     history_key,
+    links_key,
     metrics_key,
     secret_key,
     settings_key,
@@ -58,6 +60,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     store = await open_store(settings.store)
     app[store_key] = store
     app[secret_key] = ServerSecret(settings.secret, store)
+    app[links_key] = Links()
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
                              on_error=metrics.store_errors.inc)
     app[history_key] = history

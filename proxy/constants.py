@@ -13,6 +13,11 @@ LOCK_SUFFIX = "lock"
 #: The server secret (``FactLog.secret``): one key for the whole store, outside every session's hash slot.
 SECRET_KEY = f"{KEY_PREFIX}:secret"
 
+#: Which tenants hold a session id (``FactLog.note_tenant``): a sorted set per session id, its own hash slot.
+TENANTS_PREFIX = f"{KEY_PREFIX}:tenants"
+#: A credential's link to the tenant whose session it continues (``FactLog.link``), in the new tenant's slot.
+LINK_SUFFIX = "link"
+
 #: Version tag written into every stored fact; bump it with a migration, never reuse.
 FACT_FORMAT = 1
 
@@ -31,6 +36,14 @@ def meta_key(tenant: str, session: str) -> str:
 
 def lock_key(tenant: str, session: str, name: str) -> str:
     return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{LOCK_SUFFIX}:{name}"
+
+
+def tenants_key(session: str) -> str:
+    return f"{TENANTS_PREFIX}:{{{session}}}"
+
+
+def link_key(tenant: str, session: str) -> str:
+    return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{LINK_SUFFIX}"
 
 
 HEADER_SESSION = "X-Session-Id"

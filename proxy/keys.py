@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from proxy.compactions import RecentCompactions
     from proxy.context.engine import ContextEngine
     from proxy.context.history import HistoryManager
+    from proxy.http.continuity import Links
     from proxy.metrics import Metrics
     from proxy.secret import ServerSecret
     from proxy.settings import Settings
@@ -25,3 +26,4 @@ engine_key: web.AppKey[ContextEngine] = web.AppKey("engine")
 compactions_key: web.AppKey[RecentCompactions] = web.AppKey("compactions")
 timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")
 secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")
+links_key: web.AppKey[Links] = web.AppKey("links")

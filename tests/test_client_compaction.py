@@ -6,7 +6,7 @@ the client's compaction request arrives, as captured from the real clients:
 with a checkpoint ready, the proxy answers it without any upstream call (the
 fake's summary model would refuse: ``summaries_allowed``), and the answer
 holds the checkpoint's summary and the kept tail. Codex's ``compaction`` item
-carries a signed reference that, carried back, reaches the upstream as the
+carries an encrypted reference that, carried back, reaches the upstream as the
 summary text; a forged one is a 400.
 """
 
@@ -37,6 +37,7 @@ BASH = {"name": "Bash", "description": "Run a shell command.",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}}}
 SHELL = {"type": "function", "name": "exec_command", "description": "Run a command.",
          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}
+BASE64URL = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 CLAUDE_PROMPT = (f"{CLAUDE_MARKER}\n\nYour task is to create a detailed summary of the conversation so far, "
                  "paying close attention to the user's explicit requests.\n\nREMINDER: Do NOT call any tools. "
                  "Respond with plain text only — an <analysis> block followed by a <summary> block.")
@@ -215,7 +216,7 @@ async def test_codexs_remote_compaction_gets_one_item_that_comes_back_as_the_sum
         output = (await resp.json())["output"]
     assert resp.status == 200
     [item] = output
-    assert item["type"] == "compaction" and item["encrypted_content"].startswith("ctxproxy.v1.")
+    assert item["type"] == "compaction" and item["encrypted_content"].startswith("ctxproxy.v2.")
     assert not [r for r in fake.requests if r.kind == "compact"], "answered by the proxy, not the upstream"
 
     carried = [items[0], item, {"type": "message", "role": "user",
@@ -227,15 +228,15 @@ async def test_codexs_remote_compaction_gets_one_item_that_comes_back_as_the_sum
     assert sent[1]["type"] == "message" and sent[1]["role"] == "user"
     assert "## 1. Goals" in sent[1]["content"][0]["text"], "the upstream got readable summary text"
 
-    forged = {**item, "encrypted_content": item["encrypted_content"][:-2] + "AA"}
-    resp = await proxy.post("/v1/responses", headers=CODEX_HEADERS, json={
-        "model": "gpt-5.5", "input": [items[0], forged], "store": False})
-    assert resp.status == 400
-    assert (await resp.json())["error"]["code"] == "invalid_compaction_reference"
-    other = {**CODEX_HEADERS, "Authorization": "Bearer sk-someone-else"}
-    resp = await proxy.post("/v1/responses", headers=other, json={
-        "model": "gpt-5.5", "input": [items[0], item], "store": False})
-    assert resp.status == 400, "another tenant cannot use the reference"
+    token = item["encrypted_content"]
+    middle = len(token) // 2
+    for forged_token in (token[:middle] + ("B" if token[middle] == "A" else "A") + token[middle + 1:],
+                         token[:-1] + BASE64URL[BASE64URL.index(token[-1]) ^ 1]):  # the last bits, maybe padding
+        forged = {**item, "encrypted_content": forged_token}
+        resp = await proxy.post("/v1/responses", headers=CODEX_HEADERS, json={
+            "model": "gpt-5.5", "input": [items[0], forged], "store": False})
+        assert resp.status == 400
+        assert (await resp.json())["error"]["code"] == "invalid_compaction_reference"
 
 
 async def test_instructions_added_to_compact_steer_a_rolling_update(aiohttp_server, aiohttp_client, tmp_path) -> None:

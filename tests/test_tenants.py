@@ -3,10 +3,13 @@ and no key is ever written to the log output, the store or the metrics.
 
 Tenant B runs a session long enough to be compacted, so it has a checkpoint
 whose summary is B's alone (the fake numbers every summary it writes). Tenant A
-then replays B's exact conversation under B's session id, by header, by URL
-prefix, by the auto-session fingerprint and by URL tricks: had the tenants
-been mixed, A's view would carry B's summary, A's messages would land in B's
-log, or A's compaction would add a checkpoint there.
+then sends a conversation that opens as B's does (the same system prompt, user
+message and first tool call, so the same auto-session fingerprint) but is A's
+own, under B's session id, by header, by URL prefix, by the fingerprint and by
+URL tricks: had the tenants been mixed, A's view would carry B's summary, A's
+messages would land in B's log, or A's compaction would add a checkpoint there.
+(A request that holds B's whole conversation continues it, by design: an OAuth
+refresh; tests/test_continuity.py.)
 """
 
 from __future__ import annotations
@@ -103,6 +106,13 @@ def conversation(seed: int) -> list[dict[str, Any]]:
     return messages
 
 
+def a_conversation() -> list[dict[str, Any]]:
+    """A's: it opens as B's (``conversation(1)``) does, then its tool outputs are its own. Proves nothing of B's."""
+    opening = conversation(1)[:3]
+    assert conversation(2)[:3] == opening
+    return [*conversation(2), {"role": "user", "content": "and now show me the vault"}]
+
+
 async def send(proxy: Any, messages: list[dict[str, Any]], key: str, *, path: str = "/v1/chat/completions",
                headers: dict[str, str] | None = None, stream: bool = False) -> Any:
     body = {"model": "gpt-4o", "messages": messages, "tools": TOOLS, "stream": stream}
@@ -149,8 +159,9 @@ async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_pr
     summaries_before = len(fake.summary_requests)
     sent_before = len(fake.requests)
 
-    # A sends B's exact conversation (and more) under the same session id: over the threshold, so A compacts.
-    attempt = [*messages, {"role": "user", "content": "and now show me the vault"}]
+    # A sends its own conversation, opening as B's does, under the same session id: over the threshold, so A
+    # compacts.
+    attempt = a_conversation()
     path = f"/s/{session}/v1/chat/completions" if route == "url" else "/v1/chat/completions"
     headers = {"X-Session-Id": session} if route == "header" else {}
     for stream in (False, True):
@@ -250,7 +261,7 @@ async def test_url_tricks_never_reach_another_tenants_session(make_proxy, fake: 
     b_log = await tenant_b_session(proxy, fake)
     secret_summaries = b_summaries(b_log)
     sent_before = len(fake.requests)
-    attempt = [*conversation(1), {"role": "user", "content": "and now show me the vault"}]
+    attempt = a_conversation()
     fake.script.append(Reply(content="here"))
     body = orjson.dumps({"model": "gpt-4o", "messages": attempt, "tools": TOOLS})
     status, rest = await raw_post(proxy.host, proxy.port, target, body, auth(KEY_A))
@@ -346,6 +357,8 @@ async def redis_dump(url: str) -> bytes:
                 out.append(await client.get(name) or b"")
             elif kind == "hash":
                 out += [b for pair in (await client.hgetall(name)).items() for b in pair]
+            elif kind == "zset":
+                out += await client.zrange(name, 0, -1)
             elif kind == "stream":
                 for entry_id, fields in await client.xrange(name):
                     out += [entry_id, *(b for pair in fields.items() for b in pair)]

@@ -8,11 +8,14 @@ expects back); this module is the wiring:
   conversation, made now only when none is ready (or when the user's own instructions, ``/compact <text>``,
   ask for a rolling update, or when the checkpoint only masks). The client is about to throw its whole history
   away, so the answer is the checkpoint's summary item (with the user's words and the artifact trail) followed
-  by the newest items it keeps verbatim, as a transcript, within a quarter of the window. It is logged as a ``summary``
-  entry; Codex's ``compaction`` item carries a signed reference to that entry (``proxy.secret``).
+  by the newest items it keeps verbatim, as a transcript, within a quarter of the window. It is logged as a
+  ``summary`` entry; Codex's ``compaction`` item carries a reference that holds that entry's message, encrypted
+  (``proxy.secret``).
 - ``expand``: a ``compaction`` item that comes back in a later request becomes, before anything else sees
-  it, the user message that entry holds: no upstream but OpenAI's could read its ``encrypted_content``, and
-  ours names a log entry. A forged, altered or unknown reference gets a 400.
+  it, the user message the reference carries (or, for an old or oversized one, the entry it names): no
+  upstream but OpenAI's could read its ``encrypted_content``. It needs neither the request's tenant nor the
+  store, so it survives an OAuth refresh, a restart and a lost store. A forged, altered or unknown reference
+  gets a 400.
 
 When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.fallback``). Only when no
 checkpoint can be had at all (a conversation too short to summarise) does ``answer`` return None and the request
@@ -34,10 +37,11 @@ from proxy.context.projection import summary_text
 from proxy.context.summarizer import serialise_message
 from proxy.errors import BadRequest, StoreError
 from proxy.keys import history_key, secret_key, store_key
-from proxy.secret import is_reference, sign, verify
+from proxy.secret import Reference, is_reference, seal, unseal
 from proxy.store.base import NewFact, SessionKey
 
 if TYPE_CHECKING:
+    from proxy.http.continuity import Candidates
     from proxy.http.frontdoor import Turn
 
 #: Characters of one retained item in the answer's transcript, head and tail kept.
@@ -76,13 +80,15 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     try:
         # The conversation the answer covers is logged first (usually a no-op), then the answer after it.
         await history.sync(turn.key, items, hashes, extra_client={"dialect": dialect.name})
+        message = dialect.with_summary(None, text)
         seq = await history.append_proxy_fact(turn.key, NewFact(
-            kind="summary", index=len(items), source="proxy", message=dialect.with_summary(None, text),
+            kind="summary", index=len(items), source="proxy", message=message,
             extra={"dialect": dialect.name, "client_compaction": request.kind}))
         reference = None
         if request.kind in ("codex_trigger", "codex_endpoint"):
             secret = await turn.request.app[secret_key].get()
-            reference = sign(secret, turn.key.tenant, turn.key.session, seq, checkpoint.prefix_hash)
+            reference = seal(secret, Reference(turn.key.tenant, turn.key.session, seq, checkpoint.prefix_hash,
+                                               message))
     except StoreError:
         turn.metrics.store_errors.inc()
         return None  # nothing to name the answer by: the upstream answers instead
@@ -122,20 +128,33 @@ def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint, bud
     return f"{summary}\n\n{RECENT_HEADING}\n\n" + "\n\n".join(reversed(recent))
 
 
-async def expand(request: web.Request, key: SessionKey, items: list[Item]) -> list[Item]:
-    """``items`` with every ``compaction`` item carrying one of our references replaced by what it names."""
+async def expand(request: web.Request, key: SessionKey, items: list[Item],
+                 candidates: Candidates | None) -> tuple[list[Item], list[Reference]]:
+    """``items`` with every ``compaction`` item carrying one of our references replaced by what it stands for,
+    and the references read (each proves the session it names: ``proxy.http.continuity``).
+
+    An old (v1) reference checks out only under the tenant it was made for: ``key``'s, else one of
+    ``candidates`` (the other tenants of the session id, when ``key`` is the request's own).
+    """
     found = [(i, token) for i, token in compaction_references(items) if is_reference(token) or not token]
     if not found:
-        return items
+        return items, []
     app = request.app
     secret = await app[secret_key].get()
-    expanded = list(items)
+    expanded, references = list(items), []
     for index, token in found:
-        reference = verify(secret, token, key.tenant)
-        facts = [] if reference is None else await app[store_key].read(
-            SessionKey(key.tenant, reference.session), after=reference.seq - 1, limit=1)
-        if not facts or facts[0].kind != "summary" or facts[0].message is None:
+        reference = unseal(secret, token, [key.tenant])
+        if reference is None and candidates is not None and token.startswith("ctxproxy.v1."):
+            reference = unseal(secret, token, await candidates.get())
+        message = None if reference is None else reference.message
+        if reference is not None and message is None:
+            facts = await app[store_key].read(SessionKey(reference.tenant, reference.session),
+                                              after=reference.seq - 1, limit=1)
+            if facts and facts[0].kind == "summary":
+                message = facts[0].message
+        if reference is None or message is None:
             raise BadRequest(f"input[{index}] is a compaction item this proxy did not make.", param=f"input[{index}]",
                              code="invalid_compaction_reference")
-        expanded[index] = dict(facts[0].message)
-    return expanded
+        expanded[index] = dict(message)
+        references.append(reference)
+    return expanded, references

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
@@ -30,7 +29,7 @@ from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
 from proxy.dialects.base import Dialect, ParsedRequest, with_fields
 from proxy.errors import ProxyError, StoreError
-from proxy.http import clientcompaction, recall
+from proxy.http import clientcompaction, continuity, recall
 from proxy.http.body import read_body
 from proxy.http.passthrough import passthrough
 from proxy.http.recall import RecallCall
@@ -283,14 +282,10 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     app = request.app
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
     parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
-    key = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
+    own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
+    # The session the request continues (under another credential, when it proves it), its references expanded.
+    key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
     metrics.session_seen(key)
-    expanded = await clientcompaction.expand(request, key, parsed.items) if dialect.carries_compaction_items \
-        else parsed.items
-    if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
-        payload = {**parsed.payload, dialect.items_field: expanded}
-        parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
-    hashes = history.hashes_for(key, parsed.items, len(parsed.raw), dialect.checked_hash)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has.
     state: ConversationState | None = None

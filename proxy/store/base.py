@@ -1,4 +1,5 @@
-"""The fact log interface: one append-only log per (tenant, session), plus the compaction lock.
+"""The fact log interface: one append-only log per (tenant, session), plus the compaction lock and the links
+that let a session outlive a credential.
 
 A fact is immutable once appended. ``seq`` counts from 0 per session with no
 gaps; appends are atomic and conditional on the writer's view of the log
@@ -16,6 +17,8 @@ from typing import Any, Literal, NamedTuple
 
 Kind = Literal["message", "rewind", "summary", "checkpoint"]
 Source = Literal["client", "upstream", "proxy"]
+#: Tenants ``FactLog.tenants_of`` keeps per session id, the newest: the candidates a new credential may continue.
+TENANTS_KEPT = 16
 
 
 class SessionKey(NamedTuple):
@@ -112,3 +115,21 @@ class FactLog(abc.ABC):
         """The server secret that signs references (``proxy.secret``): random, made by the first call on a new
         store, the same for every later call, process and replica. Concurrent first calls agree: creating it is
         one atomic get-or-create. ``StoreUnavailable`` when the backend fails."""
+
+    @abc.abstractmethod
+    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
+        """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up). Only the
+        ``TENANTS_KEPT`` newest tenants of a session id are kept."""
+
+    @abc.abstractmethod
+    async def tenants_of(self, session: str) -> list[str]:
+        """The tenants noted for ``session``, newest first, at most ``TENANTS_KEPT``."""
+
+    @abc.abstractmethod
+    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
+        """Link ``key`` (a credential's tenant and a session id) to ``tenant``'s session of that id, unless it is
+        linked already: a link is made once and never changed. Returns the tenant ``key`` is linked to."""
+
+    @abc.abstractmethod
+    async def link_of(self, key: SessionKey) -> str | None:
+        """The tenant ``key`` is linked to, or None."""

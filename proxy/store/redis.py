@@ -7,7 +7,11 @@ session lives in one Redis Cluster slot and one Lua script may touch it all:
   fact's canonical JSON (``proxy.store.codec``);
 - ``ctxproxy:{t:s}:meta`` a hash: ``next_seq``, ``messages``, ``checkpoints``,
   ``updated_at``, ``tenant``, ``session``;
-- ``ctxproxy:{t:s}:lock:<name>`` a string holding the lock owner's token.
+- ``ctxproxy:{t:s}:lock:<name>`` a string holding the lock owner's token;
+- ``ctxproxy:{t:s}:link`` a string: the tenant whose session ``s`` the credential of tenant ``t`` continues
+  (``FactLog.link``; set once, never changed);
+- ``ctxproxy:tenants:{s}`` a sorted set of the tenants holding a session ``s``, scored by when each was last
+  noted, trimmed to the ``TENANTS_KEPT`` newest (one key per session id, in its own slot).
 
 Stream ids encode the seq: the fact with seq ``n`` is entry ``<n+1>-0``.
 Decision, over auto ids (``*``): ``read(after)`` becomes one XRANGE starting at
@@ -67,10 +71,10 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from proxy.constants import KEY_PREFIX, META_SUFFIX, SECRET_KEY, lock_key, log_key, meta_key
+from proxy.constants import KEY_PREFIX, META_SUFFIX, SECRET_KEY, link_key, lock_key, log_key, meta_key, tenants_key
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import TENANTS_KEPT, FactLog, NewFact, SessionInfo, SessionKey, StoredFact
 
 RedisClient = Redis | RedisCluster
 
@@ -133,6 +137,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+# Note a tenant of a session id and keep only the newest ARGV[3]. KEYS: the session id's set. ARGV: ts, tenant, kept.
+NOTE_TENANT_LUA = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
+return 1
 """
 
 
@@ -226,6 +237,7 @@ class RedisFactLog(FactLog):
         self._append = client.register_script(APPEND_LUA)
         self._lock = client.register_script(LOCK_LUA)
         self._unlock = client.register_script(UNLOCK_LUA)
+        self._note_tenant = client.register_script(NOTE_TENANT_LUA)
 
     @classmethod
     def from_url(cls, url: str) -> RedisFactLog:
@@ -325,3 +337,26 @@ class RedisFactLog(FactLog):
                 if value is not None:
                     return value if isinstance(value, bytes) else value.encode()
         raise StoreError(f"{SECRET_KEY} vanished twice right after it was set")
+
+    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
+        async with map_redis_errors("note_tenant"):
+            await self._note_tenant(keys=[tenants_key(session)], args=[repr(ts), tenant, TENANTS_KEPT])
+
+    async def tenants_of(self, session: str) -> list[str]:
+        async with map_redis_errors("tenants_of"):
+            names = await self.client.zrevrange(tenants_key(session), 0, TENANTS_KEPT - 1)
+        return [_text(name) for name in names if isinstance(name, bytes | str)]
+
+    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
+        # SET NX then GET, as for the secret: the first link wins and never changes, so the pair is one step.
+        async with map_redis_errors("link"):
+            await self.client.set(link_key(*key), tenant, nx=True)
+            value = await self.client.get(link_key(*key))
+        if value is None:
+            raise StoreError(f"{link_key(*key)} vanished right after it was set")
+        return _text(value)
+
+    async def link_of(self, key: SessionKey) -> str | None:
+        async with map_redis_errors("link_of"):
+            value = await self.client.get(link_key(*key))
+        return None if value is None else _text(value)

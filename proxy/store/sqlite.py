@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from proxy.errors import ConflictError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import TENANTS_KEPT, FactLog, NewFact, SessionInfo, SessionKey, StoredFact
 
 T = TypeVar("T")
 
@@ -96,6 +96,31 @@ def m003_locks(conn: sqlite3.Connection) -> None:
 def m004_secret(conn: sqlite3.Connection) -> None:
     # One row at most: the server secret (``FactLog.secret``).
     conn.execute("CREATE TABLE secret (id INTEGER PRIMARY KEY CHECK (id = 1), value TEXT NOT NULL)")
+
+
+@migration
+def m005_credential_links(conn: sqlite3.Connection) -> None:
+    # Which tenants hold a session id (``FactLog.note_tenant``; the sessions logged so far are noted here), and
+    # the links of a new credential's tenant to the session it continues (``FactLog.link``: set once).
+    conn.execute(
+        """CREATE TABLE session_tenants (
+            session TEXT NOT NULL,
+            tenant TEXT NOT NULL,
+            noted_at REAL NOT NULL,
+            PRIMARY KEY (session, tenant)
+        )"""
+    )
+    conn.execute("INSERT INTO session_tenants (session, tenant, noted_at) SELECT session, tenant, updated_at "
+                 "FROM sessions")
+    conn.execute(
+        """CREATE TABLE links (
+            tenant TEXT NOT NULL,
+            session TEXT NOT NULL,
+            target TEXT NOT NULL,
+            linked_at REAL NOT NULL,
+            PRIMARY KEY (tenant, session)
+        )"""
+    )
 
 
 @contextmanager
@@ -242,6 +267,33 @@ def _secret(conn: sqlite3.Connection, candidate: str) -> bytes:
     return str(value).encode()
 
 
+def _note_tenant(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> None:
+    # Rows are one per (session id, tenant) that ever held it; ``_tenants_of`` reads the newest only.
+    with immediate(conn):
+        conn.execute("""INSERT INTO session_tenants (session, tenant, noted_at) VALUES (?, ?, ?)
+                        ON CONFLICT (session, tenant) DO UPDATE SET noted_at = max(noted_at, excluded.noted_at)""",
+                     (session, tenant, ts))
+
+
+def _tenants_of(conn: sqlite3.Connection, session: str) -> list[str]:
+    rows = conn.execute("SELECT tenant FROM session_tenants WHERE session = ? ORDER BY noted_at DESC, tenant LIMIT ?",
+                        (session, TENANTS_KEPT)).fetchall()
+    return [str(row[0]) for row in rows]
+
+
+def _link(conn: sqlite3.Connection, key: SessionKey, tenant: str, ts: float) -> str:
+    with immediate(conn):
+        conn.execute("INSERT OR IGNORE INTO links (tenant, session, target, linked_at) VALUES (?, ?, ?, ?)",
+                     (key.tenant, key.session, tenant, ts))
+        (target,) = conn.execute("SELECT target FROM links WHERE tenant = ? AND session = ?", key).fetchone()
+    return str(target)
+
+
+def _link_of(conn: sqlite3.Connection, key: SessionKey) -> str | None:
+    row = conn.execute("SELECT target FROM links WHERE tenant = ? AND session = ?", key).fetchone()
+    return None if row is None else str(row[0])
+
+
 class SqliteFactLog(FactLog):
     """``FactLog`` on a local SQLite file. Build it with ``await SqliteFactLog.open(path)``."""
 
@@ -307,3 +359,15 @@ class SqliteFactLog(FactLog):
 
     async def secret(self) -> bytes:
         return await self._run(_secret, secrets.token_urlsafe(32))
+
+    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
+        await self._run(_note_tenant, session, tenant, ts)
+
+    async def tenants_of(self, session: str) -> list[str]:
+        return await self._run(_tenants_of, session)
+
+    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
+        return await self._run(_link, key, tenant, ts)
+
+    async def link_of(self, key: SessionKey) -> str | None:
+        return await self._run(_link_of, key)
