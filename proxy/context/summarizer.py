@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from proxy.context.items import ItemModel
-from proxy.context.projection import clip_text
+from proxy.context.elision import clip_text
 from proxy.context.tokens import chars_tokens
 from proxy.types import Message
 
