@@ -60,13 +60,13 @@ SUMMARY_MARKER = "You maintain the working memory"
 FACT = re.compile(r"FACT-[A-Za-z0-9]+")
 
 
-#: Section headings as a summary model may shorten them: the proxy requires each section, not its full title.
+#: Section headings as a summary model may shorten them (the proxy asks for the sections but requires none).
 SECTION_TITLES = ("Goals", "Work completed", "Key decisions", "Files touched", "Errors", "Current state",
                   "Next steps", "Identifiers")
 
 
 def full_summary(goals: str, identifiers: str = "None") -> str:
-    """A summary with every section heading the proxy requires, as a well-behaved summary model writes it."""
+    """A summary with every section heading the proxy asks for, as a well-behaved summary model writes it."""
     body = {1: goals, len(SECTION_TITLES): identifiers}
     return "\n".join(f"## {n}. {title}\n{body.get(n, 'None')}" for n, title in enumerate(SECTION_TITLES, 1))
 

@@ -221,8 +221,8 @@ async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and
 
 
 @pytest.mark.parametrize(("summary_model", "calls", "max_input", "max_output"), [
-    (None, 1, 64_000, 8_192),  # the request's model (gpt-4o, 128,000 tokens) writes the summary
-    ("gpt-4", 9, 4_096, 2_048),  # an 8,192-token model: more, smaller chunks and a smaller answer
+    (None, 1, 113_408, 8_192),  # the request's model (gpt-4o, 128,000 tokens) writes the summary
+    ("gpt-4", 7, 5_735, 2_048),  # an 8,192-token model: more, smaller chunks and a smaller answer
 ])
 async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summary_model: str | None, calls: int,
                                                             max_input: int, max_output: int) -> None:

@@ -11,7 +11,6 @@ from proxy.context.projection import (
     SUMMARY_HEADER,
     ProjectionBuilder,
     build_model_view,
-    clip_text,
 )
 from proxy.dialects import CHAT
 from proxy.types import Message
@@ -136,15 +135,6 @@ def test_summary_in_a_system_message_given_as_parts() -> None:
 def test_summary_in_system_placement_without_a_system_message() -> None:
     view = build_model_view(CHAT, CONVERSATION[1:], checkpoint(2), summary_placement="system")
     assert view == [{"role": "system", "content": f"{SUMMARY_HEADER}\n\nS"}, *CONVERSATION[3:]]
-
-
-def test_clip_text_keeps_head_and_tail_and_names_the_index() -> None:
-    text = "0123456789" * 10
-    clipped = clip_text(text, 20, 17)
-    assert clipped == (
-        "0123456789\n[… 80 characters elided by ctxproxy; full text in the fact log, message index 17 …]\n0123456789"
-    )
-    assert clip_text(text, 100, 17) is text
 
 
 def test_builder_validates_its_settings() -> None:

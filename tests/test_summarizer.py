@@ -12,10 +12,9 @@ from proxy.context.summarizer import (
     SummaryInputTooLong,
     SummaryResult,
     build_prompt,
-    missing_section,
     serialise_message,
-    take_chunk,
 )
+from proxy.context.summaryprompt import REMINDER, summary_words
 from proxy.dialects import CHAT
 from proxy.types import Message
 from tests.fakeupstream import full_summary
@@ -94,21 +93,15 @@ def chars(text: str) -> int:
     return len(text)
 
 
-def test_take_chunk() -> None:
-    assert take_chunk(["aaa", "bbb", "ccc"], 7, chars) == ("aaa\nbbb", ["ccc"])
-    assert take_chunk(["aaa", "bbb", "ccc"], 3, chars) == ("aaa", ["bbb", "ccc"])
-    # A block larger than the limit is cut; its remainder comes first next time.
-    assert take_chunk(["abcdefgh", "z"], 3, chars) == ("abc", ["def", "gh", "z"])
-
-
 async def test_rolling_input_is_previous_summary_plus_new_messages() -> None:
     model = Recorder(f"  {S('NEW SUMMARY')} \n")
     result = await SummaryGenerator(model).summarise("OLD SUMMARY", MESSAGES[1:], CHAT, first_index=12)
-    assert result == SummaryResult("ok", summary=S("NEW SUMMARY"), calls=1)
+    assert result == SummaryResult("ok", summary=S("NEW SUMMARY"), calls=1, folded=2)
     assert model.user_texts() == [
         "<previous-summary>\nOLD SUMMARY\n</previous-summary>\n\n<new-messages>\n"
         '[#12 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)\n'
-        "[#13 tool result for call c1]\ndef parse(): ...\n</new-messages>\n\nWrite the updated summary."
+        "[#13 tool result for call c1]\ndef parse(): ...\n</new-messages>\n\n"
+        "Write the updated summary. Keep it to at most 3686 words."
     ]
 
 
@@ -118,18 +111,23 @@ async def test_instructions_steer_the_summary() -> None:
     assert model.user_texts()[0].endswith("Additional instructions for this summary:\nfocus on tests")
 
 
-def small_generator(model: Recorder | object, **kwargs: object) -> SummaryGenerator:
-    """Token = character, and room for one message of MESSAGES per call besides the prompt."""
-    overhead = len("\n".join(m["content"] for m in build_prompt(S("S0"), "")))
-    options: dict[str, object] = {"max_input_tokens": overhead + 16 + 80, "min_chunk_tokens": 10, "count_text": chars}
-    options.update(kwargs)
-    return SummaryGenerator(model, **options)  # type: ignore[arg-type]
+def generator_with_room(model: object, room: int, previous: str | None = None, **kwargs: object) -> SummaryGenerator:
+    """Token = character, and ``room`` tokens for the transcript in a prompt beside ``previous``."""
+    options: dict[str, object] = {"min_chunk_tokens": 10, "count_text": chars, **kwargs}
+    probe = SummaryGenerator(model, **options)  # type: ignore[arg-type]
+    overhead = probe.max_input_tokens - probe.room(previous, None)
+    return SummaryGenerator(model, max_input_tokens=overhead + room, **options)  # type: ignore[arg-type]
+
+
+def small_generator(model: object, **kwargs: object) -> SummaryGenerator:
+    """Room for one message of MESSAGES per call besides a summary as long as S("S0")."""
+    return generator_with_room(model, 80, S("S0"), **kwargs)
 
 
 async def test_large_input_is_folded_chunk_by_chunk_in_order() -> None:
     model = Recorder(S("S1"), S("S2"), S("S3"))
     result = await small_generator(model).summarise(S("S0"), MESSAGES, CHAT)
-    assert result == SummaryResult("ok", summary=S("S3"), calls=3)
+    assert result == SummaryResult("ok", summary=S("S3"), calls=3, folded=3)
     texts = model.user_texts()
     assert [t.split("</previous-summary>")[0] for t in texts] == [
         f"<previous-summary>\n{S('S0')}\n",
@@ -156,8 +154,8 @@ async def test_prompt_too_long_halves_the_chunk_and_retries() -> None:
     assert [len(t) for t in transcripts] == [
         len("[#0 user]\nfix the parser"),  # 24: accepted
         len("[#1 user]\n") + 60,  # 70: the second message, whole: rejected
-        40,  # the chunk limit halved from 80 to 40, so the message is cut: accepted
-        30,  # the 30 characters left
+        35,  # the chunk limit halved from 80 to 40, so the message is cut in two equal pieces: accepted
+        35,  # the other piece
     ]
     assert result.summary == S("S4")
     assert result.calls == 4
@@ -193,22 +191,6 @@ async def test_exception_gives_failed() -> None:
     assert result == SummaryResult("failed", calls=1, error="ConnectionError: upstream reset")
 
 
-@pytest.mark.parametrize("answer", ["", "   \n\t"])
-async def test_empty_answer_gives_failed(answer: str) -> None:
-    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES, CHAT)
-    assert result == SummaryResult("failed", calls=1, error="empty summary")
-
-
-async def test_a_failure_after_some_chunks_discards_the_partial_fold() -> None:
-    async def fails_second(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
-        if "S1" in prompt[1]["content"]:
-            raise RuntimeError("boom")
-        return SummaryAnswer(S("S1"))
-
-    result = await small_generator(fails_second).summarise(S("S0"), MESSAGES, CHAT)
-    assert result == SummaryResult("failed", calls=2, error="RuntimeError: boom")
-
-
 async def test_nothing_to_summarise_is_a_failure_without_a_call() -> None:
     model = Recorder()
     result = await SummaryGenerator(model).summarise("OLD", [], CHAT)
@@ -221,79 +203,252 @@ def test_settings_are_validated() -> None:
         SummaryGenerator(Recorder(), timeout=0)
 
 
-# ---- item 11.9: only a finished answer with every section is a summary -------------------------------------------
-
-
-REFUSAL = "I'm sorry, I can't help with that."
-
-
-@pytest.mark.parametrize(("answer", "error"), [
-    (REFUSAL, "summary lacks section 1 (Goals and constraints)"),
-    (SummaryAnswer(S("cut"), finished=False, reason="length"), "summary did not finish (finish_reason 'length')"),
-    (SummaryAnswer(S("filtered"), finished=False, reason="content_filter"),
-     "summary did not finish (finish_reason 'content_filter')"),
-    (S("x").replace("## 5. Errors\n", ""), "summary lacks section 5 (Errors met and how they were resolved (or that "
-                                           "they are still open))"),
-    ("## 1. Goals\nKeep going.\n## 8. Identifiers\nFACT-1", "summary lacks section 2 (Work completed)"),
-], ids=["refusal", "length", "content-filter", "no-section-5", "two-sections"])
-async def test_an_unusable_answer_is_a_failure(answer: str | SummaryAnswer, error: str) -> None:
-    result = await SummaryGenerator(Recorder(answer)).summarise("OLD", MESSAGES, CHAT)
-    assert result == SummaryResult("failed", calls=1, error=error)
-
-
-async def test_an_unusable_answer_mid_fold_discards_the_partial_fold() -> None:
-    model = Recorder(S("S1"), REFUSAL, S("S3"))
-    result = await small_generator(model).summarise(S("S0"), MESSAGES, CHAT)
-    assert result == SummaryResult("failed", calls=2, error="summary lacks section 1 (Goals and constraints)")
-
-
-def test_section_headings_are_matched_leniently_but_all_and_in_order() -> None:
-    assert missing_section(SYSTEM_PROMPT.split(":\n", 1)[1]) is None  # the prompt's own headings, full titles
-    assert missing_section(S("x")) is None  # short titles
-    lenient = "\n".join(f"{'#' * (1 + n % 3)}  {title.upper()}  \nNone" for n, title in enumerate(SECTIONS))
-    assert missing_section(lenient) is None  # no numbers, any level, any case, extra spaces
-    swapped = S("x").replace("## 6. Current state", "## 6. Next steps").replace("## 7. Next steps", "## 7. State")
-    assert missing_section(swapped) == 7
-    assert missing_section("Goals, work, decisions, files, errors, state, next, identifiers: all in prose.") == 1
-    assert missing_section(S("x").replace("## 8. Identifiers", "Identifiers:")) == 8
-
-
 async def test_the_output_bound_goes_with_every_call() -> None:
     model = Recorder(S("S1"), S("S2"), S("S3"))
     await small_generator(model, max_output_tokens=333).summarise(S("S0"), MESSAGES, CHAT)
     assert model.max_tokens == [333, 333, 333]
 
 
+# ---- issue 18, item 1: a finished, non-empty answer that is not a refusal is a summary ----------------------------
+
+
+BOLD = "**Goals**\nFix the parser.\n\n**Work completed**\nRead p.py.\n\n**Next steps**\nEdit parse()."
+NUMBERED = "1. Goals: fix the parser\n2. Work completed: read p.py\n3. Next steps: edit parse()"
+STATUS_ONLY = "## 6. Current status\nThe agent has read p.py and is about to edit parse()."
+GERMAN = "## 1. Ziele und Vorgaben\nDen Parser reparieren.\n## 2. Erledigte Arbeit\np.py gelesen."
+CHINESE = "## 1. 目标与约束\n修复解析器。\n## 2. 已完成的工作\n读取了 p.py。"
+PROSE = "The user asked the agent to fix the parser; it read p.py and found parse() unfinished."
+LONG_WITH_CANT = ("## 1. Goals\nFix the parser. The user said: I can't ship until the parser handles tabs.\n"
+                  + "## 2. Work completed\n" + "Read p.py, traced parse() through the tokenizer. " * 20).strip()
+
+
+@pytest.mark.parametrize("text", [BOLD, NUMBERED, STATUS_ONLY, GERMAN, CHINESE, PROSE, LONG_WITH_CANT],
+                         ids=["bold", "numbered", "status-only", "german", "chinese", "prose", "long-with-cant"])
+async def test_any_finished_answer_that_is_not_a_refusal_is_a_summary(text: str) -> None:
+    model = Recorder(text)
+    result = await SummaryGenerator(model).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("ok", summary=text, calls=1, folded=3)
+
+
+REFUSALS = [
+    "I'm sorry, I can't help with that.",
+    "I\u2019m sorry, but I can\u2019t assist with that request.",
+    "I cannot help with that.",
+    "I can't assist with this.",
+    "As an AI language model, I am not able to summarise private conversations.",
+    "I\u2019m unable to comply with this request.",
+    "Sorry, but I can't do that.",
+    "**I apologize, but I won't summarise this conversation.**",
+]
+
+
+@pytest.mark.parametrize("refusal", REFUSALS)
+async def test_a_refusal_is_asked_once_more_with_a_reminder_then_fails(refusal: str) -> None:
+    model = Recorder(refusal, refusal)
+    result = await SummaryGenerator(model).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("failed", calls=2, error="summary was a refusal, twice")
+    first, second = model.user_texts()
+    assert second == f"{first}\n\n{REMINDER.format(words=summary_words(8_192))}"
+
+
+async def test_a_refusal_then_a_summary_is_a_summary() -> None:
+    model = Recorder(REFUSALS[0], PROSE)
+    result = await SummaryGenerator(model).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("ok", summary=PROSE, calls=2, folded=3)
+
+
+@pytest.mark.parametrize("answer", ["", "   \n\t"])
+async def test_an_empty_answer_is_asked_once_more_then_fails(answer: str) -> None:
+    result = await SummaryGenerator(Recorder(answer, answer)).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("failed", calls=2, error="empty summary, twice")
+
+
+@pytest.mark.parametrize(("reason", "error"), [
+    ("length", "summary did not finish (finish_reason 'length'), twice"),
+    ("content_filter", "summary did not finish (finish_reason 'content_filter'), twice"),
+])
+async def test_an_answer_that_did_not_finish_is_asked_once_more_then_fails(reason: str, error: str) -> None:
+    cut = SummaryAnswer(S("cut"), finished=False, reason=reason)
+    result = await SummaryGenerator(Recorder(cut, cut)).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("failed", calls=2, error=error)
+
+
+async def test_a_cut_answer_is_asked_again_for_half_the_words() -> None:
+    model = Recorder(SummaryAnswer(S("cut"), finished=False, reason="length"), S("short"))
+    result = await SummaryGenerator(model, max_output_tokens=1_000).summarise("OLD", MESSAGES, CHAT)
+    assert result == SummaryResult("ok", summary=S("short"), calls=2, folded=3)
+    assert model.user_texts()[0].endswith("Keep it to at most 450 words.")
+    assert model.user_texts()[1].endswith(REMINDER.format(words=225))
+
+
+async def test_a_refusal_then_a_cut_answer_says_both() -> None:
+    model = Recorder(REFUSALS[0], SummaryAnswer("## 1. Go", finished=False, reason="length"))
+    result = await SummaryGenerator(model).summarise("OLD", MESSAGES, CHAT)
+    assert result.error == "summary was a refusal, then summary did not finish (finish_reason 'length')"
+
+
+# ---- issue 18, item 5: the rolling summary stays bounded ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_output", "words"), [(8_192, 3_686), (4_096, 1_843), (1_000, 450)])
+async def test_the_prompt_gives_a_word_budget_from_the_output_bound(max_output: int, words: int) -> None:
+    model = Recorder(S("S"))
+    await SummaryGenerator(model, max_output_tokens=max_output).summarise(None, MESSAGES, CHAT)
+    assert model.user_texts()[0].endswith(f"Write the summary. Keep it to at most {words} words.")
+    assert words / 0.75 <= 0.6 * max_output, "the summary itself takes at most 60 % of the output bound"
+
+
+SUMMARY_16K = "s" * 3_568  # token = character: the run's previous summary of 3,568 tokens
+
+
+def crowding_instructions() -> str:
+    """Instructions that, beside SUMMARY_16K, left the run's 743-token chunk limit under the old sizing."""
+    skeleton = "\n".join(m["content"] for m in build_prompt(SUMMARY_16K, "", "i"))
+    instructions = "i" * (8_192 - 16 - 743 - len(skeleton) + 1)
+    old_limit = 8_192 - 16 - len("\n".join(m["content"] for m in build_prompt(SUMMARY_16K, "", instructions)))
+    assert old_limit == 743  # window // 2 for the prompt: under the 2,000-token minimum, so no call was made
+    return instructions
+
+
+async def test_16k_window_with_a_3568_token_summary_folds_in_one_call() -> None:
+    model = Recorder(S("NEW"))
+    generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
+    result = await generator.summarise(SUMMARY_16K, MESSAGES, CHAT, instructions=crowding_instructions())
+    assert result == SummaryResult("ok", summary=S("NEW"), calls=1, folded=3)
+    assert generator.room(SUMMARY_16K, crowding_instructions()) >= generator.min_chunk_tokens
+
+
+async def test_a_previous_summary_that_crowds_out_its_input_is_condensed_first() -> None:
+    model = Recorder("c" * 1_500, S("NEW"))
+    generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
+    previous = "p" * 10_000  # written under a larger summary model, or before the word budget
+    assert generator.room(previous, None) < generator.min_chunk_tokens
+    result = await generator.summarise(previous, MESSAGES, CHAT)
+    assert result == SummaryResult("ok", summary=S("NEW"), calls=2, folded=3)
+    condense, fold = model.user_texts()
+    assert condense.startswith(f"<previous-summary>\n{previous}\n</previous-summary>")
+    assert "Condense it to at most 1842 words" in condense and "<new-messages>" not in condense
+    assert fold.startswith(f"<previous-summary>\n{'c' * 1_500}\n</previous-summary>")
+
+
+async def test_a_failed_condensation_fails() -> None:
+    model = Recorder(REFUSALS[0])
+    generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
+    result = await generator.summarise("p" * 10_000, MESSAGES, CHAT)
+    assert result == SummaryResult("failed", calls=1, error="condensing the summary: summary was a refusal")
+
+
+async def test_a_condensed_summary_still_too_long_fails() -> None:
+    model = Recorder("c" * 10_000)  # ignored the budget
+    generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
+    result = await generator.summarise("p" * 10_000, MESSAGES, CHAT)
+    assert result.outcome == "failed" and result.calls == 1
+    assert result.error is not None and result.error.endswith("under the minimum after condensing the summary")
+
+
+async def test_instructions_that_leave_no_room_fail_without_a_call() -> None:
+    model = Recorder()
+    generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
+    result = await generator.summarise("p" * 100, MESSAGES, CHAT, instructions="i" * 11_000)
+    assert result.outcome == "failed" and result.calls == 0  # no summary, however short, makes room
+    assert model.prompts == []
+
+
+# ---- issue 18, item 6: chunks sized for the summary model's real room, balanced, each one kept -------------------
+
+
 @pytest.mark.parametrize(("window", "bounds"), [
-    (128_000, (64_000, 8_192, 2_000)),  # the default bound, and half the window for the prompt
-    (1_047_576, (523_788, 8_192, 2_000)),
-    (8_192, (4_096, 2_048, 1_024)),  # a quarter of a small window for the answer
-    (4_096, (3_072, 1_024, 768)),  # up to 4,000 prompt tokens beside the answer
-    (6_000, (4_000, 1_500, 1_000)),
-    (1_500, (1_125, 375, 281)),
+    (128_000, (113_408, 8_192, 2_000)),  # the default bound, and the rest less 5 % for the prompt
+    (1_047_576, (987_006, 8_192, 2_000)),
+    (16_384, (11_469, 4_096, 2_000)),  # a quarter of a small window for the answer
+    (8_192, (5_735, 2_048, 1_433)),
+    (4_096, (2_868, 1_024, 717)),
+    (1_500, (1_050, 375, 262)),
 ])
 def test_calls_leave_room_for_the_answer_in_the_window(window: int, bounds: tuple[int, int, int]) -> None:
-    generator = SummaryGenerator.for_window(Recorder(), window, max_output_tokens=8_192, timeout=7.0)
+    generator = SummaryGenerator.for_window(Recorder(), window, max_output_tokens=8_192, timeout=7.0,
+                                            count_text=chars)
     assert (generator.max_input_tokens, generator.max_output_tokens, generator.min_chunk_tokens) == bounds
-    assert generator.max_input_tokens + generator.max_output_tokens <= window
+    assert generator.max_input_tokens + generator.max_output_tokens + window // 20 <= window
     assert generator.timeout == 7.0
+    assert generator.count_text is chars
 
 
-# ---- item 11.10: the timeout bounds the whole fold ----------------------------------------------------------------
+def messages_of(total: int) -> list[Message]:
+    """Fifty user messages whose transcript (joined by newlines) is ``total`` characters."""
+    messages: list[Message] = [{"role": "user", "content": "w" * 90} for _ in range(50)]
+    transcript = "\n".join(serialise_message(CHAT, m, i, 4_000) for i, m in enumerate(messages))
+    messages[-1] = {"role": "user", "content": "w" * (90 + total - len(transcript))}
+    return messages
 
 
-async def test_the_timeout_bounds_all_chunk_calls_together() -> None:
-    """Seven chunks of 0.4 s each, 0.6 s in all: the second call is cut, the third never starts."""
-    started: list[int] = []
-    ended: list[int] = []
+@pytest.mark.parametrize(("room", "sizes"), [
+    (4_500, [2_743, 2_697]),  # two chunks, cut at the message boundary nearest half (2,721), not 4,500 and 941
+    (6_000, [5_441]),  # it fits: one call
+])
+async def test_chunks_are_balanced(room: int, sizes: list[int]) -> None:
+    model = Recorder(*(S(f"S{n}") for n in range(1, 4)))
+    result = await generator_with_room(model, room, S("S1")).summarise(S("S1"), messages_of(5_441), CHAT)
+    transcripts = [t.split("<new-messages>\n")[1].split("\n</new-messages>")[0] for t in model.user_texts()]
+    assert [len(t) for t in transcripts] == sizes
+    assert result == SummaryResult("ok", summary=S(f"S{len(sizes)}"), calls=len(sizes), folded=50)
 
-    async def slow(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
-        started.append(len(started) + 1)
-        await asyncio.sleep(0.4)  # a summary model that takes its time, under the timeout per call
-        ended.append(len(ended) + 1)
+
+async def test_a_failure_after_some_chunks_keeps_the_chunks_done() -> None:
+    async def fails_second(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
+        if "S1" in prompt[1]["content"]:
+            raise RuntimeError("boom")
+        return SummaryAnswer(S("S1"))
+
+    result = await small_generator(fails_second).summarise(S("S0"), MESSAGES, CHAT)
+    assert result == SummaryResult("ok", S("S1"), 2, "partial: 1 of 3 messages folded, then RuntimeError: boom", 1)
+
+
+async def test_an_unusable_answer_mid_fold_keeps_the_chunks_done() -> None:
+    model = Recorder(S("S1"), REFUSALS[0], REFUSALS[0], S("S3"))
+    result = await small_generator(model).summarise(S("S0"), MESSAGES, CHAT)
+    assert result == SummaryResult("ok", S("S1"), 3, "partial: 1 of 3 messages folded, then summary was a refusal, "
+                                                     "twice", 1)
+
+
+async def test_the_time_left_bounds_each_call_and_the_chunks_done_are_kept() -> None:
+    """The first chunk answers at once, the second never: the timeout ends it and the first chunk is kept."""
+    never = asyncio.Event()
+    started: list[str] = []
+
+    async def hangs_on_the_second(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
+        started.append(prompt[1]["content"])
+        if len(started) == 2:
+            await never.wait()
         return SummaryAnswer(S(f"S{len(started)}"))
 
-    messages: list[Message] = [{"role": "user", "content": f"step {n} " + "w" * 50} for n in range(7)]
-    result = await small_generator(slow, timeout=0.6).summarise(S("S0"), messages, CHAT)
-    assert result == SummaryResult("timeout", calls=2, error="no summary within 0.6 s")
-    assert (started, ended) == ([1, 2], [1])
+    result = await small_generator(hangs_on_the_second, timeout=0.05).summarise(S("S0"), MESSAGES, CHAT)
+    assert result == SummaryResult("ok", S("S1"), 2, "partial: 1 of 3 messages folded, then no summary within "
+                                                     "0.05 s", 1)
+    assert len(started) == 2, "the third chunk never starts"
+
+
+async def test_a_message_cut_in_pieces_is_folded_only_with_its_last_piece() -> None:
+    async def fails_third(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
+        calls.append(prompt[1]["content"])
+        if len(calls) == 3:
+            raise RuntimeError("boom")
+        return SummaryAnswer(S(f"S{len(calls)}"))
+
+    calls: list[str] = []
+    messages: list[Message] = [MESSAGES[0], {"role": "user", "content": "z" * 200}]  # 210: three pieces of 70
+    result = await small_generator(fails_third).summarise(S("S0"), messages, CHAT)
+    assert result == SummaryResult("ok", S("S1"), 3, "partial: 1 of 2 messages folded, then RuntimeError: boom", 1)
+    assert "[#1 user]" in calls[1] and "[#1 user]" not in calls[2], "the second call had the first piece"
+
+
+async def test_nothing_folded_before_a_failure_is_a_failure() -> None:
+    async def cut(prompt: list[Message], max_tokens: int) -> SummaryAnswer:
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        calls.append(1)
+        return SummaryAnswer(S("piece"))
+
+    calls: list[int] = []
+    result = await small_generator(cut).summarise(S("S0"), [{"role": "user", "content": "z" * 300}], CHAT)
+    assert result == SummaryResult("failed", calls=3, error="RuntimeError: boom")

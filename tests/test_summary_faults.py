@@ -21,7 +21,7 @@ from proxy.context.projection import SUMMARY_HEADER
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FakeUpstream, Reply, full_summary
+from tests.fakeupstream import FakeUpstream, Reply, full_summary, summary_response
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.test_compaction_e2e import prose
 
@@ -45,11 +45,20 @@ GARBAGE: dict[str, tuple[int, bytes, str]] = {
                        "application/json"),
     "error-in-200": (200, b'{"error": {"message": "overloaded", "type": "server_error"}}', "application/json"),
     "not-an-object": (200, b'["## 1. Goals"]', "application/json"),
-    # Well-formed answers that are not a summary (issue 11, item 9).
+    # Well-formed answers that are not a summary (issue 11, item 9; issue 18, item 1): asked twice, then failed.
     "refusal": summary_body("I'm sorry, I can't help with that."),
+    "refusal-curly": summary_body("I\u2019m sorry, but I can\u2019t assist with that request."),
+    "as-an-ai": summary_body("As an AI language model, I cannot summarise this conversation."),
+    "whitespace": summary_body(" \n\t "),
     "length": summary_body(full_summary("Keep going."), "length"),
     "no-finish-reason": summary_body(full_summary("Keep going."), None),
-    "missing-section": summary_body(full_summary("Keep going.").replace("## 5. Errors\nNone\n", "")),
+}
+#: Answers in another shape than the one asked for, which are summaries all the same (issue 18, item 1).
+OTHER_SHAPES = {
+    "bold": "**Goals**\nRead every file.\n\n**Work completed**\nRead files 1 to 9.",
+    "numbered": "1. Goals: read every file\n2. Work completed: files 1 to 9 read\n3. Next steps: the rest",
+    "german": "## 1. Ziele\nJede Datei lesen.\n## 6. Aktueller Stand\nDateien 1 bis 9 gelesen.",
+    "prose": "The user asked the agent to read every file; it has read the first nine and goes on.",
 }
 
 
@@ -65,6 +74,9 @@ class BrokenSummariser(FakeUpstream):
             self.summary_requests.append(body)
             await self.release.wait()  # past the proxy's summary timeout; released at the end of the test
             return web.json_response({"error": {"message": "late"}}, status=500)
+        if self.summary_mode in OTHER_SHAPES:
+            self.summary_requests.append(body)
+            return summary_response(OTHER_SHAPES[self.summary_mode])
         if self.summary_mode in GARBAGE:
             self.summary_requests.append(body)
             status, raw, content_type = GARBAGE[self.summary_mode]
@@ -159,3 +171,18 @@ async def test_a_broken_summariser_changes_nothing_and_the_session_keeps_working
     assert same_conversation(replay(facts), session.messages[:-1])
     for body in fake.requests[first_request:]:
         assert checkpoint["summary"] in summary_in_view(body), "every request kept the active checkpoint"
+
+
+@pytest.mark.parametrize("mode", [*OTHER_SHAPES])
+async def test_a_summary_in_another_shape_is_a_summary(make_proxy, fake: BrokenSummariser, mode: str) -> None:
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2)
+    fake.summary_mode = mode
+    session = Session(proxy, fake, f"shape-{mode}")
+    while not any(f.kind == "summary" for f in await session.facts()):
+        assert session.step < 30, "no summary in 30 steps"
+        await session.send()
+    await session.send()
+    checkpoint = [f for f in await session.facts() if f.kind == "checkpoint"][-1].extra["checkpoint"]
+    assert checkpoint["summary"] == OTHER_SHAPES[mode]
+    assert len(fake.summary_requests) == 1, "accepted at the first answer"
+    assert OTHER_SHAPES[mode] in summary_in_view(fake.requests[-1])

@@ -417,12 +417,12 @@ class ContextEngine:
         """``window`` is the request model's; the summary call is sized for the summary model's own."""
         policy = self.policy(window)
         summary_model = self.settings.summary_model
-        # Chunks for the summariser are sized by characters / 3, not the tokenizer: tokenising the whole
-        # serialised transcript again cost ~15 ms per compaction (bench/compaction.py), and a chunk that turns
-        # out too large (dense CJK) is refused, recognised, and halved by the generator.
+        # Chunks are counted with the budget's own text measure (the tokenizer), against the summary model's real
+        # room: characters / 3 against half the window sent a 5,441-token fold as two calls where one fits.
         summarizer = SummaryGenerator.for_window(
             complete, window if summary_model is None else self.window_for(summary_model),
-            max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout)
+            max_output_tokens=self.settings.summary_max_tokens, timeout=self.settings.summary_timeout,
+            count_text=policy.text_tokens)
         return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
                                 projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds,
                                 keep_tool_outputs=self.settings.keep_tool_outputs, measure=policy,

@@ -35,16 +35,14 @@ when a view cannot fit the window they are clipped by ``proxy.context.clipping``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.masking import Masker
 from proxy.context.tokens import TokenCounter
 from proxy.context.userwords import render as render_user_words
 from proxy.types import Message
-
-if TYPE_CHECKING:
-    from proxy.context.compactor import Checkpoint
 
 SummaryPlacement = Literal["user", "system"]
 #: Ends the summary where it leads a user message, so the model sees where the user's own words start.
@@ -53,17 +51,6 @@ SUMMARY_HEADER = (
     "[ctxproxy] Summary of earlier work in this conversation. The messages it replaces were compacted "
     "to keep the conversation within the context window; the conversation continues after this summary."
 )
-ELISION_MARKER = "[… {count} characters elided by ctxproxy; full text in the fact log, message index {index} …]"
-
-
-def clip_text(text: str, max_chars: int, index: int) -> str:
-    """Head and tail of ``text`` around a marker that says where the whole text is kept."""
-    if len(text) <= max_chars:
-        return text
-    head = max_chars // 2
-    tail = max_chars - head
-    marker = ELISION_MARKER.format(count=len(text) - max_chars, index=index)
-    return f"{text[:head]}\n{marker}\n{text[len(text) - tail :] if tail else ''}"
 
 
 def summary_text(checkpoint: Checkpoint) -> str:

@@ -3,33 +3,57 @@
 Rolling: each compaction summarises the previous summary plus only the
 messages newly moved out of the verbatim tail, so the cost of a compaction does
 not grow with the length of the run. Input too large for the summary model is
-cut into chunks folded in order (``s1 = f(prev, c1)``, ``s2 = f(s1, c2)``…);
-when the upstream still says the prompt is too long (``complete`` raises
-``SummaryInputTooLong``) the chunk size halves, down to a minimum.
+cut into balanced chunks (``proxy.context.chunking``) folded in order
+(``s1 = f(prev, c1)``, ``s2 = f(s1, c2)``…); when the upstream still says the
+prompt is too long (``complete`` raises ``SummaryInputTooLong``) the chunk size
+halves, down to a minimum. A previous summary that leaves no room for a chunk
+beside it is first condensed by one call of its own.
 
 The LLM call is injected (``complete``): the HTTP layer implements it with the
 caller's credentials and model, which keeps this module free of I/O. It is
-given the output bound, and says whether the answer finished normally. The
-whole fold, every chunk call together, is bounded by ``timeout``. An answer is
-used only when it finished normally and has every section heading of
-``SECTIONS`` in order: a refusal ("I'm sorry, I can't help with that"), an
-answer cut at the output bound or one that lost a section would otherwise
-replace the history it summarises. A failure, a timeout or an unusable answer
-is an outcome, never an exception, and produces no summary.
+given the output bound, and says whether the answer finished normally; the
+prompt asks for a summary within a word budget well under that bound, so that
+the rolling summary stays bounded. The whole fold, every call together, is
+bounded by ``timeout``: each call gets the time that is left.
+
+Which answers are summaries is ``proxy.context.summaryprompt``'s rule: any
+finished, non-empty answer but a refusal. An unusable answer gets the same chunk
+asked once more, with a reminder of the format (and, for a cut answer, of a
+tighter length); a second unusable answer ends the fold. Each finished chunk is
+kept: when a later call fails or the time runs out, the result covers the
+messages folded so far (``folded``), so a long conversation compacts over
+several steps. A failure, a timeout or an unusable answer is an outcome, never
+an exception.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from proxy.context.chunking import Block, plan_chunk
 from proxy.context.items import ItemModel
-from proxy.context.projection import clip_text
+from proxy.context.summaryprompt import (
+    SECTIONS,
+    SYSTEM_PROMPT,
+    WORDS_PER_TOKEN,
+    SummaryAnswer,
+    build_prompt,
+    condense_prompt,
+    reminder_for,
+    serialise_message,
+    summary_words,
+    unusable,
+)
 from proxy.context.tokens import chars_tokens
 from proxy.types import Message
+
+__all__ = ["DEFAULT_MAX_INPUT_TOKENS", "DEFAULT_MAX_OUTPUT_TOKENS", "DEFAULT_MIN_CHUNK_TOKENS", "DEFAULT_TIMEOUT",
+           "DEFAULT_TOOL_CLIP_CHARS", "PROMPT_OVERHEAD_TOKENS", "SECTIONS", "SYSTEM_PROMPT", "WINDOW_MARGIN",
+           "Complete", "SummaryAnswer", "SummaryGenerator", "SummaryInputTooLong", "SummaryOutcome", "SummaryResult",
+           "build_prompt", "serialise_message"]
 
 SummaryOutcome = Literal["ok", "failed", "timeout"]
 
@@ -42,49 +66,13 @@ DEFAULT_MIN_CHUNK_TOKENS = 2_000
 DEFAULT_TOOL_CLIP_CHARS = 4_000
 #: Chat-template tokens around the two prompt messages.
 PROMPT_OVERHEAD_TOKENS = 16
-
-SECTIONS = (
-    "Goals and constraints: what the user asked for and every constraint they set, in their own words where "
-    "the wording matters",
-    "Work completed",
-    "Key decisions and why they were made",
-    "Files touched and how (created, edited, deleted; what changed)",
-    "Errors met and how they were resolved (or that they are still open)",
-    "Current state",
-    "Next steps",
-    "Identifiers worth keeping: exact paths, commands, function and variable names, URLs, versions, values",
-)
-#: The word each section's heading must contain (any case): lenient about numbering and wording, not about a
-#: missing section.
-SECTION_KEYWORDS = ("goal", "work", "decision", "file", "error", "state", "next", "identifier")
-_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]*(.*)$", re.MULTILINE)
-SYSTEM_PROMPT = (
-    "You maintain the working memory of a long-running coding agent. Older messages of its conversation are "
-    "being removed from its context window; your summary replaces them, so anything you leave out is lost to "
-    "the agent. Merge the previous summary (if any) with the new messages into one updated summary. Be "
-    "specific and factual; keep exact identifiers; drop pleasantries and superseded detail. Use exactly these "
-    "Markdown sections, in this order, writing 'None' under a section with nothing to say:\n"
-    + "\n".join(f"## {index}. {section}" for index, section in enumerate(SECTIONS, 1))
-    + "\nAnswer with the summary only."
-)
+#: Share of the summary model's window ``for_window`` leaves unused: the summary model's tokenizer is not the one
+#: chunks are counted with, and its chat template adds tokens of its own.
+WINDOW_MARGIN = 0.05
 
 
 class SummaryInputTooLong(Exception):
     """Raised by ``complete`` when the summary model rejects the prompt as too long."""
-
-
-@dataclass(frozen=True)
-class SummaryAnswer:
-    """What the summary model answered.
-
-    ``finished`` is False when the answer stopped early (cut at the output
-    bound, filtered): its text is never used. ``reason`` is the upstream's own
-    word for how it ended, for the outcome's detail.
-    """
-
-    text: str
-    finished: bool = True
-    reason: str = "stop"
 
 
 #: The summary call: the prompt and the output bound in tokens.
@@ -93,7 +81,13 @@ Complete = Callable[[list[Message], int], Awaitable[SummaryAnswer]]
 
 @dataclass(frozen=True)
 class SummaryResult:
-    """``summary`` is set only when ``outcome`` is ``"ok"``; ``calls`` counts LLM calls made."""
+    """``summary`` is set only when ``outcome`` is ``"ok"``; ``calls`` counts LLM calls made.
+
+    ``summary`` covers the first ``folded`` of the messages given, whole
+    messages only: all of them on a full success; fewer when a later chunk
+    failed or the time ran out (``error`` then says so), so that the caller
+    can keep the part that was done.
+    """
 
     outcome: SummaryOutcome
     summary: str | None = None
@@ -102,80 +96,20 @@ class SummaryResult:
     folded: int = 0
 
 
-def missing_section(text: str) -> int | None:
-    """The number (from 1) of the first section of ``SECTIONS`` without its heading, in order; None if all are there."""
-    # One pass over the headings: each section is looked for after the previous one's heading.
-    headings = iter(match.group(1).lower() for match in _HEADING.finditer(text))
-    for number, keyword in enumerate(SECTION_KEYWORDS, 1):
-        pattern = re.compile(r"\b" + keyword)
-        if not any(pattern.search(heading) for heading in headings):
-            return number
-    return None
+class _Stop(Exception):
+    """Ends a fold with an outcome (internal: ``summarise`` turns it into its result)."""
 
-
-def unusable(answer: SummaryAnswer) -> str | None:
-    """Why ``answer`` cannot be a summary, or None when it can."""
-    if not answer.finished:
-        return f"summary did not finish (finish_reason {answer.reason!r})"
-    if not answer.text.strip():
-        return "empty summary"
-    missing = missing_section(answer.text)
-    if missing is not None:
-        return f"summary lacks section {missing} ({SECTIONS[missing - 1].split(':')[0]})"
-    return None
-
-
-def serialise_message(dialect: ItemModel, message: Message, index: int, clip_chars: int) -> str:
-    """One item as transcript text: its role (a tool result names its call), then its text, long parts clipped."""
-    role = dialect.role(message)
-    if role == "tool":
-        header = f"[#{index} tool result for call {', '.join(dialect.results(message)) or '?'}]"
-    else:
-        header = f"[#{index} {role}]"
-    text = dialect.transcript(message, lambda part: clip_text(part, clip_chars, index))
-    return f"{header}\n{text}" if text else header
-
-
-def build_prompt(previous: str | None, transcript: str, instructions: str | None = None) -> list[Message]:
-    parts = []
-    if previous:
-        parts.append(f"<previous-summary>\n{previous}\n</previous-summary>")
-    parts.append(f"<new-messages>\n{transcript}\n</new-messages>")
-    parts.append("Write the updated summary." if previous else "Write the summary.")
-    if instructions:
-        parts.append(f"Additional instructions for this summary:\n{instructions}")
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "\n\n".join(parts)}]
-
-
-def _split_block(block: str, limit: int, count: Callable[[str], int]) -> list[str]:
-    """Cuts one block too big for a chunk into pieces of about ``limit`` tokens, in proportion to length."""
-    tokens = count(block)
-    if tokens <= limit:
-        return [block]
-    size = max(1, len(block) * limit // tokens)
-    return [block[i : i + size] for i in range(0, len(block), size)]
-
-
-def take_chunk(blocks: Sequence[str], limit: int, count: Callable[[str], int]) -> tuple[str, list[str]]:
-    """The longest run of leading blocks within ``limit`` tokens (at least part of one), and the rest."""
-    pieces = _split_block(blocks[0], limit, count)
-    if len(pieces) > 1:
-        return pieces[0], [*pieces[1:], *blocks[1:]]
-    used = count(blocks[0])
-    end = 1
-    while end < len(blocks):
-        used += count(blocks[end]) + 1  # the joining newline
-        if used > limit:
-            break
-        end += 1
-    return "\n".join(blocks[:end]), list(blocks[end:])
+    def __init__(self, outcome: SummaryOutcome, error: str) -> None:
+        super().__init__(error)
+        self.outcome: SummaryOutcome = outcome
+        self.error = error
 
 
 class SummaryGenerator:
     """Writes and updates summaries; one instance per caller, since ``complete`` carries its credentials.
 
     ``max_input_tokens`` bounds a prompt and ``max_output_tokens`` the answer: together they must fit the summary
-    model's window, which the caller knows.
+    model's window, which the caller knows. ``count_text`` counts a text's tokens (default: characters / 3).
     """
 
     def __init__(
@@ -198,23 +132,31 @@ class SummaryGenerator:
         self.min_chunk_tokens = min_chunk_tokens
         self.tool_clip_chars = tool_clip_chars
         self.count_text = count_text if count_text is not None else (lambda text: chars_tokens(len(text)))
+        self.words = summary_words(max_output_tokens)
 
     @classmethod
     def for_window(cls, complete: Complete, window: int, *, max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
-                   timeout: float = DEFAULT_TIMEOUT) -> SummaryGenerator:
+                   timeout: float = DEFAULT_TIMEOUT, count_text: Callable[[str], int] | None = None,
+                   ) -> SummaryGenerator:
         """A generator whose calls fit a summary model with a ``window``-token context.
 
         The answer gets at most a quarter of the window: a summary bigger than
-        that would crowd the view it is written for. A prompt gets half, since
-        chunks are measured as characters / 3, which undercounts dense text (the
-        last quarter is that margin); a small window gets up to 4,000 prompt
-        tokens beside the answer. The smallest chunk worth a call shrinks with a
+        that would crowd the view it is written for. A prompt gets the rest but
+        ``WINDOW_MARGIN`` of the window, counted with ``count_text`` (the
+        tokenizer's text counter; the prompt's own skeleton is counted call by
+        call, not guessed here). The smallest chunk worth a call shrinks with a
         small window, so that one still fits beside a rolling summary.
         """
         output = max(1, min(max_output_tokens, window // 4))
-        max_input = max(window // 2, min(4_000, window - output))
+        max_input = max(1, window - output - int(window * WINDOW_MARGIN))
         return cls(complete, timeout=timeout, max_input_tokens=max_input, max_output_tokens=output,
-                   min_chunk_tokens=max(1, min(DEFAULT_MIN_CHUNK_TOKENS, max_input // 4)))
+                   min_chunk_tokens=max(1, min(DEFAULT_MIN_CHUNK_TOKENS, max_input // 4)), count_text=count_text)
+
+    def room(self, summary: str | None, instructions: str | None) -> int:
+        """Tokens left for a chunk in a prompt carrying ``summary`` and ``instructions``."""
+        skeleton = build_prompt(summary, "", instructions, words=self.words)
+        return self.max_input_tokens - self.count_text("\n".join(m["content"] for m in skeleton)) \
+            - PROMPT_OVERHEAD_TOKENS
 
     async def summarise(
         self,
@@ -226,34 +168,108 @@ class SummaryGenerator:
         instructions: str | None = None,
     ) -> SummaryResult:
         """Fold ``messages`` (conversation indices from ``first_index``) into ``previous``, within ``timeout``."""
-        pending = [serialise_message(dialect, m, i, self.tool_clip_chars) for i, m in enumerate(messages, first_index)]
-        if not pending:
+        texts = [serialise_message(dialect, m, i, self.tool_clip_chars) for i, m in enumerate(messages, first_index)]
+        if not texts:
             return SummaryResult("failed", error="nothing to summarise")
-        summary = previous
-        cap = self.max_input_tokens
-        calls = 0
+        fold = _Fold(self, previous, [Block(text, self.count_text(text)) for text in texts], instructions)
+        return await fold.run()
+
+
+class _Fold:
+    """One ``summarise``: the summary so far, what is left, and the last summary that ends on a whole message."""
+
+    def __init__(self, generator: SummaryGenerator, previous: str | None, blocks: list[Block],
+                 instructions: str | None) -> None:
+        self.generator = generator
+        self.summary = previous
+        self.pending = blocks
+        self.instructions = instructions
+        self.total = len(blocks)
+        self.folded = 0
+        self.kept: str | None = None  # the summary of messages[:folded]
+        self.calls = 0
+        self.cap = generator.max_input_tokens
+        self.condensed = False
+        self.deadline = asyncio.get_running_loop().time() + generator.timeout
+
+    async def run(self) -> SummaryResult:
         try:
-            async with asyncio.timeout(self.timeout):
-                while pending:
-                    overhead = self.count_text("\n".join(m["content"] for m in build_prompt(summary, "", instructions)))
-                    limit = min(cap, self.max_input_tokens - overhead - PROMPT_OVERHEAD_TOKENS)
-                    if limit < self.min_chunk_tokens:
-                        return SummaryResult("failed", calls=calls, error=f"chunk limit {limit} under the minimum")
-                    chunk, rest = take_chunk(pending, limit, self.count_text)
-                    calls += 1
-                    try:
-                        answer = await self.complete(build_prompt(summary, chunk, instructions),
-                                                     self.max_output_tokens)
-                    except SummaryInputTooLong:
-                        cap = limit // 2
-                        continue
-                    except Exception as exc:  # the injected call may fail in any way; the outcome says so
-                        return SummaryResult("failed", calls=calls, error=f"{type(exc).__name__}: {exc}")
-                    problem = unusable(answer)
-                    if problem is not None:
-                        return SummaryResult("failed", calls=calls, error=problem)
-                    summary = answer.text.strip()
-                    pending = rest
-        except TimeoutError:
-            return SummaryResult("timeout", calls=calls, error=f"no summary within {self.timeout} s")
-        return SummaryResult("ok", summary=summary, calls=calls, folded=len(messages))
+            while self.pending:
+                await self.step()
+        except _Stop as stop:
+            if self.kept is None:
+                return SummaryResult(stop.outcome, calls=self.calls, error=stop.error)
+            return SummaryResult("ok", self.kept, self.calls, f"partial: {self.folded} of {self.total} messages "
+                                 f"folded, then {stop.error}", self.folded)
+        return SummaryResult("ok", self.summary, self.calls, None, self.folded)
+
+    async def step(self) -> None:
+        """Folds the next chunk, or condenses a summary that leaves no room for one."""
+        generator = self.generator
+        room = generator.room(self.summary, self.instructions)
+        if room < generator.min_chunk_tokens:
+            await self.condense(room)
+            return
+        limit = min(self.cap, room)
+        if limit < generator.min_chunk_tokens:
+            raise _Stop("failed", f"chunk limit {limit} under the minimum")
+        chunk, rest = plan_chunk(self.pending, limit, generator.count_text)
+        transcript = "\n".join(block.text for block in chunk)
+        try:
+            answer = await self.ask(build_prompt(self.summary, transcript, self.instructions, words=generator.words))
+            problem = unusable(answer)
+            if problem is not None:
+                answer = await self.ask(build_prompt(self.summary, transcript, self.instructions,
+                                                     words=generator.words,
+                                                     reminder=reminder_for(answer, generator.words)))
+                if (second := unusable(answer)) is not None:
+                    raise _Stop("failed", f"{problem}, twice" if second == problem else f"{problem}, then {second}")
+        except SummaryInputTooLong:
+            self.cap = limit // 2
+            return
+        self.summary = answer.text.strip()
+        self.condensed = False
+        self.pending = rest
+        self.folded += sum(block.last for block in chunk)
+        if chunk[-1].last:
+            self.kept = self.summary
+
+    async def condense(self, room: int) -> None:
+        """One call that shortens the summary to the word budget, at most half of what it shares with a chunk."""
+        generator = self.generator
+        summary = self.summary
+        shared = room + (generator.count_text(summary) if summary else 0)
+        target = min(int(generator.words / WORDS_PER_TOKEN), shared - max(generator.min_chunk_tokens, shared // 2))
+        if summary is None or self.condensed or target < 1:
+            after = " after condensing the summary" if self.condensed else ""
+            raise _Stop("failed", f"chunk limit {room} under the minimum{after}")
+        try:
+            answer = await self.ask(condense_prompt(summary, max(1, int(target * WORDS_PER_TOKEN))))
+        except SummaryInputTooLong:
+            raise _Stop("failed", "the summary to condense was refused as too long") from None
+        if (problem := unusable(answer)) is not None:
+            raise _Stop("failed", f"condensing the summary: {problem}")
+        if self.kept == summary:  # it covered whole messages, and the condensed one covers the same
+            self.kept = answer.text.strip()
+        self.summary = answer.text.strip()
+        self.condensed = True
+
+    async def ask(self, prompt: list[Message]) -> SummaryAnswer:
+        """One call, within the time left of the whole fold."""
+        generator = self.generator
+        late = f"no summary within {generator.timeout} s"
+        if asyncio.get_running_loop().time() >= self.deadline:
+            raise _Stop("timeout", late)
+        self.calls += 1
+        scope = asyncio.timeout_at(self.deadline)
+        try:
+            async with scope:
+                return await generator.complete(prompt, generator.max_output_tokens)
+        except SummaryInputTooLong:
+            raise
+        except TimeoutError as exc:
+            if scope.expired():
+                raise _Stop("timeout", late) from None
+            raise _Stop("failed", f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # the injected call may fail in any way; the outcome says so
+            raise _Stop("failed", f"{type(exc).__name__}: {exc}") from None
