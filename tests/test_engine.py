@@ -15,7 +15,7 @@ from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoin
 from proxy.context.history import HistoryManager
 from proxy.context.projection import SUMMARY_END
 from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
-from proxy.context.tokens import chars_tokens
+from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey
@@ -222,7 +222,7 @@ async def test_an_edit_inside_the_covered_prefix_does_not_use_the_checkpoint_and
 
 @pytest.mark.parametrize(("summary_model", "calls", "max_input", "max_output"), [
     (None, 1, 113_408, 8_192),  # the request's model (gpt-4o, 128,000 tokens) writes the summary
-    ("gpt-4", 7, 5_735, 2_048),  # an 8,192-token model: more, smaller chunks and a smaller answer
+    ("gpt-4", 3, 5_735, 2_048),  # an 8,192-token model: more, smaller chunks and a smaller answer
 ])
 async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summary_model: str | None, calls: int,
                                                             max_input: int, max_output: int) -> None:
@@ -236,7 +236,8 @@ async def test_summary_chunks_fit_the_summary_models_window(store: FactLog, summ
     assert result.outcome == "ok"
     assert summariser.calls == calls
     assert summariser.max_tokens == [max_output] * calls
-    sizes = [chars_tokens(len("\n".join(m["content"] for m in prompt))) for prompt in summariser.prompts]
+    counter = TokenCounter()  # chunks are counted with the tokenizer, as the budget counts
+    sizes = [counter.text_tokens("\n".join(m["content"] for m in prompt)) for prompt in summariser.prompts]
     assert max(sizes) <= max_input - PROMPT_OVERHEAD_TOKENS
 
 
