@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from proxy.app import create_app
 from proxy.constants import fact_keys_key, log_key, meta_key
@@ -51,7 +52,7 @@ Restore = Callable[[], Awaitable[None]]
 Snapshot = Callable[[], Awaitable[Restore]]
 
 
-async def appends_run(client: Redis) -> int:
+async def appends_run(client: Redis | RedisCluster) -> int:
     """Runs of the append script since the last CONFIG RESETSTAT (a conflict is a run that wrote nothing)."""
     runs = (await client.info("commandstats")).get("cmdstat_evalsha", {})
     return int(runs.get("calls", 0) - runs.get("failed_calls", 0) - runs.get("rejected_calls", 0))
@@ -100,7 +101,7 @@ def assert_healed(facts: list[StoredFact], conversation: list[dict[str, Any]]) -
     """The conversation is the log's head, seqs run from 0 without a gap, and no path logged a message twice."""
     assert [f.seq for f in facts] == list(range(len(facts)))
     assert same_conversation(replay(facts), conversation)
-    hashes = Counter(message_hash(f.message) for f in facts if f.kind == "message" and f.message is not None)
+    hashes = Counter(message_hash(dict(f.message)) for f in facts if f.kind == "message" and f.message is not None)
     assert set(hashes.values()) == {1}
 
 
