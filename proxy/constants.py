@@ -10,6 +10,7 @@ KEY_PREFIX = "ctxproxy"
 LOG_SUFFIX = "log"
 META_SUFFIX = "meta"
 LOCK_SUFFIX = "lock"
+FACT_KEYS_SUFFIX = "fact-keys"
 #: The server secret (``FactLog.secret``): one key for the whole store, outside every session's hash slot.
 SECRET_KEY = f"{KEY_PREFIX}:secret"
 
@@ -32,6 +33,11 @@ def log_key(tenant: str, session: str) -> str:
 
 def meta_key(tenant: str, session: str) -> str:
     return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{META_SUFFIX}"
+
+
+def fact_keys_key(tenant: str, session: str) -> str:
+    """The hash from each keyed fact's ``key`` to its seq (``NewFact.key``): what makes an append skip it."""
+    return f"{KEY_PREFIX}:{session_tag(tenant, session)}:{FACT_KEYS_SUFFIX}"
 
 
 def lock_key(tenant: str, session: str, name: str) -> str:

@@ -74,7 +74,7 @@ async def test_sqlite_migration_notes_the_sessions_already_logged(tmp_path: Path
         conn.execute("DROP TABLE links")
         conn.execute("DELETE FROM _migrations WHERE name = 'm005_credential_links'")
         _migrate(conn)
-        assert [name for name, _ in MIGRATIONS][-1] == "m005_credential_links"
+        assert "m005_credential_links" in [name for name, _ in MIGRATIONS]
     store = await SqliteFactLog.open(path)
     try:
         assert await store.tenants_of("run-1") == ["t-old"]

@@ -123,6 +123,47 @@ async def test_concurrent_appends_make_one_gapless_log(store: FactLog) -> None:
     assert sorted(f.index for f in facts if f.index is not None) == list(range(n))
 
 
+async def test_an_append_naming_another_last_entry_conflicts_and_writes_nothing(store: FactLog) -> None:
+    """``tail``: a log written again to the length the writer expected is not the log it planned on."""
+    first = await store.append(KEY, 0, [msg(0), msg(1)], TS)
+    assert first[-1].digest == codec.digest(codec.encode(msg(1), 1, TS))
+    assert [f.digest for f in await store.read(KEY)] == [f.digest for f in first]
+    assert first[0].digest != first[1].digest
+    with pytest.raises(ConflictError) as info:
+        await store.append(KEY, 2, [msg(2)], TS, tail=first[0].digest)
+    assert info.value.actual_seq == 2
+    with pytest.raises(ConflictError) as info:
+        await store.append(SessionKey("tenant-a", "fresh"), 0, [msg(0)], TS, tail=first[0].digest)
+    assert info.value.actual_seq == 0
+    assert [f.seq for f in await store.read(KEY)] == [0, 1]
+    assert await store.read(SessionKey("tenant-a", "fresh")) == []
+    (third,) = await store.append(KEY, 2, [msg(2)], TS, tail=first[-1].digest)
+    assert third.seq == 2
+
+
+async def test_a_keyed_fact_the_log_holds_is_not_written_again(store: FactLog) -> None:
+    """The retry of an append whose reply was lost: its keyed facts come back as the entries already logged."""
+    summary = NewFact(kind="summary", index=1, source="proxy", message={"role": "system", "content": "s"},
+                      key="k-summary")
+    checkpoint = NewFact(kind="checkpoint", index=1, source="proxy", extra={"checkpoint": {"upto": 1}},
+                         key="k-checkpoint")
+    await store.append(KEY, 0, [msg(0)], TS)
+    first = await store.append(KEY, 1, [summary, checkpoint], TS)
+    assert [(f.seq, f.key) for f in first] == [(1, "k-summary"), (2, "k-checkpoint")]
+    assert first[0].to_json()["key"] == "k-summary" and "key" not in (await store.read(KEY))[0].to_json()
+    assert await store.append(KEY, 3, [summary, checkpoint], TS + 1) == first
+    later = NewFact(kind="checkpoint", index=2, source="proxy", extra={"checkpoint": {"upto": 2}}, key="k-later")
+    mixed = await store.append(KEY, 3, [checkpoint, msg(3), later], TS + 2)
+    assert [f.seq for f in mixed] == [2, 3, 4] and mixed[0] == first[1]
+    facts = await store.read(KEY)
+    assert [(f.seq, f.kind, f.key) for f in facts] == [
+        (0, "message", None), (1, "summary", "k-summary"), (2, "checkpoint", "k-checkpoint"), (3, "message", None),
+        (4, "checkpoint", "k-later")]
+    assert [(s.messages, s.checkpoints, s.entries) async for s in store.sessions()] == [(2, 2, 5)]
+    with pytest.raises(ConflictError):  # a known key does not lift the seq check
+        await store.append(KEY, 3, [summary], TS)
+
+
 async def test_sessions_lists_counts(store: FactLog) -> None:
     summary = NewFact(kind="summary", index=None, source="proxy", message={"role": "system", "content": "s"})
     checkpoint = NewFact(kind="checkpoint", index=None, source="proxy", extra={"checkpoint": {}})
@@ -326,10 +367,30 @@ async def test_sqlite_layout_and_migrations(tmp_path: Path) -> None:
     with closing(sqlite3.connect(path)) as conn:
         names = [row[0] for row in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
         assert names == [name for name, _ in MIGRATIONS] == ["m001_facts", "m002_sessions", "m003_locks",
-                                                             "m004_secret", "m005_credential_links"]
+                                                             "m004_secret", "m005_credential_links",
+                                                             "m006_fact_keys"]
         rows = conn.execute("SELECT tenant, session, seq, kind, idx, body FROM facts").fetchall()
         assert rows == [("tenant-a", "run-1", 0, "message", 0, codec.encode(msg(0), 0, TS))]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_sqlite_a_file_from_before_fact_keys_is_migrated_and_keeps_its_log(tmp_path: Path) -> None:
+    path = tmp_path / "facts.db"
+    with closing(sqlite3.connect(path, isolation_level=None)) as conn:  # a file the first four migrations made
+        conn.execute("CREATE TABLE _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+        for name, fn in MIGRATIONS[:4]:
+            fn(conn)
+            conn.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, TS))
+        conn.execute("INSERT INTO facts VALUES (?, ?, 0, 'message', 0, ?)", (*KEY, codec.encode(msg(0), 0, TS)))
+        conn.execute("INSERT INTO sessions VALUES (?, ?, 1, 1, 0, ?)", (*KEY, TS))
+    store = await SqliteFactLog.open(path)
+    try:
+        checkpoint = NewFact(kind="checkpoint", index=1, source="proxy", extra={"checkpoint": {}}, key="k")
+        first = await store.append(KEY, 1, [checkpoint], TS)
+        assert await store.append(KEY, 2, [checkpoint], TS) == first
+        assert [(f.seq, f.key) for f in await store.read(KEY)] == [(0, None), (1, "k")]
+    finally:
+        await store.aclose()
 
 
 async def test_sqlite_two_handles_share_one_file(tmp_path: Path) -> None:
@@ -349,12 +410,13 @@ async def test_sqlite_two_handles_share_one_file(tmp_path: Path) -> None:
 
 async def test_redis_keys_are_the_contract_names(redis_store: RedisFactLog) -> None:
     key = SessionKey("t1", "s1")
-    facts = [msg(0), NewFact(kind="checkpoint", index=None, source="proxy")]
+    facts = [msg(0), NewFact(kind="checkpoint", index=None, source="proxy", key="k")]
     stored = await redis_store.append(key, 0, facts, TS)
     assert await redis_store.try_lock(key, "compact", "tok", 30)
     client = redis_store.client
     names = {name.decode() if isinstance(name, bytes) else name for name in await client.keys("*")}
-    assert names == {"ctxproxy:{t1:s1}:log", "ctxproxy:{t1:s1}:meta", "ctxproxy:{t1:s1}:lock:compact"}
+    assert names == {"ctxproxy:{t1:s1}:log", "ctxproxy:{t1:s1}:meta", "ctxproxy:{t1:s1}:lock:compact",
+                     "ctxproxy:{t1:s1}:fact-keys"}
     assert {key_slot(name.encode()) for name in names} == {key_slot(b"t1:s1")}
     assert [f.id for f in stored] == ["1-0", "2-0"]
     entries = await client.xrange("ctxproxy:{t1:s1}:log")
@@ -363,6 +425,7 @@ async def test_redis_keys_are_the_contract_names(redis_store: RedisFactLog) -> N
         b"next_seq": b"2", b"messages": b"1", b"checkpoints": b"1", b"updated_at": repr(TS).encode(),
         b"tenant": b"t1", b"session": b"s1",
     }
+    assert await client.hgetall("ctxproxy:{t1:s1}:fact-keys") == {b"k": b"1"}
 
 
 async def test_redis_secret_key_is_the_constant(redis_store: RedisFactLog) -> None:

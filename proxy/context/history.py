@@ -16,6 +16,21 @@ length, and the loser gets a ``ConflictError``, catches up
 (``read(after=...)``), plans again and retries, with jittered backoff, until
 ``CONFLICT_DEADLINE``. That is the whole multi-replica protocol.
 
+The store is the truth. A store that lost its last writes (a Redis failover, a
+truncated AOF, a restored backup) is behind the cached state, or was written
+again past the point it lost: an append names the last fact the state holds
+(``tail``, its digest), catching up starts at that fact, and when the log no
+longer holds it the state is reloaded from the log and the append planned
+again at once, without backoff. The client resends its whole history, so what
+was lost is logged again by that very append (the log heals itself).
+
+Idempotence. A client's messages are recognised by their hash chain: an append
+retried after a lost acknowledgement conflicts, catches up with its own facts
+and plans nothing new. The proxy's own summaries and checkpoints get a key
+(``codec.fact_key``: their content and the seq they were first planned at,
+kept across the retries of one append), and the store skips a keyed fact it
+already holds, so they too are written once.
+
 When the store fails, the upstream's reply is the only message that exists
 nowhere else: it is kept in memory (``proxy.context.pending``, bounded) and a
 background task per session retries logging it, with backoff, for
@@ -33,7 +48,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -42,6 +57,7 @@ from proxy.context.pending import PendingReplies, PendingReply, pending_replies
 from proxy.context.planning import plan_pending, plan_sync
 from proxy.errors import ConflictError, StoreError
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
+from proxy.store.codec import fact_key
 from proxy.types import Message
 
 logger = logging.getLogger(__name__)
@@ -54,6 +70,10 @@ CONFLICT_BACKOFF = 0.1
 RETRY_FIRST = 0.25
 RETRY_CAP = 5.0
 RETRY_FOR = 600.0
+#: Facts per read while catching up with the log.
+CATCH_UP_PAGE = 1000
+#: Kinds of the proxy's own facts that are keyed, so that an append retried after a lost acknowledgement skips them.
+KEYED_KINDS = frozenset({"summary", "checkpoint"})
 
 
 @dataclass
@@ -96,14 +116,13 @@ class HistoryManager:
         """The session's state, caught up with the log when ``refresh`` or not yet cached."""
         state = self._states.get(key)
         if state is None:
-            fresh = ConversationState()
-            await self._catch_up(key, fresh)
+            fresh = await self._catch_up(key, ConversationState())
             # Concurrent first requests of a session each load it; keep whichever state is furthest along.
             state = self._states.get(key)
             if state is None or state.next_seq < fresh.next_seq:
                 state = fresh
         elif refresh:
-            await self._catch_up(key, state)
+            state = await self._catch_up(key, state)
         self._remember(key, state)
         return state
 
@@ -144,13 +163,36 @@ class HistoryManager:
             _, dropped = self._recent.popitem(last=False)
             self._recent_size -= dropped[2]
 
-    async def _catch_up(self, key: SessionKey, state: ConversationState) -> None:
+    async def _catch_up(self, key: SessionKey, state: ConversationState) -> ConversationState:
+        """``state`` with what the log holds beyond it folded in, or a new state when the log no longer continues it.
+
+        The first read starts at the state's last fact, which the log must
+        still hold, the same (same digest): otherwise the store lost its last
+        writes, and the state is reloaded from the whole log.
+        """
+        overlap = 1 if state.next_seq else 0
         while True:
-            facts = await self.log.read(key, after=state.next_seq - 1, limit=1000)
+            facts = await self.log.read(key, after=state.next_seq - 1 - overlap, limit=CATCH_UP_PAGE)
+            if overlap:
+                last = facts[0] if facts else None
+                if last is None or last.seq != state.next_seq - 1 or (state.tail is not None
+                                                                      and last.digest != state.tail):
+                    return await self._reload(key, state)
+                overlap = 0
             for fact in facts:
                 state.apply(fact)
-            if len(facts) < 1000:
-                return
+            if len(facts) < CATCH_UP_PAGE:
+                return state
+
+    async def _reload(self, key: SessionKey, stale: ConversationState) -> ConversationState:
+        """The session's state read again from the log, which lost (or replaced) what ``stale`` holds."""
+        logger.warning("the log of session %s no longer holds entry %d as this process saw it (the store lost its "
+                       "last writes: a failover, a restored backup?): reading the session again from the log",
+                       key.session, stale.next_seq - 1)
+        fresh = await self._catch_up(key, ConversationState())
+        if self._states.get(key) is stale:
+            self._remember(key, fresh)
+        return fresh
 
     def _remember(self, key: SessionKey, state: ConversationState) -> None:
         self._states[key] = state
@@ -179,7 +221,7 @@ class HistoryManager:
         extra = extra_upstream or {}
         client = extra_client or {}
         try:
-            state = await self._append(
+            state, _ = await self._append(
                 key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra,
                                              client, extra_rewind))
         except StoreError:
@@ -191,18 +233,13 @@ class HistoryManager:
 
     async def append_proxy_facts(self, key: SessionKey, facts: Sequence[NewFact]) -> ConversationState:
         """Append proxy-made facts (summary, checkpoint) at the end of the log, whatever came before."""
-        return await self._append(key, lambda state: list(facts))
+        state, _ = await self._append(key, lambda state: list(facts))
+        return state
 
     async def append_proxy_fact(self, key: SessionKey, fact: NewFact) -> int:
-        """Append one proxy-made fact at the end of the log; its seq."""
-        seqs: list[int] = []
-
-        def plan(state: ConversationState) -> list[NewFact]:
-            seqs[:] = [state.next_seq]  # the plan that lands is the last one made
-            return [fact]
-
-        await self._append(key, plan)
-        return seqs[0]
+        """Append one proxy-made fact at the end of the log; its seq (an earlier one if a lost reply hid it landing)."""
+        _, stored = await self._append(key, lambda state: [fact])
+        return stored[0].seq
 
     async def append_planned(self, key: SessionKey,
                              plan: Callable[[ConversationState], list[NewFact]]) -> ConversationState:
@@ -212,7 +249,8 @@ class HistoryManager:
         conditional on the log's length, so ``plan`` always sees every fact
         before it, and runs again after another process wrote first.
         """
-        return await self._append(key, plan)
+        state, _ = await self._append(key, plan)
+        return state
 
     @asynccontextmanager
     async def _writer(self, key: SessionKey) -> AsyncIterator[None]:
@@ -229,39 +267,49 @@ class HistoryManager:
             if writer.users == 0:
                 del self._writers[key]
 
-    async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]]) -> ConversationState:
+    async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]],
+                      ) -> tuple[ConversationState, list[StoredFact]]:
         """Append what ``plan`` makes of the session's state, as the session's one writer in this process.
 
         A conflict means another process wrote first: catch up, plan again and
         retry, backing off with jitter from the second retry on, until
-        ``CONFLICT_DEADLINE``; then the ``ConflictError`` goes to the caller.
+        ``CONFLICT_DEADLINE``; then the ``ConflictError`` goes to the caller. A
+        log that no longer continues the state (it lost its last writes) makes
+        catching up reload the state, and the plan is made again on it at once.
+        Returns the state and the stored facts, one per planned fact (``FactLog.append``).
         """
         async with self._writer(key):
             state = await self.state(key)
+            anchor = state.next_seq  # where the facts were first planned: their keys stay the same across retries
             deadline = time.monotonic() + CONFLICT_DEADLINE
             retries = 0
             while True:
-                facts = plan(state)
+                facts = _keyed(plan(state), anchor)
                 if not facts:
-                    return state
+                    return state, []
+                expected = state.next_seq
                 try:
-                    stored = await self.log.append(key, state.next_seq, facts, self._clock())
+                    stored = await self.log.append(key, expected, facts, self._clock(), tail=state.tail)
                 except ConflictError:
                     if time.monotonic() >= deadline:
                         raise
-                    await self._catch_up(key, state)
+                    caught_up = await self._catch_up(key, state)
+                    if caught_up is not state:  # reloaded: nobody else won, the log lost what the state held
+                        state = caught_up
+                        continue
                     if retries:
                         await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.002 * 2**retries)))
                     retries += 1
                     continue
-                self._applied(state, stored)
-                return state
+                self._applied(state, stored, expected)
+                return state, stored
 
-    def _applied(self, state: ConversationState, stored: Sequence[StoredFact]) -> None:
+    def _applied(self, state: ConversationState, stored: Sequence[StoredFact], expected: int) -> None:
         for fact in stored:
-            state.apply(fact)
-        if self._on_append is not None:
-            self._on_append(stored)
+            state.apply(fact)  # a fact the log already held (seq below ``expected``) is already folded
+        written = [fact for fact in stored if fact.seq >= expected]
+        if self._on_append is not None and written:
+            self._on_append(written)
 
     def _keep_pending(self, key: SessionKey, records: Sequence[PendingReply]) -> None:
         if not records:
@@ -307,3 +355,10 @@ class HistoryManager:
         self._retries.clear()  # a task cancelled before it first ran never reached its own cleanup
         if len(self._pending):
             logger.warning("shutting down with %d upstream repl(ies) not logged", len(self._pending))
+
+
+def _keyed(facts: list[NewFact], anchor: int) -> list[NewFact]:
+    """``facts`` with a key on each of the proxy's summaries and checkpoints: its content and its planned seq."""
+    return [replace(fact, key=fact_key(fact, anchor + i))
+            if fact.source == "proxy" and fact.kind in KEYED_KINDS and fact.key is None else fact
+            for i, fact in enumerate(facts)]

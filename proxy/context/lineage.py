@@ -68,6 +68,9 @@ class ConversationState:
     """The tree of lineages of one session, derived from its facts; never stored on its own."""
 
     next_seq: int = 0
+    #: ``digest`` of the last fact folded: the append names the log's end by it, so a log that lost its tail and
+    #: was written again to the same length is not taken for the one this state was folded from.
+    tail: str | None = None
     #: The current lineage: message hashes, ``prefixes[i]`` the chain hash of ``hashes[: i + 1]``, and the seq
     #: of the fact that logged each message (names log entries in views).
     hashes: list[str] = field(default_factory=list)
@@ -101,6 +104,7 @@ class ConversationState:
         if fact.seq != self.next_seq:
             raise ValueError(f"fact {fact.seq} folded after {self.next_seq - 1}: the log has a gap")
         self.next_seq = fact.seq + 1
+        self.tail = fact.digest
         if fact.kind == "message" and fact.hash is not None:
             self._add_node(fact.seq, fact.hash)
             usage = fact.extra.get("usage")

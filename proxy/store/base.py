@@ -3,9 +3,14 @@ that let a session outlive a credential.
 
 A fact is immutable once appended. ``seq`` counts from 0 per session with no
 gaps; appends are atomic and conditional on the writer's view of the log
-(``expected_seq``), which is how two requests of one session on two replicas
-agree on one lineage: the loser gets ``ConflictError``, catches up with
-``read`` and plans again. Nothing here deletes or rewrites an entry.
+(``expected_seq``, and optionally the digest of the fact the writer saw last,
+``tail``), which is how two requests of one session on two replicas agree on
+one lineage: the loser gets ``ConflictError``, catches up with ``read`` and
+plans again. ``tail`` also catches a log that lost its last writes (a Redis
+failover, a restored backup) and was written again to the length the writer
+expected. Facts with a ``key`` are written once: an append skips a keyed fact
+the log already holds, which makes a retry after a lost acknowledgement
+harmless. Nothing here deletes or rewrites an entry.
 """
 
 from __future__ import annotations
@@ -37,6 +42,9 @@ class NewFact:
     hash: str | None = None
     #: Kind-specific fields (``partial``, ``usage``, ``checkpoint``…), stored beside the core ones.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: Names the fact for idempotence: an append skips a fact whose key the log already holds (proxy-made facts,
+    #: keyed by ``HistoryManager``; a client's messages are recognised by their hash chain instead).
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,10 @@ class StoredFact:
     ts: float
     hash: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
+    key: str | None = None
+    #: SHA-1 of the stored bytes (``codec.digest``): names this very entry, so a writer can tell the log it
+    #: planned on from one that lost its tail and was written again (``FactLog.append``'s ``tail``).
+    digest: str | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """The entry as the contract prints it (log endpoint, ``ctxproxy sessions log --json``)."""
@@ -58,6 +70,8 @@ class StoredFact:
             id=self.id, seq=self.seq, kind=self.kind, index=self.index, source=self.source,
             message=self.message, ts=self.ts, hash=self.hash,
         )
+        if self.key is not None:
+            out["key"] = self.key
         return out
 
 
@@ -77,13 +91,20 @@ class FactLog(abc.ABC):
 
     @abc.abstractmethod
     async def append(
-        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float, *, tail: str | None = None
     ) -> list[StoredFact]:
         """Append ``facts`` as seq ``expected_seq``, ``expected_seq + 1``… all or nothing.
 
+        A fact whose ``key`` the log already holds is not written again: its
+        place in the result is the entry already logged (seq below
+        ``expected_seq``), and the facts written take the seqs from
+        ``expected_seq`` on. So the result holds one fact per fact given, in order.
+
         Raises ``ConflictError`` (with the log's real next seq) when the log does
-        not end at ``expected_seq - 1``; ``StoreUnavailable`` when the backend fails,
-        in which case the append may or may not have happened (a later conflict tells).
+        not end at ``expected_seq - 1``, or, when ``tail`` is given, when its
+        last entry's ``digest`` is not ``tail``; ``StoreUnavailable`` when the
+        backend fails, in which case the append may or may not have happened (a
+        later conflict tells).
         """
 
     @abc.abstractmethod

@@ -9,12 +9,18 @@ live under ``"x"`` so they can never shadow a core field. Never pickle: the log
 outlives the code that wrote it.
 
 The backend's own identifier (SQLite row seq, Redis stream id) is not part of
-the body; it is supplied again on decode.
+the body; it is supplied again on decode. A fact's ``key`` (idempotence, see
+``fact_key``) is written only when set, so facts without one keep the bytes they
+always had. A fact's ``digest`` is the SHA-1 of its bytes: SHA-1 because Redis's
+Lua computes the same (``redis.sha1hex``) inside the append script; it names an
+entry, it does not secure anything.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import orjson
@@ -52,6 +58,8 @@ def encode(fact: NewFact, seq: int, ts: float) -> bytes:
         "hash": fact.hash,
         "x": fact.extra,
     }
+    if fact.key is not None:
+        body["key"] = fact.key
     try:
         return orjson.dumps(body, default=_default, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as exc:
@@ -68,6 +76,22 @@ def check_encodable(message: Mapping[str, Any], extra: Mapping[str, Any]) -> Non
         orjson.dumps({"message": message, "x": extra}, default=_default)  # as deep as ``encode`` places them
     except orjson.JSONEncodeError as exc:
         raise UnencodableFact(f"message cannot be encoded: {exc}") from None
+
+
+def digest(raw: bytes | str) -> str:
+    """The SHA-1 (hex) of a fact's stored bytes: ``StoredFact.digest``, and what Redis's append script compares."""
+    return hashlib.sha1(raw.encode() if isinstance(raw, str) else raw).hexdigest()
+
+
+def fact_key(fact: NewFact, after: int) -> str:
+    """A key naming ``fact`` planned to follow seq ``after - 1``: a hash of its content and that position.
+
+    The same fact planned at the same point of the log gets the same key, so
+    planning it again after a retry (the first append landed, its reply was
+    lost) finds it logged; a fact with the same content planned elsewhere in the
+    log is another fact.
+    """
+    return hashlib.sha256(encode(replace(fact, key=None), after, 0.0)).hexdigest()[:32]
 
 
 def decode(fact_id: str, raw: bytes | str) -> StoredFact:
@@ -92,6 +116,8 @@ def decode(fact_id: str, raw: bytes | str) -> StoredFact:
             ts=float(body["ts"]),
             hash=body.get("hash"),
             extra=body.get("x") or {},
+            key=body.get("key"),
+            digest=digest(raw),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"fact {fact_id} is malformed: {exc}") from exc

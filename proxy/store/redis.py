@@ -12,6 +12,8 @@ session lives in one Redis Cluster slot and one Lua script may touch it all:
   (``FactLog.link``; set once, never changed);
 - ``ctxproxy:tenants:{s}`` a sorted set of the tenants holding a session ``s``, scored by when each was last
   noted, trimmed to the ``TENANTS_KEPT`` newest (one key per session id, in its own slot).
+- ``ctxproxy:{t:s}:fact-keys`` a hash from each keyed fact's ``key`` to its
+  seq (``NewFact.key``: summaries and checkpoints), made by the first keyed fact.
 
 Stream ids encode the seq: the fact with seq ``n`` is entry ``<n+1>-0``.
 Decision, over auto ids (``*``): ``read(after)`` becomes one XRANGE starting at
@@ -23,15 +25,22 @@ hence the ``+1``.)
 
 Append is one Lua script (EVALSHA, reloaded transparently after a restart
 flushed the script cache). It compares ``next_seq`` with the writer's
-expectation, then XADDs every fact and updates ``meta``. Redis runs a script
-without interleaving any other command, so the check and the writes are one
-atomic step; the script validates before its first write, so an append either
-lands whole or not at all. A retried append whose first attempt did land (the
-reply was lost) finds ``next_seq`` moved and reports a conflict, which is the
-behaviour ``FactLog.append`` documents, never a duplicate. The script also
-checks that the stream really ends at ``<next_seq>-0``; if ``meta`` and the
-stream ever disagree (keys edited by hand), it refuses with an error, which
-surfaces as ``StoreUnavailable``, instead of half-applying a batch.
+expectation, and the SHA-1 of the stream's last entry with the writer's
+``tail`` when it gives one, then XADDs every fact and updates ``meta`` (and
+``fact-keys``). Redis runs a script without interleaving any other command, so
+the checks and the writes are one atomic step; the script validates before its
+first write, so an append either lands whole or not at all. A retried append
+whose first attempt did land (the reply was lost: redis-py resends a command
+after a connection error) finds ``next_seq`` moved and reports a conflict,
+never a duplicate; the writer then catches up and plans again, and a keyed fact
+it plans again is found in ``fact-keys``: the script then writes nothing and
+answers with the entries already logged, and the append goes on with the rest
+(a second run, rare enough not to matter). The script also checks that the
+stream really ends at ``<next_seq>-0``; if ``meta`` and the stream ever
+disagree (keys edited by hand), it refuses with an error, which surfaces as
+``StoreUnavailable``, instead of half-applying a batch. (A failover or a
+truncated AOF loses the stream's and ``meta``'s last writes together: one
+script's writes replicate and persist as one MULTI/EXEC block.)
 
 Failure handling: short socket timeouts make a dead Redis fail fast; a
 connection error is retried a few times with a backoff totalling well under a
@@ -71,10 +80,21 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from proxy.constants import KEY_PREFIX, META_SUFFIX, SECRET_KEY, link_key, lock_key, log_key, meta_key, tenants_key
+from proxy.constants import (
+    KEY_PREFIX,
+    META_SUFFIX,
+    SECRET_KEY,
+    fact_keys_key,
+    link_key,
+    lock_key,
+    log_key,
+    meta_key,
+    tenants_key,
+)
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
 from proxy.store.base import TENANTS_KEPT, FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.redis_scripts import APPEND_LUA, LOCK_LUA, UNLOCK_LUA
 
 RedisClient = Redis | RedisCluster
 
@@ -90,54 +110,6 @@ POOL_WAIT = SOCKET_TIMEOUT
 HEALTH_CHECK_INTERVAL = 10
 #: Entries per XRANGE round trip when reading a long log; keeps each command short for the server.
 READ_PAGE = 1000
-
-# KEYS: log, meta. ARGV: expected_seq, ts, tenant, session, messages, checkpoints, body...
-# Returns {"ok", id...} or {"conflict", actual_next_seq}.
-APPEND_LUA = """
-local expected = tonumber(ARGV[1])
-local actual = tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0')
-if actual ~= expected then
-  return {'conflict', actual}
-end
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local tail = last[1] and last[1][1] or '0-0'
-if tail ~= string.format('%d-0', expected) then
-  return redis.error_reply('ctxproxy: ' .. KEYS[1] .. ' ends at ' .. tail .. ' but meta says next_seq ' .. expected)
-end
-local n = #ARGV - 6
-if n == 0 then
-  return {'ok'}
-end
-local ids = {'ok'}
-for i = 1, n do
-  ids[i + 1] = redis.call('XADD', KEYS[1], string.format('%d-0', expected + i), 'f', ARGV[6 + i])
-end
-redis.call('HSET', KEYS[2], 'next_seq', string.format('%d', expected + n), 'updated_at', ARGV[2],
-  'tenant', ARGV[3], 'session', ARGV[4])
-redis.call('HINCRBY', KEYS[2], 'messages', ARGV[5])
-redis.call('HINCRBY', KEYS[2], 'checkpoints', ARGV[6])
-return ids
-"""
-
-# Take the lock if free, or renew it if the caller already holds it.
-LOCK_LUA = """
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 1
-end
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-# Delete only our own lock: one that expired and was retaken belongs to someone else.
-UNLOCK_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 # Note a tenant of a session id and keep only the newest ARGV[3]. KEYS: the session id's set. ARGV: ts, tenant, kept.
 NOTE_TENANT_LUA = """
@@ -264,18 +236,33 @@ class RedisFactLog(FactLog):
             raise ValueError(f"unusable Redis Cluster URL: {exc}") from exc
 
     async def append(
-        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float, *, tail: str | None = None
     ) -> list[StoredFact]:
-        bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(facts)]
-        messages, checkpoints = codec.counts(facts)
-        args: list[bytes | str | int] = [expected_seq, repr(ts), *key, messages, checkpoints, *bodies]
-        async with map_redis_errors("append"):
-            reply = await self._append(keys=[log_key(*key), meta_key(*key)], args=args)
-        status, *rest = reply
-        if _text(status) == "conflict":
-            actual = int(rest[0])
-            raise ConflictError(f"log of {key.session} is at seq {actual}, not {expected_seq}", actual_seq=actual)
-        return [codec.decode(_text(entry_id), body) for entry_id, body in zip(rest, bodies, strict=True)]
+        names = [log_key(*key), meta_key(*key), fact_keys_key(*key)]
+        logged: dict[int, StoredFact] = {}  # position in ``facts`` -> the entry the log already holds for it
+        while True:
+            todo = [i for i in range(len(facts)) if i not in logged]
+            fresh = [facts[i] for i in todo]
+            bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(fresh)]
+            messages, checkpoints = codec.counts(fresh)
+            args: list[bytes | str | int] = [expected_seq, repr(ts), *key, messages, checkpoints, tail or ""]
+            for fact, body in zip(fresh, bodies, strict=True):
+                args += [fact.key or "", body]
+            async with map_redis_errors("append"):
+                reply = await self._append(keys=names, args=args)
+            status, *rest = reply
+            if _text(status) in ("conflict", "diverged"):
+                actual = int(rest[0])
+                why = f"is at seq {actual}, not {expected_seq}" if actual != expected_seq else \
+                    f"no longer ends with the entry {actual - 1} the writer saw"
+                raise ConflictError(f"log of {key.session} {why}", actual_seq=actual)
+            if _text(status) == "known":
+                for at in range(0, len(rest), 3):
+                    position, entry_id, body = rest[at:at + 3]
+                    logged[todo[int(position) - 1]] = codec.decode(_text(entry_id), body)
+                continue  # nothing was written: again with the facts not logged yet, at the same seq
+            written = iter([codec.decode(_text(entry_id), body) for entry_id, body in zip(rest, bodies, strict=True)])
+            return [logged[i] if i in logged else next(written) for i in range(len(facts))]
 
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         out: list[StoredFact] = []

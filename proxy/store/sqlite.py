@@ -8,7 +8,17 @@ Concurrency between processes: WAL lets readers proceed during a write, and
 each append is a ``BEGIN IMMEDIATE`` transaction, which takes the write lock
 *before* reading ``next_seq``; the expected-seq check and the inserts are
 therefore atomic across processes. A writer that cannot get the lock within
-``busy_timeout`` gets ``StoreUnavailable``, never a half-written batch.
+``busy_timeout`` gets ``StoreUnavailable``, never a half-written batch. The
+same transaction compares the last entry's digest with the writer's ``tail``
+and looks up the keys of keyed facts (``fact_key``, a unique index): a fact
+already logged is not written again.
+
+A lost tail: SQLite loses committed writes only with the process that made
+them (``synchronous = NORMAL`` in WAL mode, on a power cut), so no running
+process holds state ahead of the file, except after a restore under running
+processes (the online backup API writing an older copy into the live file).
+The ``tail`` check and ``HistoryManager``'s reload cover that case as they do
+for Redis.
 
 Schema: append-only named migrations, applied on open and recorded in
 ``_migrations`` (the pattern of simonw/llm). Never edit a shipped migration;
@@ -123,6 +133,13 @@ def m005_credential_links(conn: sqlite3.Connection) -> None:
     )
 
 
+@migration
+def m006_fact_keys(conn: sqlite3.Connection) -> None:
+    # ``NewFact.key``: at most one fact per key and session; facts without one (messages, rewinds) are not indexed.
+    conn.execute("ALTER TABLE facts ADD COLUMN fact_key TEXT")
+    conn.execute("CREATE UNIQUE INDEX facts_by_key ON facts (tenant, session, fact_key) WHERE fact_key IS NOT NULL")
+
+
 @contextmanager
 def map_sqlite_errors(path: Path) -> Iterator[None]:
     """The one place driver and filesystem errors become ``StoreUnavailable``."""
@@ -187,7 +204,8 @@ def _migrate(conn: sqlite3.Connection) -> None:
 
 
 def _append(
-    conn: sqlite3.Connection, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+    conn: sqlite3.Connection, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float,
+    tail: str | None,
 ) -> list[StoredFact]:
     with immediate(conn):
         row = conn.execute(
@@ -196,28 +214,51 @@ def _append(
         actual = row[0] if row else 0
         if actual != expected_seq:
             raise ConflictError(f"log of {key.session} is at seq {actual}, not {expected_seq}", actual_seq=actual)
-        if not facts:
-            return []
-        bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(facts)]
-        conn.executemany(
-            "INSERT INTO facts (tenant, session, seq, kind, idx, body) VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (key.tenant, key.session, expected_seq + i, fact.kind, fact.index, body)
-                for i, (fact, body) in enumerate(zip(facts, bodies, strict=True))
-            ],
-        )
-        messages, checkpoints = codec.counts(facts)
-        conn.execute(
-            """INSERT INTO sessions (tenant, session, next_seq, messages, checkpoints, updated_at)
-               VALUES (?, ?, ?, ?, ?, ?)
-               ON CONFLICT (tenant, session) DO UPDATE SET
-                 next_seq = excluded.next_seq,
-                 messages = sessions.messages + excluded.messages,
-                 checkpoints = sessions.checkpoints + excluded.checkpoints,
-                 updated_at = excluded.updated_at""",
-            (key.tenant, key.session, expected_seq + len(facts), messages, checkpoints, ts),
-        )
-    return [codec.decode(str(expected_seq + i), body) for i, body in enumerate(bodies)]
+        if tail is not None:
+            last = conn.execute(
+                "SELECT body FROM facts WHERE tenant = ? AND session = ? AND seq = ?",
+                (key.tenant, key.session, expected_seq - 1),
+            ).fetchone()
+            if last is None or codec.digest(last[0]) != tail:
+                raise ConflictError(f"log of {key.session} no longer ends with the entry {expected_seq - 1} the "
+                                    "writer saw", actual_seq=actual)
+        logged = _logged(conn, key, facts)
+        fresh = [fact for i, fact in enumerate(facts) if i not in logged]
+        bodies = [codec.encode(fact, expected_seq + i, ts) for i, fact in enumerate(fresh)]
+        if fresh:
+            conn.executemany(
+                "INSERT INTO facts (tenant, session, seq, kind, idx, body, fact_key) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (key.tenant, key.session, expected_seq + i, fact.kind, fact.index, body, fact.key)
+                    for i, (fact, body) in enumerate(zip(fresh, bodies, strict=True))
+                ],
+            )
+            messages, checkpoints = codec.counts(fresh)
+            conn.execute(
+                """INSERT INTO sessions (tenant, session, next_seq, messages, checkpoints, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?)
+                   ON CONFLICT (tenant, session) DO UPDATE SET
+                     next_seq = excluded.next_seq,
+                     messages = sessions.messages + excluded.messages,
+                     checkpoints = sessions.checkpoints + excluded.checkpoints,
+                     updated_at = excluded.updated_at""",
+                (key.tenant, key.session, expected_seq + len(fresh), messages, checkpoints, ts),
+            )
+    written = iter([codec.decode(str(expected_seq + i), body) for i, body in enumerate(bodies)])
+    return [logged[i] if i in logged else next(written) for i in range(len(facts))]
+
+
+def _logged(conn: sqlite3.Connection, key: SessionKey, facts: Sequence[NewFact]) -> dict[int, StoredFact]:
+    """The entries already logged for keyed ``facts``, by position in ``facts``."""
+    positions = {fact.key: i for i, fact in enumerate(facts) if fact.key is not None}
+    if not positions:
+        return {}
+    marks = ", ".join("?" * len(positions))
+    rows = conn.execute(
+        f"SELECT fact_key, seq, body FROM facts WHERE tenant = ? AND session = ? AND fact_key IN ({marks})",
+        (key.tenant, key.session, *positions),
+    ).fetchall()
+    return {positions[fact_key]: codec.decode(str(seq), body) for fact_key, seq, body in rows}
 
 
 def _read(conn: sqlite3.Connection, key: SessionKey, after: int, limit: int | None) -> list[StoredFact]:
@@ -321,9 +362,9 @@ class SqliteFactLog(FactLog):
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, self._conn, *args)
 
     async def append(
-        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float
+        self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float, *, tail: str | None = None
     ) -> list[StoredFact]:
-        return await self._run(_append, key, expected_seq, list(facts), ts)
+        return await self._run(_append, key, expected_seq, list(facts), ts, tail)
 
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         return await self._run(_read, key, after, limit)

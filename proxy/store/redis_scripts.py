@@ -1,0 +1,83 @@
+"""The Lua scripts of the Redis fact log (``proxy.store.redis``): each one atomic step on one session's keys.
+
+Redis runs a script without interleaving any other command, and every key a
+script touches is passed in ``KEYS`` and shares the session's hash tag, so each
+script runs on Redis Cluster too, on the node of that session's slot.
+"""
+
+# KEYS: log, meta, fact keys. ARGV: expected_seq, ts, tenant, session, messages, checkpoints, tail ('' for none),
+# then per fact its key ('' for none) and its body.
+# Returns {"ok", id...}; {"conflict", actual_next_seq}; {"diverged", actual_next_seq} when the last entry is not the
+# one the writer names by ``tail``; or {"known", position, id, body, ...} for the facts (1-based positions) whose key
+# is already logged, and then writes nothing.
+APPEND_LUA = """
+local expected = tonumber(ARGV[1])
+local actual = tonumber(redis.call('HGET', KEYS[2], 'next_seq') or '0')
+if actual ~= expected then
+  return {'conflict', actual}
+end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local tail = last[1] and last[1][1] or '0-0'
+if tail ~= string.format('%d-0', expected) then
+  return redis.error_reply('ctxproxy: ' .. KEYS[1] .. ' ends at ' .. tail .. ' but meta says next_seq ' .. expected)
+end
+if ARGV[7] ~= '' and (last[1] == nil or redis.sha1hex(last[1][2][2]) ~= ARGV[7]) then
+  return {'diverged', actual}
+end
+local n = (#ARGV - 7) / 2
+local known = {'known'}
+for i = 1, n do
+  local fact_key = ARGV[6 + 2 * i]
+  if fact_key ~= '' then
+    local seq = redis.call('HGET', KEYS[3], fact_key)
+    if seq then
+      local id = string.format('%d-0', tonumber(seq) + 1)
+      local entry = redis.call('XRANGE', KEYS[1], id, id)
+      if entry[1] == nil then
+        return redis.error_reply('ctxproxy: ' .. KEYS[3] .. ' names entry ' .. id .. ', which the log lacks')
+      end
+      known[#known + 1] = i
+      known[#known + 1] = id
+      known[#known + 1] = entry[1][2][2]
+    end
+  end
+end
+if #known > 1 then
+  return known
+end
+if n == 0 then
+  return {'ok'}
+end
+local ids = {'ok'}
+for i = 1, n do
+  ids[i + 1] = redis.call('XADD', KEYS[1], string.format('%d-0', expected + i), 'f', ARGV[7 + 2 * i])
+  if ARGV[6 + 2 * i] ~= '' then
+    redis.call('HSET', KEYS[3], ARGV[6 + 2 * i], string.format('%d', expected + i - 1))
+  end
+end
+redis.call('HSET', KEYS[2], 'next_seq', string.format('%d', expected + n), 'updated_at', ARGV[2],
+  'tenant', ARGV[3], 'session', ARGV[4])
+redis.call('HINCRBY', KEYS[2], 'messages', ARGV[5])
+redis.call('HINCRBY', KEYS[2], 'checkpoints', ARGV[6])
+return ids
+"""
+
+# Take the lock if free, or renew it if the caller already holds it.
+LOCK_LUA = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+# Delete only our own lock: one that expired and was retaken belongs to someone else.
+UNLOCK_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
