@@ -60,7 +60,7 @@ STEPS = 25
 PROMPT = "Run the scripted shell steps one at a time, then say that you are done."
 CODEX_WINDOW = 12_000
 CLAUDE_WINDOW = 7_000
-COMPACTED = {"none", "proactive", "reactive"}
+COMPACTED = {"none", "proactive", "reactive", "background"}
 #: "known": the proxy is told the fake's window; otherwise the fake's refusal shape, the proxy told 4 times the window.
 CODEX_SHAPES = ["known", "http", "event", "failed"]
 CLAUDE_SHAPES = ["known", "http", "event"]

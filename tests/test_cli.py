@@ -50,7 +50,8 @@ def checkpoint() -> dict[str, Any]:
 
 def as_read(payload: dict[str, Any]) -> dict[str, Any]:
     """A version 1 checkpoint as the proxy reads it and shows it again: in the current format, masking nothing."""
-    return {**payload, "v": 2, "masked_until": 0, "user_words": []}
+    return {**payload, "v": 3, "masked_until": 0, "user_words": [], "summarised_until": -1, "elision": "",
+            "artifacts": [], "trail": ""}
 
 
 def message(index: int, msg: dict[str, Any], source: str = "client", **extra: Any) -> NewFact:

@@ -108,7 +108,7 @@ async def test_input_tokens_counts_the_view_not_the_history(aiohttp_server, aioh
     fake = FakeResponses(Script(steps=20))
     proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=3000)
     codex = Codex(proxy)
-    compacted = [(await codex.step()).headers[HEADER_COMPACTED] for _ in range(8)]
+    compacted = [(await codex.step()).headers[HEADER_COMPACTED] for _ in range(12)]
     assert "proactive" in compacted
 
     async def count(session: str) -> int:

@@ -127,14 +127,14 @@ async def test_failed_reactive_retries_are_counted_by_outcome(make_proxy, fake: 
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
     for i in range(12):
         messages += [{"role": "user", "content": prose(rng, 200)}, {"role": "assistant", "content": f"ok {i}"}]
-    messages.append({"role": "user", "content": "and now?"})
+    messages.append({"role": "user", "content": "and now? " + prose(rng, 1_500)})  # no reduction can fit this
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"model": "gpt-4o", "messages": messages}),
                             headers={**AUTH, "X-Session-Id": "refused"})
     assert resp.status == 400
     _, samples = await scrape(proxy)
     assert label_sets(samples, "ctxproxy_reactive_retries_total") == {frozenset({"outcome"})}
     assert value(samples, "ctxproxy_reactive_retries_total", outcome="failed") == 1
-    assert value(samples, "ctxproxy_compactions_total", trigger="reactive", outcome="failed") >= 1
+    assert value(samples, "ctxproxy_compactions_total", trigger="reactive", outcome="fallback") >= 1
     assert value(samples, "ctxproxy_requests_total", route="chat", status="400") == 1
 
 

@@ -12,6 +12,7 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.context.checkpoint import Checkpoint
 from proxy.dialects.chat import output_bound_field
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -20,7 +21,6 @@ from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
-from tests.test_summary_faults import compactions
 
 API_KEY = "sk-summary-call"
 
@@ -108,21 +108,22 @@ async def test_the_summary_request_carries_its_output_bound(make_proxy, fake: Sl
         assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == {body_field: bound}
 
 
-async def test_the_summary_timeout_bounds_the_whole_compaction_not_each_call(make_proxy, fake: SlowSummariser) -> None:
-    """Chunk calls of 0.4 s each under a 0.6 s timeout: the compaction stops in its second call.
+async def test_the_summary_timeout_bounds_the_whole_compaction_and_keeps_the_chunks_done(
+        make_proxy, fake: SlowSummariser) -> None:
+    """Chunk calls of 0.4 s each under a 0.6 s timeout: the compaction stops in its second call, and the first
+    chunk's summary is kept (issue 18: a long first contact compacts over several steps, never not at all).
 
-    Before, each call had the whole timeout to itself, and a compaction of n chunks could take n timeouts.
+    Before, each call had the whole timeout to itself, and a compaction of n chunks could take n timeouts; then
+    the whole timeout was shared but a chunk done was thrown away with the rest.
     """
     proxy = await make_proxy(context_window=4096, min_retain_rounds=2, summary_timeout=0.6)
     messages = history(26)
     key = SessionKey(tenant_of(API_KEY), "slow")
     fake.delay = 0.4
-    assert await send(proxy, "slow", messages) == "none"
-    assert (fake.started, len(fake.summary_requests)) == (2, 1), "the second call was cut, no third one started"
-    metrics = await (await proxy.get("/metrics")).text()
-    assert compactions(metrics, "timeout") == 1
-    assert {f.kind for f in await read_log(proxy.app[store_key], key)} == {"message"}, "nothing changed"
-
-    fake.delay = 0.0  # the same compaction with a fast summariser: it takes seven chunk calls
     assert await send(proxy, "slow", messages) == "proactive"
-    assert fake.started == 2 + 7
+    assert (fake.started, len(fake.summary_requests)) == (2, 1), "the second call was cut, no third one started"
+    facts = await read_log(proxy.app[store_key], key)
+    checkpoint = Checkpoint.from_json([f for f in facts if f.kind == "checkpoint"][-1].extra["checkpoint"])
+    assert checkpoint.summary, "the chunk done is the summary"
+    assert 1 < checkpoint.summary_end < checkpoint.retain_start_idx and checkpoint.elision, "the rest is elided"
+    assert [f.kind for f in facts if f.kind != "message"] == ["summary", "checkpoint"]

@@ -261,7 +261,9 @@ async def test_a_rebuilt_request_is_exactly_what_went_upstream(make_proxy, fake)
 
 
 async def test_failed_compactions_are_marked_from_this_process_record(make_proxy, fake) -> None:
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    # Past the threshold, far under the hard limit: a failed summary is a failure (over it, the model-free tier
+    # would stand in; tests/test_no_run_dies.py).
+    proxy = await ui_proxy(make_proxy, context_window=20_000, compression_threshold=0.1, min_retain_rounds=2)
     fake.summary_mode = "fail"
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 6)
@@ -271,6 +273,17 @@ async def test_failed_compactions_are_marked_from_this_process_record(make_proxy
     assert f"proactive failed: {failed}" in html
     table = await page(proxy, "/ui")
     assert f"proactive failed: {failed}" in table
+
+
+async def test_the_model_free_tier_is_marked_on_the_timeline_and_in_the_log(make_proxy, fake) -> None:
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    fake.summary_mode = "fail"  # every view past the threshold is past the hard limit here: the tier stands in
+    await sign_in(proxy)
+    await agent_session(proxy, fake, "s1", 6)
+    html = await page(proxy, session_path("s1"))
+    assert '<g class="mark outcome-fallback">' in html and "elided without a model summary" in html
+    assert "no model summary: messages 1–" in html  # noqa: RUF001
+    assert '<g class="mark outcome-failed">' not in html, "a fallback is no failed attempt on the timeline"
 
 
 async def test_sessions_table_lists_every_tenant_with_its_latest_view(make_proxy, fake) -> None:

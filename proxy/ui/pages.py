@@ -112,17 +112,21 @@ def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, thresh
 def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[MarkLine]:
     """A line per checkpoint (with its trigger and time when this process made it), and per failed attempt."""
     events = list(events)
-    made = {ev.view_key: ev for ev in events if ev.outcome == "ok" and ev.view_key}
+    made = {ev.view_key: ev for ev in events if ev.outcome in ("ok", "fallback") and ev.view_key}
     lines = []
     for m in timeline.marks:
         ev = made.get(m.view_key)
         how = f"{ev.trigger} compaction in {ev.seconds:.1f} s" if ev is not None else "compaction"
-        lines.append(MarkLine(m.position, "ok", f"{short(m.tokens_before)}→{short(m.tokens_after)}",
-                              f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} summarised, "  # noqa: RUF001
+        what = "summarised"
+        if m.elided_from is not None:  # the model-free tier stood in for (part of) the summary
+            what = f"summarised, {m.elided_from}–{m.retain_start - 1} elided without a model summary"  # noqa: RUF001
+        lines.append(MarkLine(m.position, "ok" if m.elided_from is None else "fallback",
+                              f"{short(m.tokens_before)}→{short(m.tokens_after)}",
+                              f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} {what}, "  # noqa: RUF001
                               f"{m.tokens_before:,} → {m.tokens_after:,} tokens"))
     times = [p.ts for p in timeline.points]
     for ev in events:
-        if ev.outcome != "ok":
+        if ev.outcome not in ("ok", "fallback"):
             lines.append(MarkLine(bisect.bisect_right(times, ev.ts), ev.outcome, ev.outcome,
                                   f"{ev.trigger} compaction {ev.outcome} after {ev.seconds:.1f} s: {ev.detail}"))
     return lines
