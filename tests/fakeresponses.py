@@ -12,7 +12,11 @@ whose history it does not keep) and refuses a prompt over
 ``window`` in one of the API's three overflow shapes (``overflow``: ``http``,
 ``event`` or ``failed``). The proxy's summary calls are answered on
 ``/v1/chat/completions`` and on ``/v1/responses`` alike; ``/v1/responses/compact``
-and a turn ending in ``compaction_trigger`` get one ``compaction`` item.
+and a turn ending in ``compaction_trigger`` get one ``compaction`` item; a
+summary call shaped like the client's request (the summariser's prompt leading
+the last user message) is answered too. As the ChatGPT Codex backend does,
+``require_stream`` refuses every request without ``stream: true`` and
+``reject_max_output_tokens`` every one carrying ``max_output_tokens``.
 Everything it receives is in ``requests``.
 """
 
@@ -43,6 +47,9 @@ OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_excee
                              "again."}
 #: Codex's own compaction prompt (codex-rs core/templates/compact), which a proxy-driven run must never send.
 CLIENT_COMPACTION = "You are performing a CONTEXT CHECKPOINT COMPACTION"
+#: The ChatGPT Codex backend's answers to what it refuses.
+STREAM_REQUIRED = {"detail": "Stream must be set to true"}
+MAX_OUTPUT_REFUSED = {"detail": "Unsupported parameter: max_output_tokens"}
 
 
 class FakeResponses(Recorder):
@@ -54,6 +61,8 @@ class FakeResponses(Recorder):
         #: encrypted_content of every reasoning item handed out, so one sent back can be checked.
         self._issued: set[str] = set()
         self._last_input: dict[str, list[Any]] = {}
+        self.require_stream = False
+        self.reject_max_output_tokens = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -97,7 +106,14 @@ class FakeResponses(Recorder):
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
         items: list[dict[str, Any]] = body.get("input") or []
-        if is_summary_prompt(body.get("instructions")) or (items and is_summary_prompt(items[0].get("content"))):
+        summary = is_summary_prompt(body.get("instructions")) or is_summary_prompt(_last_user_text(items)) or (
+            bool(items) and is_summary_prompt(items[0].get("content")))
+        refused = STREAM_REQUIRED if self.require_stream and body.get("stream") is not True else \
+            MAX_OUTPUT_REFUSED if self.reject_max_output_tokens and "max_output_tokens" in body else None
+        if refused is not None:
+            self._record(request, body, "summary" if summary else "turn", status=400)
+            return web.json_response(refused, status=400)
+        if summary:
             self._record(request, body, "summary")
             return await self._answer(request, body, [self._message(summary_text(orjson.dumps(items).decode()))], 0)
         if items and items[-1].get("type") == "compaction_trigger":
