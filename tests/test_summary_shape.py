@@ -205,3 +205,23 @@ def test_a_messages_summary_keeps_the_system_and_always_bounds_its_answer(thinki
                     "messages": [{"role": "user", "content": [{"type": "text", "text": SUMMARY_MARKER + " PROMPT"}]}],
                     **({"thinking": thinking} if thinking else {})}
     assert is_summary_prompt(body["messages"][0]["content"])
+
+
+async def test_a_summary_for_codexs_compact_endpoint_streams_unstored(aiohttp_server, aiohttp_client,
+                                                                      tmp_path: Path) -> None:
+    """``POST /v1/responses/compact`` carries no ``stream``: its summary streams anyway, as Codex's turns do."""
+    fake = FakeResponses(Script(steps=20))
+    fake.require_stream = fake.reject_max_output_tokens = True
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=4_000)
+    codex = Codex(proxy)
+    for _ in range(8):
+        await codex.step()
+    assert not [r for r in fake.requests if r.kind == "summary"], "no checkpoint yet: the endpoint must make one"
+    resp = await proxy.post("/v1/responses/compact", data=orjson.dumps({"model": "gpt-5.5", "input": codex.items}),
+                            headers={"Authorization": f"Bearer {KEY}", "session_id": codex.session})
+    assert resp.status == 200, await resp.text()
+    assert [item["type"] for item in (await resp.json())["output"]] == ["compaction"]
+    summaries = [r for r in fake.requests if r.kind == "summary"]
+    assert summaries and all(r.body["stream"] is True and r.body["store"] is False and r.status == 200
+                             for r in summaries)
+    assert not [r for r in fake.requests if r.kind == "compact"], "answered by the proxy, not the upstream"
