@@ -1,59 +1,177 @@
-"""The summary call: one non-streaming request to the upstream, in the request's own API, as the caller.
+"""The summary call: one request to the upstream, in the request's own API, as the caller.
 
 It carries the caller's credentials (or the configured upstream key), so a
 summary is billed and authorised like the request that needed it, and it goes
-straight to the upstream, never back through the proxy. The dialect shapes it
-(a Chat Completions request, a Responses request with ``instructions``, an
-Anthropic Messages request with ``system`` and ``max_tokens``) and reads the
-answer: its text, and whether it finished normally (a summary cut by its
-output bound is refused by the summariser).
+straight to the upstream, never back through the proxy.
+
+When it is made for a client's request (``ClientRequest``: a front door's turn)
+it is that request, reshaped as little as a summary needs (``summary_request``):
+an upstream that takes the client's requests takes it too, where a request of
+the proxy's own would be refused (the ChatGPT Codex backend wants ``stream:
+true`` and refuses ``max_output_tokens``; an Anthropic subscription token is
+good only with Claude Code's system prompt; an Azure reasoning deployment with
+a custom name refuses ``max_tokens``). Claude Code compacts the same way: its
+own request, the instruction as the last user turn. It keeps the client's
+model (unless ``--summary-model``), system prompt, tools, headers, query,
+streaming choice and every other field, except:
+
+- the conversation is the client's leading system items, then one user turn:
+  the summariser's instructions first (so the call is recognisable by its first
+  words), then what to summarise, ending with the order to write it;
+- the output bound goes in the field the client used, or none is sent
+  (``Dialect.summary_fields``);
+- a ``tool_choice`` that forces a call is dropped (every API then lets the model
+  answer in text), and fields that shape the answer's form or tie it to state
+  upstream are dropped (``Dialect.summary_drops``). The tools stay, so the
+  request's prefix is the client's and its prompt cache serves it; a reply that
+  calls a tool and says nothing is a failed summary.
+
+A streamed answer is read with the dialect's ``ReplyReader``. Without a client
+request (the admin compact endpoint) the call is the dialect's canonical one
+(``Dialect.summary_payload``): non-streaming, the summariser's prompt as system
+and user messages. Either way the dialect reads the answer: its text, and
+whether it finished normally (a summary cut by its output bound is refused by
+the summariser).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
 
+from proxy.context.items import leading_system_count
 from proxy.context.summarizer import Complete, SummaryAnswer, SummaryInputTooLong
-from proxy.dialects.base import Dialect
-from proxy.overflow import classify_overflow
+from proxy.dialects.base import Dialect, ParsedRequest
+from proxy.http.relay import event_data
+from proxy.overflow import classify_overflow, classify_sse_event
 from proxy.settings import Settings
+from proxy.sse import EventTooLarge, SSESplitter, parse_event
 from proxy.types import Message
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers
+
+#: Added to the summariser's instructions in a call that carries the client's tools.
+NO_TOOLS = ("Do not call any tool: the tools above belong to the agent whose history this is. Answer with the "
+            "summary as text.")
 
 
 class SummaryCallFailed(Exception):
     """The upstream answered the summary request with an error or an unusable body."""
 
 
+@dataclass(frozen=True)
+class ClientRequest:
+    """The client request a summary is made for: its body, its query string (Azure's ``api-version``), and the
+    fields the proxy adds to it upstream (``Dialect.cache_fields``) or that its kind implies."""
+
+    parsed: ParsedRequest
+    query: Mapping[str, str] = field(default_factory=dict)
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+def forces_tool(choice: Any) -> bool:
+    """Whether a ``tool_choice`` makes the model call a tool: ``required`` (OpenAI), ``any`` (Anthropic), a named
+    tool or hosted tool, or an ``allowed_tools`` list in ``required`` mode."""
+    if isinstance(choice, str):
+        return choice in ("required", "any")
+    if isinstance(choice, Mapping):
+        if "mode" in choice:
+            return choice.get("mode") == "required"
+        return choice.get("type") not in ("auto", "none")
+    return False
+
+
+def summary_request(dialect: Dialect, request: ClientRequest, model: str, prompt: str,
+                    bound: int) -> dict[str, Any]:
+    """``request``'s body turned into a summary call asking for ``prompt`` (see the module's docstring)."""
+    payload = request.parsed.payload
+    out = {name: value for name, value in payload.items()
+           if name not in dialect.summary_drops and name not in dialect.bound_fields}
+    if forces_tool(out.get("tool_choice")):
+        del out["tool_choice"]
+    out.update(request.fields)
+    items = request.parsed.items
+    out[dialect.items_field] = [*items[:leading_system_count(dialect, items)], dialect.with_summary(None, prompt)]
+    out["model"] = model
+    out.update(dialect.summary_fields(payload, model, bound))
+    return out
+
+
 def summary_completer(client: aiohttp.ClientSession, settings: Settings, incoming: Mapping[str, str],
-                      model: str, dialect: Dialect) -> Complete:
+                      model: str, dialect: Dialect, shape: ClientRequest | None = None) -> Complete:
+    """The summary call as ``incoming``'s caller: shaped like ``shape`` when given, else the canonical call."""
     headers = request_headers(incoming, settings, identity=True, anthropic=dialect.anthropic)
     for name, value in dialect.required_headers.items():
         headers.setdefault(name, value)
     headers["Content-Type"] = "application/json"
-    headers.popall("Accept", None)
+    if shape is None:
+        headers.popall("Accept", None)  # the canonical call is never streamed; the client's own Accept goes as sent
     url = dialect.upstream_url(settings)
+    query = shape.query if shape is not None else {}
 
     async def complete(messages: list[Message], max_tokens: int) -> SummaryAnswer:
         system, user = (str(m.get("content") or "") for m in messages)
-        payload = orjson.dumps(dialect.summary_payload(model, system, user, max_tokens))
-        async with map_upstream_errors(), client.post(url, data=payload, headers=headers,
+        if shape is None:
+            payload = dialect.summary_payload(model, system, user, max_tokens)
+        else:
+            payload = summary_request(dialect, shape, model, f"{system}\n\n{NO_TOOLS}\n\n{user}", max_tokens)
+        async with map_upstream_errors(), client.post(url, data=orjson.dumps(payload), headers=headers, params=query,
                                                       timeout=client_timeout(settings)) as resp:
-            raw = await resp.read()
-        if resp.status != 200:
-            if classify_overflow(resp.status, raw, resp.headers) is not None:
-                raise SummaryInputTooLong(f"summary input refused as too long ({resp.status})")
-            raise SummaryCallFailed(f"upstream answered {resp.status} to the summary request")
-        try:
-            body = orjson.loads(raw)
-            text, finished, reason = dialect.summary_answer(body if isinstance(body, dict) else {})
-        except orjson.JSONDecodeError:
-            raise SummaryCallFailed("summary response is not JSON") from None
-        except ValueError as exc:
-            raise SummaryCallFailed(str(exc)) from None
-        return SummaryAnswer(text, finished=finished, reason=reason)
+            if resp.status == 200 and resp.content_type == "text/event-stream":
+                body = await streamed_body(resp, dialect, settings.max_event_bytes)
+            else:
+                body = whole_body(resp, await resp.read())
+        return answer_of(dialect, body)
 
     return complete
+
+
+def whole_body(resp: aiohttp.ClientResponse, raw: bytes) -> Mapping[str, Any]:
+    """A non-streamed answer's JSON object; a refusal raised as what it is."""
+    if resp.status != 200:
+        if classify_overflow(resp.status, raw, resp.headers) is not None:
+            raise SummaryInputTooLong(f"summary input refused as too long ({resp.status})")
+        raise SummaryCallFailed(f"upstream answered {resp.status} to the summary request")
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise SummaryCallFailed("summary response is not JSON") from None
+    return body if isinstance(body, dict) else {}
+
+
+async def streamed_body(resp: aiohttp.ClientResponse, dialect: Dialect, limit: int) -> Mapping[str, Any]:
+    """A streamed answer, assembled by the dialect's reader into what the non-streamed answer would hold; an
+    overflow error event is ``SummaryInputTooLong``, as the same refusal in a status would be."""
+    reader = dialect.reader()
+    splitter = SSESplitter(limit)
+    try:
+        async for chunk in resp.content.iter_any():
+            for raw in splitter.feed(chunk):
+                event = parse_event(raw)
+                if event is None or not event.data:
+                    continue
+                data = event_data(event.data)
+                refusal = dialect.refusal_of(data)
+                if classify_sse_event(event.data if refusal is data else orjson.dumps(refusal)) is not None:
+                    raise SummaryInputTooLong("summary input refused as too long (in the stream)")
+                reader.feed(event.event, data)
+    except EventTooLarge:
+        raise SummaryCallFailed(f"the summary stream sent an event over {limit} bytes") from None
+    if not reader.received:
+        raise SummaryCallFailed("the summary stream holds no answer")
+    return reader.body()
+
+
+def answer_of(dialect: Dialect, body: Mapping[str, Any]) -> SummaryAnswer:
+    """The summary an answer holds; ``SummaryCallFailed`` for one that calls a tool and says nothing."""
+    calls, says = dialect.reply_calls(dialect.reply_from_body(body)[0])
+    if calls and not says:
+        raise SummaryCallFailed(f"the summary answer calls a tool ({calls[0][1]}) instead of answering")
+    try:
+        text, finished, reason = dialect.summary_answer(body)
+    except ValueError as exc:
+        raise SummaryCallFailed(str(exc)) from None
+    return SummaryAnswer(text, finished=finished, reason=reason)

@@ -14,8 +14,11 @@ message and every ``tool_result`` answers one) and refuses a prompt over
 (``overflow="event"``: the same error as an in-stream ``error`` event, after
 ``message_start`` and a ``ping``).
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
-``system`` is the proxy's summariser prompt gets a summary. Everything it
-receives is in ``requests``.
+``system`` is the proxy's summariser prompt gets a summary, and so does one
+whose last user message starts with it (a summary call shaped like the client's
+request). ``require_claude_code`` refuses every message request whose first
+system block is not Claude Code's own prompt, as the API does for a Claude
+subscription's OAuth token. Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,20 @@ from tests.fakeupstream import overflow_body
 CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversation so far"
 
 
+#: How Claude Code's system prompt starts; with an OAuth token the API takes no other.
+CLAUDE_CODE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
+OAUTH_REFUSED = {"type": "error", "error": {"type": "invalid_request_error", "message": "This credential is only "
+                                            "authorized for use with Claude Code and cannot be used for other API "
+                                            "requests."}}
+
+
+def first_system_text(system: Any) -> str:
+    """The text of a request's first system block (``system`` as a string, or a list of blocks)."""
+    if isinstance(system, list):
+        return str(system[0].get("text", "")) if system and isinstance(system[0], dict) else ""
+    return system if isinstance(system, str) else ""
+
+
 class FakeMessages(Recorder):
     """``script``: the run to drive. ``window``: refuse prompts over it. ``overflow``: ``http`` or ``event``."""
 
@@ -52,6 +69,7 @@ class FakeMessages(Recorder):
         #: (thinking, signature) of every thinking block handed out, so one sent back can be checked.
         self._issued: set[tuple[str, str]] = set()
         self._last_prompt: dict[str, list[Any]] = {}
+        self.require_claude_code = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -82,7 +100,11 @@ class FakeMessages(Recorder):
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
         messages: list[dict[str, Any]] = body.get("messages") or []
-        if is_summary_prompt(body.get("system")):
+        summary = is_summary_prompt(body.get("system")) or is_summary_prompt(_last_user_text(messages))
+        if self.require_claude_code and not first_system_text(body.get("system")).startswith(CLAUDE_CODE_SYSTEM):
+            self._record(request, body, "summary" if summary else "turn", status=400)
+            return web.json_response(OAUTH_REFUSED, status=400)
+        if summary:
             self._record(request, body, "summary")
             text = await self.summary(messages)
             if isinstance(text, web.Response):

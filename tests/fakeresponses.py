@@ -12,9 +12,13 @@ whose history it does not keep) and refuses a prompt over
 ``window`` in one of the API's three overflow shapes (``overflow``: ``http``,
 ``event`` or ``failed``). The proxy's summary calls are answered on
 ``/v1/chat/completions`` and on ``/v1/responses`` alike; ``/v1/responses/compact``
-and a turn ending in ``compaction_trigger`` get one ``compaction`` item.
-With ``strict_fields`` (``tests.fakeupstream.StrictFields``) a request carrying
-a top-level field it does not take gets Azure OpenAI's 400 (recorded as
+and a turn ending in ``compaction_trigger`` get one ``compaction`` item; a
+summary call shaped like the client's request (the summariser's prompt leading
+the last user message) is answered too. As the ChatGPT Codex backend does,
+``require_stream`` refuses every request without ``stream: true`` and
+``reject_max_output_tokens`` every one carrying ``max_output_tokens``. With
+``strict_fields`` (``tests.fakeupstream.StrictFields``) a request carrying a
+top-level field it does not take gets Azure OpenAI's 400 (recorded as
 ``refused``). Everything it receives is in ``requests``.
 """
 
@@ -45,6 +49,9 @@ OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_excee
                              "again."}
 #: Codex's own compaction prompt (codex-rs core/templates/compact), which a proxy-driven run must never send.
 CLIENT_COMPACTION = "You are performing a CONTEXT CHECKPOINT COMPACTION"
+#: The ChatGPT Codex backend's answers to what it refuses.
+STREAM_REQUIRED = {"detail": "Stream must be set to true"}
+MAX_OUTPUT_REFUSED = {"detail": "Unsupported parameter: max_output_tokens"}
 
 
 class FakeResponses(Recorder):
@@ -58,6 +65,8 @@ class FakeResponses(Recorder):
         self._last_input: dict[str, list[Any]] = {}
         #: Refuse requests carrying a field it does not take, as Azure OpenAI does.
         self.strict_fields: StrictFields | None = None
+        self.require_stream = False
+        self.reject_max_output_tokens = False
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -115,7 +124,14 @@ class FakeResponses(Recorder):
         if (refused := self._refusal(request, body)) is not None:
             return refused
         items: list[dict[str, Any]] = body.get("input") or []
-        if is_summary_prompt(body.get("instructions")) or (items and is_summary_prompt(items[0].get("content"))):
+        summary = is_summary_prompt(body.get("instructions")) or is_summary_prompt(_last_user_text(items)) or (
+            bool(items) and is_summary_prompt(items[0].get("content")))
+        refused = STREAM_REQUIRED if self.require_stream and body.get("stream") is not True else \
+            MAX_OUTPUT_REFUSED if self.reject_max_output_tokens and "max_output_tokens" in body else None
+        if refused is not None:
+            self._record(request, body, "summary" if summary else "turn", status=400)
+            return web.json_response(refused, status=400)
+        if summary:
             self._record(request, body, "summary")
             text = await self.summary(items)
             if isinstance(text, web.Response):

@@ -7,7 +7,13 @@ small SSE events, tool-call arguments included, the way OpenAI sends them.
 With ``strict_roles`` it refuses what strict chat templates refuse (Mistral,
 Gemma, Llama-2 style on vLLM), as vLLM answers them; with ``strict_fields``
 (``StrictFields``) it refuses a request carrying a top-level field it does not
-know, summary requests included, as Azure OpenAI does.
+know, summary requests included, as Azure OpenAI does. A summary request is one
+whose first message is the proxy's summariser prompt (its canonical call) or
+whose last message is a user turn starting with it (a call shaped like the
+client's request); it is answered streamed when it asks to be. Strict modes
+refuse every request, summary calls included, as some upstreams do:
+``refuse_max_tokens`` (an Azure reasoning deployment with a custom name) and
+``require_stream``.
 """
 
 from __future__ import annotations
@@ -57,6 +63,12 @@ OVERFLOW_BODIES = {
 ROLE_ERROR = {"object": "error", "message": "Conversation roles must alternate user/assistant/user/assistant/...",
               "type": "BadRequestError", "param": None, "code": 400}
 SUMMARY_MARKER = "You maintain the working memory"
+#: Azure OpenAI's answer to ``max_tokens`` sent to a reasoning deployment.
+MAX_TOKENS_REFUSED = {"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                                           "Use 'max_completion_tokens' instead.", "type": "invalid_request_error",
+                                "param": "max_tokens", "code": "unsupported_parameter"}}
+STREAM_REQUIRED = {"error": {"message": "Stream must be set to true", "type": "invalid_request_error",
+                             "param": "stream", "code": None}}
 FACT = re.compile(r"FACT-[A-Za-z0-9]+")
 
 
@@ -163,6 +175,18 @@ def role_error(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def is_summary_request(messages: list[dict[str, Any]]) -> bool:
+    """The proxy's summary call: its canonical shape (the summariser's system message first) or the client's
+    request reshaped (the summariser's instructions leading the last user turn)."""
+    first, last = messages[0], messages[-1]
+    if first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_MARKER):
+        return True
+    content = last.get("content")
+    text = content[0].get("text") if isinstance(content, list) and content and isinstance(content[0], dict) \
+        else content
+    return last.get("role") == "user" and isinstance(text, str) and text.startswith(SUMMARY_MARKER)
+
+
 def output_reserve(body: dict[str, Any]) -> int:
     """The answer size the request reserves: OpenAI and vLLM refuse a prompt it does not fit beside."""
     value = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -209,6 +233,14 @@ class FakeUpstream:
         self.stream_aborted = asyncio.Event()
         #: Set when a stream reaches its ``pause_after`` point.
         self.paused = asyncio.Event()
+        #: Refuse any request carrying ``max_tokens``, as an Azure reasoning deployment does.
+        self.refuse_max_tokens = False
+        #: Refuse any request without ``stream: true``.
+        self.require_stream = False
+        #: Each request refused by a strict mode: (what was refused, its body).
+        self.strict_refusals: list[tuple[str, dict[str, Any]]] = []
+        #: Each summary request's path with its query string, and its headers.
+        self.summary_calls: list[tuple[str, dict[str, str]]] = []
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -246,21 +278,43 @@ class FakeUpstream:
             return fault
         if self.summary_gate is not None:
             await self.summary_gate.wait()
+        if self.summary_mode == "tool_call":  # a model that calls the client's tool instead of answering
+            call = {"id": "call_summary", "type": "function",
+                    "function": {"name": body["tools"][0]["function"]["name"], "arguments": "{}"}}
+            return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
+                                      "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+                                          "role": "assistant", "content": None, "tool_calls": [call]}}]})
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
         text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
         return summary_response(text, model=body.get("model"))
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        body = orjson.loads(raw)
+    def strict_refusal(self, body: dict[str, Any]) -> web.Response | None:
+        """The strict modes' answer to ``body``, or None when they let it through."""
         unknown = self.strict_fields.unrecognised(body) if self.strict_fields is not None else None
         if unknown is not None:
             self.unrecognised.append(unknown)
             return StrictFields.refusal(unknown)
-        first = body["messages"][0]
-        if first.get("role") == "system" and str(first.get("content", "")).startswith(SUMMARY_MARKER):
-            return await self.summary(body)
+        if self.refuse_max_tokens and "max_tokens" in body:
+            self.strict_refusals.append(("max_tokens", body))
+            return web.json_response(MAX_TOKENS_REFUSED, status=400)
+        if self.require_stream and body.get("stream") is not True:
+            self.strict_refusals.append(("stream", body))
+            return web.json_response(STREAM_REQUIRED, status=400)
+        return None
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = orjson.loads(raw)
+        refusal = self.strict_refusal(body)
+        if refusal is not None:
+            return refusal
+        if is_summary_request(body["messages"]):
+            self.summary_calls.append((request.path_qs, dict(request.headers)))
+            answer = await self.summary(body)
+            if body.get("stream") is True and answer.status == 200 and answer.content_type == "application/json":
+                return await self._stream_completion(request, orjson.loads(answer.body))  # type: ignore[arg-type]
+            return answer
         self.requests.append(body)
         self.bodies.append(raw)
         self.headers.append(dict(request.headers))
@@ -345,6 +399,21 @@ class FakeUpstream:
         except (ConnectionResetError, asyncio.CancelledError):
             self.stream_aborted.set()
             raise
+        return resp
+
+    async def _stream_completion(self, request: web.Request, completion: dict[str, Any]) -> web.StreamResponse:
+        """A whole ``chat.completion`` (a summary's) sent as a stream of small chunks, then ``[DONE]``."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        choice = completion["choices"][0]
+        base = {"id": completion.get("id"), "object": "chat.completion.chunk", "model": completion.get("model")}
+        events = [_delta(base, {"role": "assistant", "content": ""}),
+                  *(_delta(base, {"content": piece}) for piece in _pieces(choice["message"].get("content") or "")),
+                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+        for event in events:
+            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
         return resp
 
     # -- pass-through targets -----------------------------------------------------------------

@@ -166,11 +166,14 @@ def check_log(facts: Sequence[StoredFact], dialect: str, sent: list[Any], reply:
     assert [meaning(i) for i in replay(list(facts))] == [meaning(i) for i in sent + reply]
 
 
-def check_summaries(requests: Sequence[Recorded], path: str, prompt_field: str) -> None:
-    """Summaries were asked for in the request's own API; nothing else reached the fake but turns."""
+def check_summaries(requests: Sequence[Recorded], path: str, prompt_field: str, items_field: str) -> None:
+    """Summaries were asked for in the request's own API, as the agent's own request (its ``prompt_field`` kept,
+    the summariser's prompt in the last item); nothing else reached the fake but turns."""
     summaries = [r for r in requests if r.kind == "summary"]
     assert summaries
-    assert {(r.path, is_summary_prompt(r.body.get(prompt_field))) for r in summaries} == {(path, True)}
+    prompts = {orjson.dumps(r.body.get(prompt_field)) for r in requests if r.kind == "turn"}
+    assert {(r.path, orjson.dumps(r.body.get(prompt_field)) in prompts,
+             is_summary_prompt(r.body[items_field][-1]["content"])) for r in summaries} == {(path, True, True)}
     assert {r.kind for r in requests} == {"turn", "summary"}
 
 
@@ -204,7 +207,7 @@ async def test_codex_runs_twenty_five_steps_through_the_proxy_in_a_window_that_d
     session = sent[0].headers["session-id"]
     check_headers(sent, session)
     accepted, _ = served(fake.turns(), sent, CODEX_WINDOW, "input", shape)
-    check_summaries(fake.requests, "/v1/responses", "instructions")
+    check_summaries(fake.requests, "/v1/responses", "instructions", "input")
 
     facts = await session_log(parts.store, sent[0].headers, session)
     last, upstream = sent[-1].json(), accepted[-1].body
@@ -243,7 +246,7 @@ async def test_claude_runs_twenty_five_steps_through_the_proxy_in_a_window_that_
     compacted = [x.response_headers[HEADER_COMPACTED] for x in sent]
     if shape != "known":  # the refusal states the window: learned from the first, the proxy compacts ahead of it
         assert refusals == 1 and compacted.count("reactive") == 1
-    check_summaries(fake.requests, "/v1/messages", "system")
+    check_summaries(fake.requests, "/v1/messages", "system", "messages")
 
     facts = await session_log(parts.store, sent[0].headers, session)
     last, upstream = sent[-1].json(), accepted[-1].body

@@ -38,7 +38,7 @@ from proxy.context.projection import SUMMARY_HEADER
 from proxy.sessions import tenant_of
 from proxy.store import FactLog, StoredFact, open_store
 from proxy.store.base import SessionKey
-from tests.fakeupstream import FACT, FakeUpstream, Reply, full_summary, summary_response
+from tests.fakeupstream import FACT, FakeUpstream, Reply, full_summary, is_summary_request, summary_response
 from tests.proxyfixtures import read_log, replay, same_conversation
 from tests.proxyproc import ProxyProcess
 from tests.redisproc import RedisProcess, free_port
@@ -84,8 +84,7 @@ class CrashUpstream(FakeUpstream):
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
-        first = body["messages"][0]
-        if not str(first.get("content", "")).startswith("You maintain the working memory"):
+        if not is_summary_request(body["messages"]):
             self.timeline.append(("chat", body))
         return await super().chat(request)
 

@@ -229,19 +229,26 @@ async def test_the_anthropic_upstream_key_replaces_every_client_credential(aioht
     assert openai.requests == []
 
 
-async def test_summary_calls_to_the_anthropic_upstream_carry_the_clients_headers(aiohttp_server, aiohttp_client,
-                                                                                tmp_path: Path) -> None:
+async def test_summary_calls_to_the_anthropic_upstream_are_the_clients_request_reshaped(aiohttp_server, aiohttp_client,
+                                                                                        tmp_path: Path) -> None:
+    """The client's system prompt, tools, headers, query, streaming and metadata; one user turn asking for it."""
     fake = FakeMessages(Script(steps=20))
     proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=3000)
     claude = Claude(proxy, headers=CLAUDE_HEADERS)
     for _ in range(8):
         await claude.step()
+    turn = fake.turns()[-1]
     summaries = [r for r in fake.requests if r.kind == "summary"]
-    assert summaries and all(is_summary_prompt(r.body["system"]) for r in summaries)
+    assert summaries
     for summary in summaries:
-        assert (summary.path, summary.query) == ("/v1/messages", {})
-        assert summary.body["max_tokens"] > 0 and summary.body["stream"] is False
-        assert summary.headers["anthropic-version"] == "2023-06-01"
+        assert (summary.path, summary.query) == ("/v1/messages", {"beta": "true"})
+        assert {k: summary.body[k] for k in ("model", "system", "tools", "metadata", "stream")} == {
+            k: turn.body[k] for k in ("model", "system", "tools", "metadata", "stream")}
+        (asked,) = summary.body["messages"]
+        assert asked["role"] == "user" and is_summary_prompt(asked["content"])
+        assert 0 < summary.body["max_tokens"] < turn.body["max_tokens"]
+        for name, value in CLAUDE_HEADERS.items():
+            assert summary.headers[name] == value, name
         assert summary.headers["x-api-key"] == KEY
 
 

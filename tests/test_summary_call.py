@@ -53,8 +53,10 @@ def history(rounds: int, seed: int = 11) -> list[dict[str, Any]]:
     return [*messages, {"role": "user", "content": "Go on."}]
 
 
-async def send(proxy: Any, session: str, messages: list[dict[str, Any]], model: str = "gpt-4o") -> str:
-    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"model": model, "messages": messages}),
+async def send(proxy: Any, session: str, messages: list[dict[str, Any]], model: str = "gpt-4o",
+               **fields: Any) -> str:
+    body = {"model": model, "messages": messages, **fields}
+    resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
                             headers={"Authorization": f"Bearer {API_KEY}", "X-Session-Id": session})
     raw = await resp.read()
     assert resp.status == 200, raw[:300]
@@ -88,24 +90,31 @@ def test_the_output_bound_field_follows_the_model_family(model: str, field: str)
     assert output_bound_field(model) == field
 
 
-@pytest.mark.parametrize(("summary_model", "summary_max_tokens", "body_field", "bound"), [
-    (None, None, "max_tokens", 1_024),  # the request's model; a quarter of its 4,096-token window
-    ("o3-mini", None, "max_completion_tokens", 1_024),
-    ("gpt-5-mini", 600, "max_completion_tokens", 600),  # --summary-max-tokens under the quarter wins
-    ("mistral-large-latest", 600, "max_tokens", 600),
+@pytest.mark.parametrize(("client_field", "summary_model", "summary_max_tokens", "body_field", "bound"), [
+    # The client's field, with the summariser's bound: a quarter of the request model's 4,096-token window.
+    ("max_tokens", None, None, "max_tokens", 1_024),
+    ("max_completion_tokens", None, None, "max_completion_tokens", 1_024),  # e.g. an Azure deployment's own name
+    (None, None, None, None, None),  # no field: none is sent, whatever the model
+    (None, "o3-mini", None, None, None),
+    # --summary-model another model: its family's field, for the client chose its own for its own model.
+    ("max_tokens", "o3-mini", None, "max_completion_tokens", 1_024),
+    ("max_completion_tokens", "gpt-5-mini", 600, "max_completion_tokens", 600),  # --summary-max-tokens wins
+    ("max_completion_tokens", "mistral-large-latest", 600, "max_tokens", 600),
 ])
-async def test_the_summary_request_carries_its_output_bound(make_proxy, fake: SlowSummariser,
-                                                            summary_model: str | None, summary_max_tokens: int | None,
-                                                            body_field: str, bound: int) -> None:
+async def test_the_summary_request_carries_its_output_bound_in_the_clients_field(
+        make_proxy, fake: SlowSummariser, client_field: str | None, summary_model: str | None,
+        summary_max_tokens: int | None, body_field: str | None, bound: int | None) -> None:
     options: dict[str, Any] = {"summary_model": summary_model}
     if summary_max_tokens is not None:
         options["summary_max_tokens"] = summary_max_tokens
     proxy = await make_proxy(context_window=4096, min_retain_rounds=2, **options)
-    assert await send(proxy, "bound", history(12)) == "proactive"
+    fields = {client_field: 300} if client_field is not None else {}
+    assert await send(proxy, "bound", history(12), **fields) == "proactive"
     assert fake.summary_requests
     for body in fake.summary_requests:
         assert body["model"] == (summary_model or "gpt-4o")
-        assert {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body} == {body_field: bound}
+        sent = {k: body[k] for k in ("max_tokens", "max_completion_tokens") if k in body}
+        assert sent == ({body_field: bound} if body_field is not None else {})
 
 
 async def test_the_summary_timeout_bounds_the_whole_compaction_and_keeps_the_chunks_done(

@@ -86,6 +86,11 @@ class ReplyReader(abc.ABC):
     def items(self) -> list[Item]:
         """The reply's items so far, as the client will send them back."""
 
+    @abc.abstractmethod
+    def body(self) -> dict[str, Any]:
+        """The reply so far as the non-streamed answer would hold it (what ``Dialect.summary_answer`` reads):
+        a streamed summary is read as a whole one is."""
+
 
 class Dialect(ItemModel):
     """One wire API. Subclasses are stateless singletons."""
@@ -100,6 +105,12 @@ class Dialect(ItemModel):
     carries_compaction_items: bool = False
     #: Headers the API requires, for a summary call whose caller sent none (an admin compaction).
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({})
+    #: Request fields that bound the answer's length: a summary call made from a client's request
+    #: (``proxy.summarycall``) bounds its answer in the ones the client used.
+    bound_fields: ClassVar[tuple[str, ...]] = ()
+    #: Request fields a summary call made from a client's request leaves out: they shape the answer's form
+    #: (stop sequences, a JSON format, several choices, audio…), and a summary is one plain text answer.
+    summary_drops: ClassVar[frozenset[str]] = frozenset()
 
     def upstream_url(self, settings: Settings, path: str | None = None) -> str:
         """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
@@ -164,7 +175,14 @@ class Dialect(ItemModel):
 
     @abc.abstractmethod
     def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
-        """A non-streaming request in this API asking ``model`` for a summary."""
+        """The canonical summary call, a non-streaming request of the proxy's own asking ``model`` for a summary:
+        for when no client request is at hand to shape it (``proxy.summarycall``)."""
+
+    def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
+        """Fields a summary call made from the client's ``payload`` sets itself: ``bound`` in each output-bound
+        field the client used, none when it used none (the upstream's default bounds it, as it bounds the
+        client's own requests), since a field the client did not send may be one its upstream refuses."""
+        return {name: bound for name in self.bound_fields if name in payload}
 
     @abc.abstractmethod
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:

@@ -122,6 +122,9 @@ class ChatDialect(Dialect):
     name = "chat"
     items_field = "messages"
     path = "/chat/completions"
+    bound_fields = ("max_completion_tokens", "max_tokens")
+    summary_drops = frozenset({"n", "stop", "response_format", "logprobs", "top_logprobs", "prediction", "audio",
+                               "modalities", "web_search_options"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "messages", check=_check_message)
@@ -289,6 +292,14 @@ class ChatDialect(Dialect):
         return {"model": model, "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 field: max_tokens}
 
+    def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
+        """The client's bound field; for a ``--summary-model`` other than the client's, the one of that model's
+        family (``output_bound_field``), as the client's choice was made for its own model."""
+        fields = super().summary_fields(payload, model, bound)
+        if fields and model != payload.get("model"):
+            return {output_bound_field(model): bound}
+        return fields
+
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         try:
             choice = body["choices"][0]
@@ -335,6 +346,10 @@ class ChatReader(ReplyReader):
 
     def items(self) -> list[Item]:
         return [self.assembler.message()] if self.received else []
+
+    def body(self) -> dict[str, Any]:
+        choice = {"index": 0, "message": self.assembler.message(), "finish_reason": self.assembler.finish_reason}
+        return {"choices": [choice] if self.received else [], "usage": self.usage}
 
 
 DIALECT = ChatDialect()

@@ -72,6 +72,8 @@ class MessagesDialect(Dialect):
     path = "/v1/messages"
     anthropic = True
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({"anthropic-version": "2023-06-01"})
+    bound_fields = ("max_tokens",)
+    summary_drops = frozenset({"stop_sequences", "output_format"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "messages", check=_check_message)
@@ -229,6 +231,17 @@ class MessagesDialect(Dialect):
         return {"model": model, "system": system, "max_tokens": max_tokens, "stream": False,
                 "messages": [{"role": "user", "content": user}]}
 
+    def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
+        """``max_tokens`` always (the API requires it): ``bound``, or the client's own value when its thinking
+        budget does not fit under ``bound`` (the API wants ``max_tokens`` above ``budget_tokens``, and the
+        client's value is one its upstream takes beside that budget)."""
+        thinking = payload.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+        client = positive_int(payload, "max_tokens")
+        if isinstance(budget, int) and budget >= bound and client is not None:
+            return {"max_tokens": client}
+        return {"max_tokens": bound}
+
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         content = body.get("content")
         texts = [b["text"] for b in content if isinstance(b, dict) and b.get("type") == "text"
@@ -258,6 +271,7 @@ class MessagesReader(ReplyReader):
     def __init__(self) -> None:
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
+        self._stop_reason: Any = None
 
     def feed(self, event: str, data: Any) -> Verdict:
         kind = data.get("type") if isinstance(data, Mapping) else None
@@ -298,7 +312,7 @@ class MessagesReader(ReplyReader):
     def _message_delta(self, data: Mapping[str, Any]) -> None:
         delta = data.get("delta")
         if isinstance(delta, Mapping) and delta.get("stop_reason") is not None:
-            self.finished = True
+            self.finished, self._stop_reason = True, delta["stop_reason"]
         usage = data.get("usage")
         if isinstance(usage, Mapping):
             self.usage = {**(self.usage or {}), **{k: v for k, v in usage.items() if v is not None}}
@@ -317,6 +331,11 @@ class MessagesReader(ReplyReader):
                     block["input"] = text  # a cut stream: keep what arrived
             blocks.append(block)
         return [{"role": "assistant", "content": blocks}]
+
+    def body(self) -> dict[str, Any]:
+        items = self.items()
+        return {"content": items[0]["content"] if items else [], "stop_reason": self._stop_reason,
+                "usage": self.usage}
 
 
 DIALECT = MessagesDialect()

@@ -57,6 +57,10 @@ class ResponsesDialect(Dialect):
     items_field = "input"
     path = "/responses"
     carries_compaction_items = True
+    bound_fields = ("max_output_tokens",)
+    #: Besides the answer's form: ``previous_response_id`` and ``conversation`` would add the summary call to the
+    #: history kept upstream, and a ``background`` response is polled for, not answered.
+    summary_drops = frozenset({"previous_response_id", "conversation", "background", "top_logprobs"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "input", allow_string=True)
@@ -166,6 +170,14 @@ class ResponsesDialect(Dialect):
                 "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
                 "max_output_tokens": max_tokens}
 
+    def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
+        """Also ``text`` without a ``format`` (a JSON schema would shape the summary), its ``verbosity`` kept."""
+        fields = super().summary_fields(payload, model, bound)
+        text = payload.get("text")
+        if isinstance(text, Mapping) and "format" in text:
+            fields["text"] = {key: value for key, value in text.items() if key != "format"}
+        return fields
+
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         items, _, finished = self.reply_from_body(body)
         texts = [text for item in items if _type(item) == "message" for text in text_of(
@@ -226,6 +238,7 @@ class ResponsesReader(ReplyReader):
     def __init__(self) -> None:
         self._items: dict[int, Item] = {}
         self._final: list[Item] | None = None
+        self._status: Any = None
 
     def feed(self, event: str, data: Any) -> Verdict:
         if not isinstance(data, Mapping):
@@ -240,7 +253,7 @@ class ResponsesReader(ReplyReader):
             response = data.get("response")
             if isinstance(response, Mapping):
                 items, usage, finished = DIALECT.reply_from_body(response)
-                self._final, self.usage, self.finished = items, usage, finished
+                self._final, self.usage, self.finished, self._status = items, usage, finished, response.get("status")
                 self.received = self.received or bool(items)
             return Verdict.TERMINAL
         return Verdict.RELAY
@@ -249,6 +262,9 @@ class ResponsesReader(ReplyReader):
         if self._items:
             return [self._items[index] for index in sorted(self._items)]
         return list(self._final or [])
+
+    def body(self) -> dict[str, Any]:
+        return {"status": self._status, "output": self.items(), "usage": self.usage}
 
 
 DIALECT = ResponsesDialect()

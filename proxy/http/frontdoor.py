@@ -49,7 +49,7 @@ from proxy.sessions import agent_of, credential, explicit_session, fingerprint_s
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
-from proxy.summarycall import summary_completer
+from proxy.summarycall import ClientRequest, summary_completer
 from proxy.types import Message
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
@@ -87,6 +87,8 @@ class Turn:
     rewind_extra: dict[str, Any] | None = None
     #: Recall rounds answered so far (``proxy.http.recall``).
     recalls: int = 0
+    #: Fields the summary calls made for this request set besides the client's (``proxy.summarycall``).
+    summary_fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def max_output(self) -> int | None:
@@ -209,9 +211,12 @@ class Turn:
         return view
 
     async def summarise(self, messages: list[Message], max_tokens: int) -> SummaryAnswer:
-        """The summary call, as the caller; its headers are built only when a compaction needs them."""
+        """The summary call, as the caller and shaped like its request, with the fields the request goes upstream
+        with (the prompt cache's key); its headers are built only when a compaction needs them."""
+        fields = {**self.dialect.cache_fields(self.parsed.payload, self.key.session), **self.summary_fields}
+        shape = ClientRequest(self.parsed, self.request.rel_url.query, fields)
         complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
-                                     self.settings.summary_model or self.parsed.model or "", self.dialect)
+                                     self.settings.summary_model or self.parsed.model or "", self.dialect, shape)
         return await complete(messages, max_tokens)
 
 
@@ -356,6 +361,8 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
     """
     started = time.perf_counter()
     turn = await open_turn(request, RESPONSES)
+    # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
+    turn.summary_fields = {"stream": True, "store": False}
     answered = await clientcompaction.answer(turn, CODEX_ENDPOINT)
     if answered is None:
         return await passthrough(request)
