@@ -213,7 +213,8 @@ class Turn:
     async def summarise(self, messages: list[Message], max_tokens: int) -> SummaryAnswer:
         """The summary call, as the caller and shaped like its request, with the fields the request goes upstream
         with (the prompt cache's key); its headers are built only when a compaction needs them."""
-        fields = {**self.dialect.cache_fields(self.parsed.payload, self.key.session), **self.summary_fields}
+        cache = self.dialect.cache_fields(self.parsed.payload, self.key.session) if self.settings.adds_fields else {}
+        fields = {**cache, **self.summary_fields}
         shape = ClientRequest(self.parsed, self.request.rel_url.query, fields)
         complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
                                      self.settings.summary_model or self.parsed.model or "", self.dialect, shape)
