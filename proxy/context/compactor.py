@@ -262,7 +262,7 @@ class ContextCompactor:
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
         summary, summary_end, detail, error, outcome = await self._summary(
-            messages, previous, base if previous is not None else system_end, start, instructions, use_model)
+            messages, previous, base, start, instructions, use_model)
         if error is not None and not fallback:
             # A failed summary keeps the masking the same compaction computed (the backoff still counts it).
             return (replace(masking, summary_error=error) if masking is not None
