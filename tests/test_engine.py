@@ -261,7 +261,7 @@ async def test_tool_definitions_count_when_a_checkpoint_exists(store: FactLog) -
 
 async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_the_batch_masked(
         store: FactLog) -> None:
-    engine = engine_over(store, keep_tool_outputs=1_000)  # the compaction itself masks nothing: the batch does
+    engine = engine_over(store, keep_tool_outputs=1_000, keep_tool_output_share=1.0)  # only the batch masks
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     for i in range(16):

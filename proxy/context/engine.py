@@ -68,7 +68,8 @@ class EngineSettings:
     # -- tiers (proxy.context.masking, proxy.context.batches, proxy.context.userwords) --
     #: Tool outputs never masked: the last N items holding output.
     keep_tool_outputs: int = 10
-    #: Share of the window those outputs may take whole: past it, the older of them are masked as well.
+    #: Share of the window those outputs may take whole: past it, the older of them are masked as well (1: no
+    #: token budget, only the count).
     keep_tool_output_share: float = KEEP_OUTPUTS_SHARE
     #: Tokens of user words carried verbatim into the summary; None: 10 % of the window.
     keep_user_words: int | None = None
@@ -452,10 +453,12 @@ class ContextEngine:
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens))
 
-    def keep_tool_tokens(self, window: int, room: int | None = None) -> int:
+    def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
         and at most half the ``room`` beside the tool definitions under the threshold (with 9k of tools in 16k,
-        a quarter of the window alone is more than that room)."""
+        a quarter of the window alone is more than that room). None (a share of 1 or more): only their count."""
+        if self.settings.keep_tool_output_share >= 1:
+            return None
         budget = int(window * self.settings.keep_tool_output_share)
         return max(1, min(budget, room // 2) if room is not None else budget)
 
