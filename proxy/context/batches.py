@@ -58,12 +58,13 @@ def maskable(engine: ContextEngine, messages: Sequence[Message], hashes: Sequenc
              previous: Checkpoint | None, *, dialect: ItemModel, window: int,
              room: int | None = None) -> tuple[int, int]:
     """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs, fewer when they
-    pass ``ContextEngine.keep_tool_tokens`` of the ``room`` beside the tools) and the tokens it would free. Remembered per prefix: a request pays for what is new."""
+    pass ``ContextEngine.keep_tool_tokens`` of the ``room`` beside the tools) and the tokens it would free.
+    Remembered per prefix: a request pays for what is new."""
     start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
                            previous.masked_until if previous else 0)
     count = engine.policy(window).counter_for(dialect)
-    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs,
-                   budget=engine.keep_tool_tokens(window, room), size=lambda index: count(messages[index], hashes[index]))
+    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs, budget=engine.keep_tool_tokens(
+        window, room), size=lambda index: count(messages[index], hashes[index]))
     if end <= start:
         return end, 0
     seqs, keys = state.entries_for(hashes, end)

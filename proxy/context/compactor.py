@@ -45,8 +45,6 @@ DEFAULT_RETAIN_FRACTION = 0.35
 #: the answer's room) is not worth its summary call, unless
 #: the view is over the window: then any gain counts, and clipping takes care of the rest.
 DEFAULT_MIN_GAIN = 0.10
-#: Tokens a first summary is expected to take at most, for the "is it worth it" test before the call.
-FIRST_SUMMARY_TOKENS = 1_000
 #: Tool outputs never masked: the last ten (``--keep-tool-outputs``), as in "The Complexity Trap".
 DEFAULT_KEEP_TOOL_OUTPUTS = 10
 
@@ -265,10 +263,7 @@ class ContextCompactor:
             return masking or CompactionResult("skipped", None, before, before, "nothing new to summarise")
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
-        # A rolling summary is about as long as the last one; a first one is guessed at half of what it replaces,
-        # at most FIRST_SUMMARY_TOKENS: with none, a small gain looked worth a call that the summary then undid.
-        standin = previous.summary if previous is not None and previous.summary else " summary" * min(
-            FIRST_SUMMARY_TOKENS, sum(counts[split_from:start]) // 2)
+        standin = previous.summary if previous is not None else ""
         if start > split_from and not worth(tokens(Checkpoint(
                 standin, start, "", opener, 0, 0, model, 0.0, masked_until,
                 previous.user_words if previous is not None else ()))):
