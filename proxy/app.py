@@ -92,7 +92,8 @@ def engine_settings(settings: Settings) -> EngineSettings:
         summary_model=settings.summary_model, summary_max_tokens=settings.summary_max_tokens,
         estimator=settings.estimator, summary_placement="system" if settings.summary_placement == "system" else "user",
         failure_cooldown=settings.compaction_cooldown, precompact_threshold=settings.precompact_threshold,
-        keep_tool_outputs=settings.keep_tool_outputs, keep_user_words=settings.keep_user_words,
+        keep_tool_outputs=settings.keep_tool_outputs, keep_tool_output_share=settings.keep_tool_output_share,
+        keep_user_words=settings.keep_user_words,
         recall_tool=settings.recall_tool,
     )
 

@@ -109,7 +109,12 @@ def _store_option(f: Any) -> Any:
 @click.option("--keep-tool-outputs", envvar="CTXPROXY_KEEP_TOOL_OUTPUTS", type=click.IntRange(min=1), default=None,
               show_envvar=True, help="Recent tool outputs never masked; older ones give way to a one-line placeholder "
                                      "naming their log entry, in batches (a number above any run's length turns "
-                                     "masking off) [default: 10]")
+                                     "masking off), as long as they fit --keep-tool-output-share [default: 10]")
+@click.option("--keep-tool-output-share", envvar="CTXPROXY_KEEP_TOOL_OUTPUT_SHARE", type=click.FloatRange(min=0,
+              min_open=True), default=None, show_envvar=True,
+              help="Share of the window the kept tool outputs may take whole, and at most half the room the tool "
+                   "definitions leave under the threshold; past it the older ones are masked too, so masking comes "
+                   "before a summary (1: only --keep-tool-outputs counts) [default: 0.25]")
 @click.option("--keep-user-words", envvar="CTXPROXY_KEEP_USER_WORDS", type=click.IntRange(min=0), default=None,
               show_envvar=True, help="Tokens of the user's own messages carried verbatim into a summary; over it "
                                      "the oldest long ones are clipped [default: 10% of the window]")

@@ -83,6 +83,8 @@ class Settings:
     compaction_cooldown: float = 300.0
     #: Recent tool outputs never masked (the last N items holding tool output).
     keep_tool_outputs: int = 10
+    #: Share of the window those outputs may take whole (past it the older ones are masked too); 1: count only.
+    keep_tool_output_share: float = 0.25
     #: Tokens of the user's own words carried verbatim into a summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.
@@ -120,6 +122,8 @@ class Settings:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}")
 
     def _check_tiers(self) -> None:
+        if self.keep_tool_output_share <= 0:
+            raise ValueError("keep_tool_output_share must be positive")
         if self.keep_tool_outputs < 1:
             raise ValueError("keep_tool_outputs must be at least 1: the model must see the output it just asked for")
         if self.keep_user_words is not None and self.keep_user_words < 0:
@@ -169,7 +173,8 @@ _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "m
 _BOOLS = {"recall_tool"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
-           "connect_timeout", "client_timeout", "compaction_cooldown"}
+           "connect_timeout", "client_timeout", "compaction_cooldown",
+           "keep_tool_output_share"}
 
 
 def _coerce(name: str, raw: str) -> Any:

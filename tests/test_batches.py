@@ -51,7 +51,7 @@ async def batch(engine: ContextEngine, messages: list[dict[str, Any]], prepared:
 
 
 async def test_a_batch_is_due_once_old_outputs_would_free_an_eighth_of_the_window(store: FactLog) -> None:
-    engine = engine_over(store)
+    engine = engine_over(store, keep_tool_output_share=1.0)  # ten kept by count: 4,000+ tokens pass the budget
     # 10 outputs are kept; each of about 400 tokens: 4 older ones free under 2,000 tokens, 6 free more.
     assert (await batch(engine, run(14)))[0] is None
     assert [f.kind for f in await read_log(store, KEY)] == [], "nothing due, nothing written"

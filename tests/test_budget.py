@@ -198,3 +198,22 @@ def test_hashes_of_the_source_conversation_are_reused_as_cache_keys() -> None:
     clipped = {"role": "tool", "content": "two words"}
     estimate = budget.estimate(CHAT, [message, clipped], source=([message], ["known digest"]))
     assert estimate.tokenizer == (50 + MESSAGE_OVERHEAD_TOKENS) + (2 + MESSAGE_OVERHEAD_TOKENS) + REPLY_PRIMING_TOKENS
+
+
+def test_the_soft_threshold_is_a_share_of_the_room_beside_the_tools_and_a_step_before_the_trigger() -> None:
+    budget = ContextBudgetPolicy(16_000)
+    assert budget.soft_threshold(0.6, 12_800) == 9_600, "no fixed part: a share of the window, as before"
+    # 9,000 of tools: the soft threshold sits three quarters of the way through the 3,800 tokens beside them.
+    assert budget.soft_threshold(0.6, 12_800, fixed=9_000) == 9_000 + 2_850
+    assert budget.soft_threshold(0.6, 12_800, fixed=9_000, growth=2_500) == 10_300, "a step before the trigger"
+    assert budget.soft_threshold(0.6, 12_800, fixed=13_000) == 9_600
+
+
+def test_the_reduced_target_leaves_steps_of_growth_below_the_soft_threshold() -> None:
+    budget = ContextBudgetPolicy(16_000)
+    measured = Estimate(10_000, None, None, 10_000)
+    assert budget.reduced_target(measured, 12_800, None) == 7_680, "no growth known: 60 % of the threshold"
+    # Growth of 1,000 a step and a soft threshold at 9,600: the view goes down to 9,600 - 5 x 1,000.
+    assert budget.reduced_target(measured, 12_800, None, soft=9_600, growth=1_000) == 4_600
+    # Never below a quarter of the room, whatever the growth.
+    assert budget.reduced_target(measured, 12_800, None, soft=9_600, growth=5_000) == 3_200

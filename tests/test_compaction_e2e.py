@@ -53,7 +53,7 @@ async def check_log(proxy: Any, session: str, messages: list[dict[str, Any]]) ->
 
 
 async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy, fake: FakeUpstream) -> None:
-    proxy = await make_proxy(context_window=WINDOW)
+    proxy = await make_proxy(context_window=WINDOW, keep_tool_output_share=1.0)  # the summary path
     fake.window = WINDOW
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
@@ -79,7 +79,7 @@ async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy,
 
 
 async def test_thirty_short_rounds_stay_inside_the_window(make_proxy, fake: FakeUpstream) -> None:
-    proxy = await make_proxy(context_window=WINDOW)
+    proxy = await make_proxy(context_window=WINDOW, keep_tool_output_share=1.0)  # the summary path
     fake.window = WINDOW
     rng = random.Random(11)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are helpful."}]
@@ -104,7 +104,8 @@ async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: Fak
     Masking is off (``keep_tool_outputs`` above the run's length): it would keep the tool steps under the
     threshold without a summary, and summaries are what this test places (tests/test_masking_e2e.py runs masked
     views through the same strict template)."""
-    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement, keep_tool_outputs=1_000)
+    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement, keep_tool_outputs=1_000,
+                             keep_tool_output_share=1.0)
     fake.window, fake.strict_roles = WINDOW, True
     rng = random.Random(13)
     session = f"strict-{placement}-{shape}"

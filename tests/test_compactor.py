@@ -588,3 +588,19 @@ async def test_a_model_summary_after_the_model_free_tier_folds_the_elided_range_
     assert model.indices()[0] == 1, "the summary starts where the elided range does"
     assert result.checkpoint.retain_start_idx == elided.retain_start_idx
     assert not result.checkpoint.elision and result.checkpoint.summary_end == elided.retain_start_idx
+
+
+async def test_the_gain_is_measured_against_the_whole_request_fixed_part_included() -> None:
+    messages = chat(13)  # three rounds leave the tail: worth a summary measured on the messages alone
+    worth = await compactor(Model()).compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert worth.outcome == "ok"
+    model = Model()
+    # Beside 5,000 tokens of tool definitions and answer room the same gain is under a tenth of what is sent.
+    result = await compactor(model).compact(messages, hashes_of(messages), None, budget=10_000, model="m",
+                                            fixed=5_000)
+    assert (result.outcome, result.detail) == ("skipped", "would free under 10%")
+    assert model.prompts == [], "skipped before the summary call"
+    over = await compactor(Model()).compact(messages, hashes_of(messages), None, budget=10_000, model="m",
+                                            fixed=5_000, min_gain=0.0)
+    assert over.outcome == "ok", "over the window any gain counts, as before"
+

@@ -261,7 +261,7 @@ async def test_tool_definitions_count_when_a_checkpoint_exists(store: FactLog) -
 
 async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_the_batch_masked(
         store: FactLog) -> None:
-    engine = engine_over(store, keep_tool_outputs=1_000)  # the compaction itself masks nothing: the batch does
+    engine = engine_over(store, keep_tool_outputs=1_000, keep_tool_output_share=1.0)  # only the batch masks
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     for i in range(16):
@@ -305,3 +305,25 @@ async def test_windows_learned_from_refusals_only_go_down_and_a_larger_success_r
     assert engine.window_for("m") == 12_000
     engine.learn_refusal("m", 1_000)
     assert engine.window_for("m") == 1_024, "bounded below like a stated window"
+
+
+async def test_ten_kept_outputs_of_a_thousand_tokens_are_masked_before_any_background_summary(
+        store: FactLog) -> None:
+    """Ten ~1k-token outputs alone passed the soft threshold of a 16k window: a summary came at every step and
+    masking never ran. Within their token budget (a quarter of the window) masking comes first."""
+    engine = engine_over(store, context_window=16_000, precompact_threshold=0.6, min_retain_rounds=10)
+    model = Summariser()
+    rng = random.Random(3)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    for i in range(30):
+        await prepare(engine, messages, model)
+        if engine.background.running(KEY) is not None:
+            await engine.background.join(KEY)
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": f"step {i}", "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"c{i}", "content": prose(rng, 1_000)}]
+    state = await engine.history.state(KEY, refresh=True)
+    checkpoint = active_checkpoint(state, [message_hash(m) for m in messages])
+    assert checkpoint is not None and checkpoint.masked_until > 0, "masking ran"
+    assert model.calls == 0, "masking kept the run under the soft threshold: no summary"
+    await engine.aclose()

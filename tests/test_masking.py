@@ -195,3 +195,12 @@ def test_freed_counts_what_masking_would_save_and_remembers_where_it_stopped() -
     assert masker.freed(CHAT, CONVERSATION, hashes, 2, 13, seqs, keys, count) > full, "extended: only the new part"
     changed = [*keys[:5], "edited", *keys[6:]]
     assert masker.freed(CHAT, CONVERSATION, hashes, 2, 11, seqs, changed, count) == full, "a new path, counted anew"
+
+
+def test_the_kept_outputs_are_a_token_budget_as_well_as_a_count() -> None:
+    # Each output counts 100 here: a budget of 250 keeps the last two of the ten asked for, and masks the rest.
+    size = lambda index: 100  # noqa: E731
+    end = mask_end(CHAT, CONVERSATION, 2, 10, budget=250, size=size)
+    assert end == len(CONVERSATION) - 4, "masking reaches just past the third last output"
+    assert mask_end(CHAT, CONVERSATION, 2, 10, budget=10**6, size=size) == mask_end(CHAT, CONVERSATION, 2, 10)
+    assert mask_end(CHAT, CONVERSATION, 2, 10, budget=1, size=size) == len(CONVERSATION) - 2, "the last stays"

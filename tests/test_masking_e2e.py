@@ -162,7 +162,8 @@ async def test_masking_keeps_a_long_run_under_the_window_in_batches_with_a_stabl
     upstream = await aiohttp_server(fake.app())
     root = str(upstream.make_url("")).rstrip("/")
     proxy = await aiohttp_client(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root,
-                                                     store=store_url, context_window=WINDOW)))
+                                                     store=store_url, context_window=WINDOW,
+                                                     keep_tool_output_share=1.0)))  # ten kept, by count
     run = await drive(proxy, fake)
 
     counter = TokenCounter()

@@ -150,7 +150,7 @@ async def test_an_anthropic_view_gets_a_breakpoint_on_its_summary_when_the_clien
         aiohttp_server: Any, aiohttp_client: Any, store_url: str, taken: int) -> None:
     fake = FakeMessages(Script(steps=40), window=16_000)
     proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, context_window=16_000,
-                            keep_tool_outputs=1_000)  # masking off: a summary is what gets the breakpoint
+                            keep_tool_outputs=1_000, keep_tool_output_share=1.0)  # masking off: a summary gets it
     system = [{"type": "text", "text": f"part {i}", "cache_control": EPHEMERAL} for i in range(taken)]
     await claude_steps(proxy, 24, system)
     turns = [r.body for r in fake.turns()]

@@ -36,6 +36,9 @@ from proxy.types import Message
 if TYPE_CHECKING:
     from proxy.context.engine import ContextEngine, PreparedView
 
+#: A batch frees at most this part of the room beside the tool definitions under the threshold.
+BATCH_ROOM_DIVISOR = 4
+
 
 def checkpoint_fact(checkpoint: Checkpoint) -> NewFact:
     """The log entry of a checkpoint (``index``: where its verbatim history resumes)."""
@@ -52,16 +55,19 @@ def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | No
 
 
 def maskable(engine: ContextEngine, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState,
-             previous: Checkpoint | None, *, dialect: ItemModel, window: int) -> tuple[int, int]:
-    """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs) and the tokens
-    it would free. Remembered per prefix: a request pays for what is new."""
+             previous: Checkpoint | None, *, dialect: ItemModel, window: int,
+             room: int | None = None) -> tuple[int, int]:
+    """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs, fewer when they
+    pass ``ContextEngine.keep_tool_tokens`` of the ``room`` beside the tools) and the tokens it would free.
+    Remembered per prefix: a request pays for what is new."""
     start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
                            previous.masked_until if previous else 0)
-    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs)
+    count = engine.policy(window).counter_for(dialect)
+    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs, budget=engine.keep_tool_tokens(
+        window, room), size=lambda index: count(messages[index], hashes[index]))
     if end <= start:
         return end, 0
     seqs, keys = state.entries_for(hashes, end)
-    count = engine.policy(window).counter_for(dialect)
     return end, engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count)
 
 
@@ -77,11 +83,14 @@ async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[
     share = engine.settings.mask_batch_share
     if state is None or share is None:
         return None
-    batch = max(1, int(window * share))
+    # A batch is at most a quarter of the room beside the tool definitions: with 9k of tools in 16k, an eighth of
+    # the window was more than half that room, and summaries came before masking.
+    room = prepared.threshold - engine.policy(window).tools_tokens(tools)
+    batch = max(1, min(int(window * share), room // BATCH_ROOM_DIVISOR))
     if prepared.estimate.tokens <= batch:
         return None
     previous = prepared.checkpoint
-    end, freed = maskable(engine, messages, hashes, state, previous, dialect=dialect, window=window)
+    end, freed = maskable(engine, messages, hashes, state, previous, dialect=dialect, window=window, room=room)
     if freed < batch:
         return None
     started = time.perf_counter()

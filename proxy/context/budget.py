@@ -51,6 +51,12 @@ DEFAULT_COMPRESSION_THRESHOLD = 0.8
 #: Share of the threshold a view may take right after a compaction: the room left is what a steady
 #: run grows into before the next compaction (and the next new prompt prefix).
 POST_COMPACTION_SHARE = 0.6
+#: Steps of growth a compaction leaves room for below the soft threshold, where the next summary starts: with
+#: 1k-2.5k outputs in a 16k window the post-compaction target sat 12 % of the window below it (one step).
+HEADROOM_STEPS = 5
+#: Share of the room beside the fixed part a compacted view keeps at least, whatever the growth: below it the
+#: summary would take nearly all of the verbatim tail for a few steps more.
+MIN_POST_SHARE = 0.25
 #: Room kept for the answer when a request reserves none (``max_tokens``): about one long answer.
 DEFAULT_ANSWER_RESERVE = 4_096
 #: Tokens the upstream adds to prime the reply (``<|start|>assistant<|message|>``).
@@ -128,12 +134,23 @@ class ContextBudgetPolicy:
             return self.context_window - max_output_tokens
         return limit
 
-    def soft_threshold(self, share: float, threshold: int) -> int:
+    def soft_threshold(self, share: float, threshold: int, fixed: int = 0, growth: int = 0) -> int:
         """Where a background summary starts: ``share`` of the window, never past the trigger ``threshold``
-        (a large ``max_tokens`` lowers the trigger, and the soft threshold with it, in proportion)."""
+        (a large ``max_tokens`` lowers the trigger, and the soft threshold with it, in proportion).
+
+        The share applies to the room beside the ``fixed`` part (the tool
+        definitions): 9k of tools in a 16k window left 350 tokens of messages
+        under a soft threshold at 60 % of the window, and a summary started at
+        every step. It starts at least one step's ``growth`` below the
+        trigger, so the summary is in before a request reaches the trigger.
+        """
         soft = int(self.context_window * share)
         full = int(self.context_window * self.compression_threshold)
-        return min(soft * threshold // max(1, full), threshold)
+        scaled = min(soft * threshold // max(1, full), threshold)
+        if fixed <= 0 or fixed >= threshold or scaled >= threshold:
+            return scaled
+        room = threshold - fixed
+        return min(fixed + scaled * room // threshold, max(fixed, threshold - growth))
 
     def hard_limit(self, max_output_tokens: int | None = None) -> int:
         """Prompt tokens the view must stay under: the window less the room kept for the answer.
@@ -151,9 +168,12 @@ class ContextBudgetPolicy:
             reserve = min(DEFAULT_ANSWER_RESERVE, share)
         return self.context_window - reserve
 
-    def reduced_target(self, current: Estimate, threshold: int, tools: Sequence[Any] | None) -> int:
+    def reduced_target(self, current: Estimate, threshold: int, tools: Sequence[Any] | None, *,
+                       soft: int | None = None, growth: int = 0) -> int:
         """Tokens the messages of a reduced view may take: with the tool definitions it then sits at
-        ``POST_COMPACTION_SHARE`` of ``threshold``, the room a steady run grows into before the next reduction.
+        ``POST_COMPACTION_SHARE`` of the room beside them under ``threshold``, and at least ``HEADROOM_STEPS``
+        steps of ``growth`` below ``soft`` (where the next background summary starts), though never below
+        ``MIN_POST_SHARE`` of that room: a steady run grows that long before the next reduction.
 
         When the upstream's ``usage`` counts more than the local measure
         (``current``), the target shrinks by that ratio: the next threshold
@@ -161,11 +181,16 @@ class ContextBudgetPolicy:
         """
         local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
         scale = max(1.0, current.tokens / local)
-        return int(threshold * POST_COMPACTION_SHARE / scale) - self.tools_tokens(tools)
+        fixed = self.tools_tokens(tools)
+        room = max(0, threshold - fixed)
+        total = fixed + room * POST_COMPACTION_SHARE
+        if soft is not None and growth > 0:
+            total = min(total, max(fixed + room * MIN_POST_SHARE, soft - HEADROOM_STEPS * growth))
+        return int(total / scale) - fixed
 
     def tail_budget(self, dialect: ItemModel, current: Estimate, threshold: int, retain_budget: int, *,
                     head: Sequence[Message], head_hashes: Sequence[str], summary: str | None,
-                    tools: Sequence[Any] | None) -> int:
+                    tools: Sequence[Any] | None, soft: int | None = None, growth: int = 0) -> int:
         """Tokens the retained tail may take: the compacted view then sits at ``reduced_target``.
 
         ``threshold`` is the effective one: with window 8,000 and ``max_tokens``
@@ -176,7 +201,8 @@ class ContextBudgetPolicy:
         """
         fixed = sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes, strict=True))
         fixed += self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary else 0
-        return max(1, min(retain_budget, self.reduced_target(current, threshold, tools) - fixed))
+        return max(1, min(retain_budget, self.reduced_target(current, threshold, tools, soft=soft,
+                                                                    growth=growth) - fixed))
 
     def text_tokens(self, text: str) -> int:
         """Tokens of a piece of text, by the estimator: what clipping measures a tool result in."""
@@ -258,6 +284,10 @@ class ContextBudgetPolicy:
         start = usage.view_length
         added = sum(self.message_tokens(dialect, m, d) for m, d in zip(view[start:], digests[start:], strict=True))
         return usage.prompt_tokens + added
+
+    def fixed_tokens(self, tools: Sequence[Any] | None, max_output_tokens: int | None = None) -> int:
+        """The part of every request no compaction frees: the tool definitions and the room kept for the answer."""
+        return self.tools_tokens(tools) + self.context_window - self.hard_limit(max_output_tokens)
 
     def should_compact(self, estimate: Estimate, max_output_tokens: int | None = None) -> bool:
         return estimate.tokens > self.threshold(max_output_tokens)

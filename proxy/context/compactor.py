@@ -41,7 +41,8 @@ __all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_
 DEFAULT_MIN_RETAIN_ROUNDS = 10
 #: Share of the window the retained tail may take at most.
 DEFAULT_RETAIN_FRACTION = 0.35
-#: A compaction that frees less than this share of the view is not worth its summary call, unless
+#: A compaction that frees less than this share of the request (the view with its fixed part: tool definitions,
+#: the answer's room) is not worth its summary call, unless
 #: the view is over the window: then any gain counts, and clipping takes care of the rest.
 DEFAULT_MIN_GAIN = 0.10
 #: Tool outputs never masked: the last ten (``--keep-tool-outputs``), as in "The Complexity Trap".
@@ -162,6 +163,7 @@ class ContextCompactor:
         min_retain_rounds: int = DEFAULT_MIN_RETAIN_ROUNDS,
         min_gain: float = DEFAULT_MIN_GAIN,
         keep_tool_outputs: int = DEFAULT_KEEP_TOOL_OUTPUTS,
+        keep_tool_tokens: int | None = None,
         measure: Measure | None = None,
         user_words_budget: int = 0,
         trail_of: TrailMaker | None = None,
@@ -173,6 +175,8 @@ class ContextCompactor:
         self.min_retain_rounds = min_retain_rounds
         self.min_gain = min_gain
         self.keep_tool_outputs = keep_tool_outputs
+        #: Tokens the kept outputs may take whole (None: only their count bounds them).
+        self.keep_tool_tokens = keep_tool_tokens
         self.measure = measure
         self.user_words_budget = user_words_budget
         self.trail_of = trail_of
@@ -201,6 +205,7 @@ class ContextCompactor:
         keys: Sequence[str] = (),
         fallback: bool = False,
         use_model: bool = True,
+        fixed: int = 0,
     ) -> CompactionResult:
         """Reduce the view: mask when that reaches ``mask_target`` (None: go straight to a summary), else summarise.
 
@@ -208,7 +213,9 @@ class ContextCompactor:
         reactive path) halves it, the retained rounds and the tool outputs kept
         whole. A ``previous`` checkpoint whose prefix no longer matches
         ``hashes`` is ignored. ``min_gain`` overrides the compactor's for this
-        call (0 when the view is over the window: any gain is then worth it).
+        call (0 when the view is over the window: any gain is then worth it). The gain is a share of the whole
+        request: the messages and the ``fixed`` part no compaction frees (tool definitions, the answer's room);
+        measured on the messages alone, a summary freeing 9 % of what Codex sent (8.5k of tools) passed.
         ``seqs`` and ``keys`` are the log's seqs and prefix hashes of the
         conversation, which name masked outputs and carried user words.
 
@@ -230,12 +237,12 @@ class ContextCompactor:
             return self.view_tokens(self.projection.build(messages, checkpoint, seqs=seqs, keys=keys), known)
 
         def worth(after: int) -> bool:
-            return before - after >= gain * before and before > after
+            return before - after >= gain * (before + fixed) and before > after
 
         before = tokens(previous)
         dialect = self.projection.dialect
         system_end = leading_system_count(dialect, messages)
-        masked_until = self._mask_until(messages, previous, level)
+        masked_until = self._mask_until(messages, hashes, previous, level)
         masking: CompactionResult | None = None
         if masked_until > (previous.covers if previous is not None else system_end):
             checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
@@ -256,8 +263,9 @@ class ContextCompactor:
             return masking or CompactionResult("skipped", None, before, before, "nothing new to summarise")
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
+        standin = previous.summary if previous is not None else ""
         if start > split_from and not worth(tokens(Checkpoint(
-                previous.summary if previous is not None else "", start, "", opener, 0, 0, model, 0.0, masked_until,
+                standin, start, "", opener, 0, 0, model, 0.0, masked_until,
                 previous.user_words if previous is not None else ()))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
@@ -310,9 +318,14 @@ class ContextCompactor:
             return result.summary, base + result.folded, result.error or "", None, "ok"
         return summary, end, "", result.error or result.outcome, result.outcome
 
-    def _mask_until(self, messages: Sequence[Message], previous: Checkpoint | None, level: int) -> int:
-        """How far the checkpoint masks: up to the last ``keep_tool_outputs`` outputs (fewer, harder pressed)."""
+    def _mask_until(self, messages: Sequence[Message], hashes: Sequence[str], previous: Checkpoint | None,
+                    level: int) -> int:
+        """How far the checkpoint masks: up to the last ``keep_tool_outputs`` outputs that fit ``keep_tool_tokens``
+        (fewer, harder pressed)."""
         dialect = self.projection.dialect
         masked = previous.masked_until if previous is not None else 0
         start = first_unmasked(dialect, messages, previous.retain_start_idx if previous is not None else None, masked)
-        return max(masked, mask_end(dialect, messages, start, max(1, self.keep_tool_outputs >> level)))
+        budget = max(1, self.keep_tool_tokens >> level) if self.keep_tool_tokens is not None else None
+        end = mask_end(dialect, messages, start, max(1, self.keep_tool_outputs >> level), budget=budget,
+                       size=lambda index: self.count(messages[index], hashes[index]))
+        return max(masked, end)

@@ -26,7 +26,7 @@ from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.masking import Masker
+from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
@@ -68,6 +68,9 @@ class EngineSettings:
     # -- tiers (proxy.context.masking, proxy.context.batches, proxy.context.userwords) --
     #: Tool outputs never masked: the last N items holding output.
     keep_tool_outputs: int = 10
+    #: Share of the window those outputs may take whole: past it, the older of them are masked as well (1: no
+    #: token budget, only the count).
+    keep_tool_output_share: float = KEEP_OUTPUTS_SHARE
     #: Tokens of user words carried verbatim into the summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Placeholders tell the model it may call ``ctxproxy_recall`` (``--recall-tool``) instead of re-running.
@@ -119,6 +122,17 @@ def _failed(job: asyncio.Task[Any]) -> bool:
         return True
     result, _ = job.result()
     return bool(result.outcome in ("failed", "timeout"))
+
+
+def step_tokens(policy: ContextBudgetPolicy, dialect: ItemModel, messages: Sequence[Message],
+                hashes: Sequence[str]) -> int:
+    """The growth of the last step: the tokens from the last assistant item to the end (its call and outputs)."""
+    total = 0
+    for message, digest in zip(reversed(messages), reversed(hashes), strict=True):
+        total += policy.message_tokens(dialect, message, digest)
+        if dialect.role(message) == "assistant":
+            return total
+    return 0
 
 
 def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None) -> Checkpoint | None:
@@ -284,12 +298,13 @@ class ContextEngine:
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output) or prepared
         allowed = state is not None and self.backoff.allowed(f"{key.tenant}:{key.session}")
-        soft = self.policy(window).soft_threshold(self.settings.precompact_threshold, prepared.threshold)
+        soft = self.soft_threshold(window, prepared.threshold, dialect, messages, hashes, tools)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
         # while masking what is maskable now would bring the view under it (tier 1 comes first, and is free).
         ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
         if ahead and state is not None and self.settings.mask_batch_share is not None:
-            _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window)
+            _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window,
+                                room=prepared.threshold - self.policy(window).tools_tokens(tools))
             ahead = soft < prepared.estimate.tokens - freed
         if allowed and ahead and self.background.running(key) is None:
             self.background.start(key, self.compact(key, list(messages), list(hashes), trigger="background",
@@ -387,19 +402,23 @@ class ContextEngine:
                     skipped = CompactionResult("skipped", None, 0, 0, "already compacted")
                     return self._observe(key, trigger, skipped, started), state
                 system = leading_system_count(dialect, messages)
-                budget = self.policy(window).tail_budget(
+                policy = self.policy(window)
+                # Room for HEADROOM_STEPS steps below where the next background summary starts (budget.py).
+                growth = step_tokens(policy, dialect, messages, hashes)
+                soft = self.soft_threshold(window, fresh.threshold, dialect, messages, hashes, tools)
+                budget = policy.tail_budget(
                     dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
-                    summary=summary_text(previous) if previous is not None else None)
+                    summary=summary_text(previous) if previous is not None else None, soft=soft, growth=growth)
                 # Tiers (proxy.context.compactor): masking when it reaches the target, else a summary; "manual" and
                 # "client" (the client's own compaction) ask for the summary.
-                target = None if trigger in ("manual", "client") else self.policy(window).reduced_target(
-                    fresh.estimate, fresh.threshold, tools)
+                target = None if trigger in ("manual", "client") else policy.reduced_target(
+                    fresh.estimate, fresh.threshold, tools, soft=soft, growth=growth)
                 seqs, keys = state.entries_for(hashes, len(hashes))
-                result = await self._compactor(complete, window, dialect).compact(
+                result = await self._compactor(complete, window, dialect, fresh.threshold, tools).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys,
-                    fallback=fallback, use_model=use_model)
+                    fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state = await self._record(key, result.checkpoint, dialect, previous, hashes,
                                                summarised=result.tier != "mask")
@@ -413,7 +432,8 @@ class ContextEngine:
             self.backoff.record(session, "failed" if result.summary_error else result.outcome)
         return self._observe(key, trigger, result, started), state
 
-    def _compactor(self, complete: Complete, window: int, dialect: ItemModel) -> ContextCompactor:
+    def _compactor(self, complete: Complete, window: int, dialect: ItemModel, threshold: int | None = None,
+                   tools: Sequence[Any] | None = None) -> ContextCompactor:
         """``window`` is the request model's; the summary call is sized for the summary model's own."""
         policy = self.policy(window)
         summary_model = self.settings.summary_model
@@ -425,10 +445,30 @@ class ContextEngine:
             count_text=policy.text_tokens)
         return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
                                 projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds,
-                                keep_tool_outputs=self.settings.keep_tool_outputs, measure=policy,
+                                keep_tool_outputs=self.settings.keep_tool_outputs,
+                                keep_tool_tokens=self.keep_tool_tokens(
+                                    window, None if threshold is None else threshold - policy.tools_tokens(tools)),
+                                measure=policy,
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens))
+
+    def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
+        """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
+        and at most half the ``room`` beside the tool definitions under the threshold (with 9k of tools in 16k,
+        a quarter of the window alone is more than that room). None (a share of 1 or more): only their count."""
+        if self.settings.keep_tool_output_share >= 1:
+            return None
+        budget = int(window * self.settings.keep_tool_output_share)
+        return max(1, min(budget, room // 2) if room is not None else budget)
+
+    def soft_threshold(self, window: int, threshold: int, dialect: ItemModel, messages: Sequence[Message],
+                       hashes: Sequence[str], tools: Sequence[Any] | None) -> int:
+        """Where a background summary starts (``ContextBudgetPolicy.soft_threshold``): the share applied to the
+        room beside the tool definitions, and one step of growth before the trigger."""
+        policy = self.policy(window)
+        return policy.soft_threshold(self.settings.precompact_threshold, threshold, policy.tools_tokens(tools),
+                                     step_tokens(policy, dialect, messages, hashes))
 
     def user_words_budget(self, window: int) -> int:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""

@@ -58,6 +58,8 @@ RECALL_HINT = "call ctxproxy_recall with entry {seq} to read it again"
 ARGUMENTS_CHARS = 80
 #: How far back from an output its call is looked for (a parallel call answers in a run of results).
 CALL_SEARCH = 64
+#: Share of the window the last ``--keep-tool-outputs`` outputs may take whole; older ones past it are masked.
+KEEP_OUTPUTS_SHARE = 0.25
 #: An output is masked only when it is larger than this many placeholders.
 MIN_RATIO = 2
 _NOTHING = object()
@@ -100,14 +102,24 @@ def entry_name(index: int, seqs: Sequence[int]) -> tuple[str, int | None]:
     return f"message index {index}", None
 
 
-def mask_end(dialect: ItemModel, messages: Sequence[Message], start: int, keep: int) -> int:
+def mask_end(dialect: ItemModel, messages: Sequence[Message], start: int, keep: int, *, budget: int | None = None,
+             size: Callable[[int], int] | None = None) -> int:
     """Where masking may reach: the ``keep``-th last item holding tool output (``start`` if there are fewer).
 
-    Walks back from the end only as far as that item: a few steps of a long run.
+    With a ``budget`` (tokens, ``size`` measuring an item by index) the kept
+    outputs must also fit it: ten outputs of 1,000 tokens alone passed the
+    background-summary threshold of a 16k window, so a summary always came
+    before masking. The last output is always kept, whatever its size.
+    Walks back from the end only as far as the first item masking reaches.
     """
     seen = 0
+    kept = 0
     for index in range(len(messages) - 1, start - 1, -1):
         if dialect.result_paths(messages[index]):
+            if budget is not None and size is not None:
+                kept += size(index)
+                if seen and kept > budget:
+                    return index + 1
             seen += 1
             if seen >= keep:
                 return index
