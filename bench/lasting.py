@@ -41,6 +41,7 @@ from bench.latency import write_doc
 from proxy.context.checkpoint import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings, Trigger
 from proxy.context.history import HistoryManager
+from proxy.context.masking import KEEP_OUTPUTS_SHARE
 from proxy.context.summarizer import SECTIONS, SummaryAnswer
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT
@@ -111,7 +112,7 @@ async def run(output: int, fixed: int, tmp: Path) -> Result:
             print(trigger, result.outcome, result.tier, result.tokens_before, result.tokens_after, result.detail)
 
     history = HistoryManager(await SqliteFactLog.open(tmp / f"{output}-{fixed}.db"), clock=lambda: 0.0)
-    engine = ContextEngine(history, EngineSettings(context_window=WINDOW), clock=lambda: 0.0, observer=observe,
+    engine = ContextEngine(history, EngineSettings(context_window=WINDOW, keep_tool_output_share=KEEP_OUTPUTS_SHARE), clock=lambda: 0.0, observer=observe,
                            counter=counter)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "Make the whole test suite pass."}]

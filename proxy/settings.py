@@ -84,7 +84,7 @@ class Settings:
     #: Recent tool outputs never masked (the last N items holding tool output).
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole (past it the older ones are masked too); 1: count only.
-    keep_tool_output_share: float = 0.25
+    keep_tool_output_share: float = 1.0
     #: Tokens of the user's own words carried verbatim into a summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.

@@ -503,7 +503,8 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
         assert result.outcome == "skipped"
         return
     strict = role_error(messages) is None
-    assert_well_formed(projection.build(messages, first), had_system or placement == "system", strict)
+    assert_well_formed(projection.build(messages, first), had_system or (placement == "system" and first.summarises),
+                       strict)
     counts = engine.message_counts(messages, hashes)
     effective = budget >> level
     if result.tier == "mask":  # the summary was not worth its call; masking alone freed enough
@@ -524,7 +525,8 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
                 assert model.prompts[0].startswith(f"<previous-summary>\n{model.answer}\n")
         else:
             assert not model.prompts and again.checkpoint.summary == first.summary
-        assert_well_formed(projection.build(messages, again.checkpoint), had_system or placement == "system", strict)
+        assert_well_formed(projection.build(messages, again.checkpoint),
+                           had_system or (placement == "system" and again.checkpoint.summarises), strict)
 
 
 # ---- the model-free tier and what a failed summary keeps (issue 18, items 2 and 7) -------------------------------

@@ -13,6 +13,7 @@ from proxy.context.batches import checkpoint_fact
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint
 from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
+from proxy.context.masking import KEEP_OUTPUTS_SHARE
 from proxy.context.projection import SUMMARY_END
 from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
 from proxy.context.tokens import TokenCounter
@@ -311,7 +312,8 @@ async def test_ten_kept_outputs_of_a_thousand_tokens_are_masked_before_any_backg
         store: FactLog) -> None:
     """Ten ~1k-token outputs alone passed the soft threshold of a 16k window: a summary came at every step and
     masking never ran. Within their token budget (a quarter of the window) masking comes first."""
-    engine = engine_over(store, context_window=16_000, precompact_threshold=0.6, min_retain_rounds=10)
+    engine = engine_over(store, context_window=16_000, precompact_threshold=0.6, min_retain_rounds=10,
+                         keep_tool_output_share=KEEP_OUTPUTS_SHARE)
     model = Summariser()
     rng = random.Random(3)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]

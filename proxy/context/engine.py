@@ -26,7 +26,7 @@ from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
+from proxy.context.masking import Masker
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
@@ -70,7 +70,8 @@ class EngineSettings:
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole: past it, the older of them are masked as well (1: no
     #: token budget, only the count).
-    keep_tool_output_share: float = KEEP_OUTPUTS_SHARE
+    #: 1: the kept outputs are a count only (the default until the token budget is validated end to end: issue 19).
+    keep_tool_output_share: float = 1.0
     #: Tokens of user words carried verbatim into the summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Placeholders tell the model it may call ``ctxproxy_recall`` (``--recall-tool``) instead of re-running.
@@ -417,7 +418,7 @@ class ContextEngine:
                 seqs, keys = state.entries_for(hashes, len(hashes))
                 result = await self._compactor(complete, window, dialect, fresh.threshold, tools).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
-                    min_gain=0.0 if over_limit or level > 0 else None, mask_target=target, seqs=seqs, keys=keys,
+                    min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target, seqs=seqs, keys=keys,
                     fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state = await self._record(key, result.checkpoint, dialect, previous, hashes,
