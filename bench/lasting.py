@@ -112,7 +112,8 @@ async def run(output: int, fixed: int, tmp: Path) -> Result:
             print(trigger, result.outcome, result.tier, result.tokens_before, result.tokens_after, result.detail)
 
     history = HistoryManager(await SqliteFactLog.open(tmp / f"{output}-{fixed}.db"), clock=lambda: 0.0)
-    engine = ContextEngine(history, EngineSettings(context_window=WINDOW, keep_tool_output_share=KEEP_OUTPUTS_SHARE), clock=lambda: 0.0, observer=observe,
+    engine = ContextEngine(history, EngineSettings(context_window=WINDOW, keep_tool_output_share=KEEP_OUTPUTS_SHARE),
+                           clock=lambda: 0.0, observer=observe,
                            counter=counter)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "Make the whole test suite pass."}]

@@ -114,7 +114,8 @@ def _store_option(f: Any) -> Any:
               min_open=True), default=None, show_envvar=True,
               help="Share of the window the kept tool outputs may take whole, and at most half the room the tool "
                    "definitions leave under the threshold; past it the older ones are masked too, so masking comes "
-                   "before a summary (1: only --keep-tool-outputs counts) [default: 1; 0.25 is the measured option, issue 19]")
+                   "before a summary (1: only --keep-tool-outputs counts; 0.25 is the measured option, issue 19) "
+                   "[default: 1]")
 @click.option("--keep-user-words", envvar="CTXPROXY_KEEP_USER_WORDS", type=click.IntRange(min=0), default=None,
               show_envvar=True, help="Tokens of the user's own messages carried verbatim into a summary; over it "
                                      "the oldest long ones are clipped [default: 10% of the window]")

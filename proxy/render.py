@@ -25,8 +25,9 @@ from typing import Any
 import orjson
 
 from proxy.blocks import message_blocks, role_label
-from proxy.context.engine import ContextEngine, PreparedView
+from proxy.context.engine import ContextEngine
 from proxy.context.lineage import ConversationState
+from proxy.context.prepared import PreparedView
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact

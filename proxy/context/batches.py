@@ -19,22 +19,57 @@ replica is never overwritten, only planned again at the next step.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal, Protocol
 
 import orjson
 
+from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint
+from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState
-from proxy.context.masking import first_unmasked, mask_end
+from proxy.context.masking import Masker, first_unmasked, mask_end
+from proxy.context.prepared import PreparedView
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
 
-if TYPE_CHECKING:
-    from proxy.context.engine import ContextEngine, PreparedView
+
+class MaskingSettings(Protocol):
+    @property
+    def keep_tool_outputs(self) -> int: ...
+
+    @property
+    def mask_batch_share(self) -> float | None: ...
+
+
+class MaskingEngine(Protocol):
+    """What a masking batch needs of the engine (``ContextEngine`` is one). A protocol, so that the engine imports
+    this module and this module never imports the engine."""
+
+    clock: Callable[[], float]
+
+    @property
+    def settings(self) -> MaskingSettings: ...
+
+    @property
+    def masker(self) -> Masker: ...
+
+    @property
+    def history(self) -> HistoryManager: ...
+
+    def policy(self, window: int) -> ContextBudgetPolicy: ...
+
+    def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
+
+    def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
+             dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
+             fit: bool = True, checkpoint: Checkpoint | None = None) -> PreparedView: ...
+
+    def observe(self, key: SessionKey, trigger: Literal["proactive"], result: CompactionResult,
+                started: float) -> CompactionResult: ...
 
 #: A batch frees at most this part of the room beside the tool definitions under the threshold.
 BATCH_ROOM_DIVISOR = 4
@@ -54,7 +89,7 @@ def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | No
         return None
 
 
-def maskable(engine: ContextEngine, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState,
+def maskable(engine: MaskingEngine, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState,
              previous: Checkpoint | None, *, dialect: ItemModel, window: int,
              room: int | None = None) -> tuple[int, int]:
     """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs, fewer when they
@@ -71,7 +106,7 @@ def maskable(engine: ContextEngine, messages: Sequence[Message], hashes: Sequenc
     return end, engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count)
 
 
-async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
+async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                      state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
                      window: int, tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
     """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
@@ -112,7 +147,7 @@ async def mask_batch(engine: ContextEngine, key: SessionKey, messages: Sequence[
                        fit=False)
     if view.checkpoint != candidate:
         return view  # another reduction came first: this step goes with it
-    engine._observe(key, "proactive", CompactionResult("ok", candidate, prepared.estimate.tokens, view.estimate.tokens,
+    engine.observe(key, "proactive", CompactionResult("ok", candidate, prepared.estimate.tokens, view.estimate.tokens,
                                                      f"masked a batch of tool outputs before #{end}", tier="mask"),
                   started)
     return replace(view, compacted="proactive")

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from proxy.context.background import BackgroundCompactions
 from proxy.context.batches import checkpoint_fact, mask_batch, maskable
-from proxy.context.budget import ContextBudgetPolicy, Estimate, UsageSample
+from proxy.context.budget import ContextBudgetPolicy, UsageSample
 from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
@@ -27,6 +27,7 @@ from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.masking import Masker
+from proxy.context.prepared import Compacted, PreparedView
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
@@ -40,7 +41,6 @@ from proxy.types import Message
 logger = logging.getLogger(__name__)
 
 Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
-Compacted = Literal["none", "proactive", "reactive", "background"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 DEFAULT_WINDOW = 128_000
@@ -81,30 +81,6 @@ class EngineSettings:
     mask_batch_share: float | None = 0.125
     #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
     artifact_share: float = 0.10
-
-
-@dataclass(frozen=True)
-class PreparedView:
-    """What to send upstream. ``changed`` is False when it is the client's conversation as sent.
-
-    ``threshold`` is where compaction starts, ``limit`` what the upstream would
-    refuse; ``clipped`` names the positions of the view whose tool results were cut to get under ``limit``.
-    """
-
-    messages: list[Message]
-    changed: bool
-    estimate: Estimate
-    checkpoint: Checkpoint | None
-    compacted: Compacted
-    threshold: int
-    limit: int
-    clipped: tuple[int, ...] = ()
-
-    @property
-    def view_key(self) -> str:
-        """Names the view's base for a later ``UsageSample``; a clipped view's count fits no other view."""
-        key = self.checkpoint.view_key if self.checkpoint is not None else ""
-        return f"{key}+clipped" if self.clipped else key
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -384,7 +360,7 @@ class ContextEngine:
         # answers at once where it may stand in, instead of a request waiting out another summary timeout.
         use_model = model_call and (trigger == "manual" or self.backoff.allowed(session))
         if not use_model and not fallback:
-            return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "failure backoff open"),
+            return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, "failure backoff open"),
                                  started), self.history.cached(key)
         state: ConversationState | None
         try:
@@ -393,7 +369,7 @@ class ContextEngine:
             async with self.lock.held(key) as taken:
                 state = await self.history.state(key, refresh=True)
                 if not taken:
-                    return self._observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
+                    return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
                                          started), state
                 previous = active_checkpoint(state, hashes)
                 fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
@@ -401,7 +377,7 @@ class ContextEngine:
                 if (threshold is not None and previous is not None and level == 0
                         and fresh.estimate.tokens <= threshold):  # another request compacted while we waited
                     skipped = CompactionResult("skipped", None, 0, 0, "already compacted")
-                    return self._observe(key, trigger, skipped, started), state
+                    return self.observe(key, trigger, skipped, started), state
                 system = leading_system_count(dialect, messages)
                 policy = self.policy(window)
                 # Room for HEADROOM_STEPS steps below where the next background summary starts (budget.py).
@@ -418,7 +394,8 @@ class ContextEngine:
                 seqs, keys = state.entries_for(hashes, len(hashes))
                 result = await self._compactor(complete, window, dialect, fresh.threshold, tools).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
-                    min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target, seqs=seqs, keys=keys,
+                    min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
+                    seqs=seqs, keys=keys,
                     fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state = await self._record(key, result.checkpoint, dialect, previous, hashes,
@@ -431,7 +408,7 @@ class ContextEngine:
             state = self.history.cached(key)
         if use_model:  # a compaction that never called the model tells the backoff nothing new
             self.backoff.record(session, "failed" if result.summary_error else result.outcome)
-        return self._observe(key, trigger, result, started), state
+        return self.observe(key, trigger, result, started), state
 
     def _compactor(self, complete: Complete, window: int, dialect: ItemModel, threshold: int | None = None,
                    tools: Sequence[Any] | None = None) -> ContextCompactor:
@@ -503,7 +480,7 @@ class ContextEngine:
 
         return await self.history.append_planned(key, plan)
 
-    def _observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
+    def observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
                  started: float) -> CompactionResult:
         elapsed = time.perf_counter() - started
         logger.info("compaction session trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", trigger, result.outcome,

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.context.engine import PreparedView
+from proxy.context.prepared import PreparedView
 from proxy.dialects import MESSAGES, RESPONSES
 from proxy.errors import ProxyError
 from proxy.http.frontdoor import Turn, open_turn

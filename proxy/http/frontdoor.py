@@ -22,9 +22,10 @@ from aiohttp.typedefs import Handler
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
 from proxy.context.budget import retry_limit
-from proxy.context.engine import ContextEngine, PreparedView
+from proxy.context.engine import ContextEngine
 from proxy.context.items import Item, leading_system_count
 from proxy.context.lineage import ConversationState
+from proxy.context.prepared import PreparedView
 from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
 from proxy.dialects.base import Dialect, ParsedRequest, with_fields

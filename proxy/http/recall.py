@@ -39,9 +39,9 @@ import orjson
 
 from proxy.context.budget import ContextBudgetPolicy, Estimate
 from proxy.context.clipping import CLIP_MARKER, cut_text
-from proxy.context.engine import PreparedView
 from proxy.context.items import Item, get_path
 from proxy.context.masking import output_text
+from proxy.context.prepared import PreparedView
 from proxy.dialects.base import Dialect
 from proxy.errors import StoreError
 from proxy.http.relay import RelayTiming, event_data
