@@ -76,14 +76,22 @@ async def test_a_streaming_client_gets_a_streamed_summary_assembled(make_proxy, 
     assert "## 8. Identifiers" in summary, "every streamed piece was put together"
 
 
-async def test_the_codex_backend_takes_the_summary_of_a_codex_run(aiohttp_server, aiohttp_client,
-                                                                  tmp_path: Path) -> None:
+async def codex_backend_run(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path,
+                            window: int) -> tuple[FakeResponses, Any, Codex]:
+    """Eight Codex steps against a fake that, as the ChatGPT Codex backend, wants ``stream: true`` and refuses
+    ``max_output_tokens``."""
     fake = FakeResponses(Script(steps=20))
     fake.require_stream = fake.reject_max_output_tokens = True
-    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=3000)
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=window)
     codex = Codex(proxy)
     for _ in range(8):
         await codex.step()
+    return fake, proxy, codex
+
+
+async def test_the_codex_backend_takes_the_summary_of_a_codex_run(aiohttp_server, aiohttp_client,
+                                                                  tmp_path: Path) -> None:
+    fake, proxy, codex = await codex_backend_run(aiohttp_server, aiohttp_client, tmp_path, window=3_000)
     assert [r for r in fake.requests if r.status != 200] == []
     summaries = [r for r in fake.requests if r.kind == "summary"]
     assert summaries and all(r.body["stream"] is True and "max_output_tokens" not in r.body for r in summaries)
@@ -211,12 +219,7 @@ def test_a_messages_summary_keeps_the_system_and_always_bounds_its_answer(thinki
 async def test_a_summary_for_codexs_compact_endpoint_streams_unstored(aiohttp_server, aiohttp_client,
                                                                       tmp_path: Path) -> None:
     """``POST /v1/responses/compact`` carries no ``stream``: its summary streams anyway, as Codex's turns do."""
-    fake = FakeResponses(Script(steps=20))
-    fake.require_stream = fake.reject_max_output_tokens = True
-    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=4_000)
-    codex = Codex(proxy)
-    for _ in range(8):
-        await codex.step()
+    fake, proxy, codex = await codex_backend_run(aiohttp_server, aiohttp_client, tmp_path, window=4_000)
     assert not [r for r in fake.requests if r.kind == "summary"], "no checkpoint yet: the endpoint must make one"
     resp = await proxy.post("/v1/responses/compact", data=orjson.dumps({"model": "gpt-5.5", "input": codex.items}),
                             headers={"Authorization": f"Bearer {KEY}", "session_id": codex.session})

@@ -93,6 +93,11 @@ def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageS
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
 
 
+def _backoff_key(key: SessionKey) -> str:
+    """The failure backoff's name for a session."""
+    return f"{key.tenant}:{key.session}"
+
+
 def _failed(job: asyncio.Task[Any]) -> bool:
     """Whether a background compaction ended without a usable outcome (failed, timed out, cancelled, raised)."""
     if job.cancelled() or job.exception() is not None:
@@ -274,7 +279,7 @@ class ContextEngine:
         # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output) or prepared
-        allowed = state is not None and self.backoff.allowed(f"{key.tenant}:{key.session}")
+        allowed = state is not None and self.backoff.allowed(_backoff_key(key))
         soft = self.soft_threshold(window, prepared.threshold, dialect, messages, hashes, tools)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
         # while masking what is maskable now would bring the view under it (tier 1 comes first, and is free).
@@ -304,7 +309,7 @@ class ContextEngine:
             if _failed(job):  # one summary attempt per request: a failed job is not tried again at once
                 ask_model = False
             else:  # it made a checkpoint for an earlier step, or skipped: this request compacts further itself
-                allowed = self.backoff.allowed(f"{key.tenant}:{key.session}")
+                allowed = self.backoff.allowed(_backoff_key(key))
             latest = after
         over = latest.estimate.tokens > latest.limit
         if (not allowed or not ask_model) and not (over and state is not None):
@@ -355,7 +360,7 @@ class ContextEngine:
         when open, then skips the summary call altogether.
         """
         started = time.perf_counter()
-        session = f"{key.tenant}:{key.session}"
+        session = _backoff_key(key)
         # With the backoff open the model is not asked (a manual compaction always asks): the model-free tier
         # answers at once where it may stand in, instead of a request waiting out another summary timeout.
         use_model = model_call and (trigger == "manual" or self.backoff.allowed(session))
