@@ -12,6 +12,7 @@ deadline.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 import time
@@ -128,6 +129,50 @@ async def test_a_log_that_lost_its_tail_is_read_again_and_written_again(
     assert reloads(caplog) == 1
     if isinstance(store, RedisFactLog):
         assert await appends_run(store.client) == 2  # one conflict, then the append that heals: no spinning
+
+
+class HeldRead:
+    """``store`` with the answer of one read, once armed, held until ``release``: a catch-up read in flight, made
+    visible (the store is the real one; only the moment its answer arrives is chosen by the test)."""
+
+    def __init__(self, store: FactLog) -> None:
+        self.store, self.armed, self.held, self.release = store, False, asyncio.Event(), asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
+        facts = await self.store.read(key, after, limit)
+        if self.armed:
+            self.armed = False
+            self.held.set()
+            await self.release.wait()
+        return facts
+
+
+async def test_a_read_in_flight_while_this_process_appends_is_no_lost_tail(
+        store: FactLog, caplog: pytest.LogCaptureFixture) -> None:
+    """A request catching up reads the log; before the answer arrives, a background compaction or another request
+    of this process appends and folds its facts into the same cached state. The read's answer then ends before the
+    state does, which is no sign of a lost tail: nothing is reloaded, and what comes next is planned on the state
+    that holds every fact (a reload here once wrote a background checkpoint twice)."""
+    log = HeldRead(store)
+    history = HistoryManager(log, clock=time.time)  # type: ignore[arg-type]
+    await sync_chat(history, KEY, CONVERSATION[:4], upstream_from=3)
+    caplog.set_level(logging.WARNING, "proxy.context.history")
+    log.armed = True
+    reader = asyncio.create_task(history.state(KEY, refresh=True))
+    await log.held.wait()  # the read has its answer: the log as it was, 4 entries
+    await sync_chat(history, KEY, CONVERSATION[:8], upstream_from=7)  # this process appends meanwhile
+    log.release.set()
+
+    state = await reader
+    assert reloads(caplog) == 0
+    assert state is history.cached(KEY) and state.next_seq == 8
+    await sync_chat(history, KEY, CONVERSATION[:10], upstream_from=9)
+    facts = await read_log(store, KEY)
+    assert len(facts) == 10
+    assert_healed(facts, CONVERSATION[:10])
 
 
 @pytest.mark.parametrize("written_again", [4, 6], ids=["to-the-same-length", "past-it"])

@@ -172,11 +172,13 @@ class HistoryManager:
         """
         overlap = 1 if state.next_seq else 0
         while True:
-            facts = await self.log.read(key, after=state.next_seq - 1 - overlap, limit=CATCH_UP_PAGE)
+            # What the state held when the read was sent: a writer of this process may fold its own append
+            # into the same state while the read is out, and that is no sign of a lost tail.
+            seen, tail = state.next_seq - 1, state.tail
+            facts = await self.log.read(key, after=seen - overlap, limit=CATCH_UP_PAGE)
             if overlap:
                 last = facts[0] if facts else None
-                if last is None or last.seq != state.next_seq - 1 or (state.tail is not None
-                                                                      and last.digest != state.tail):
+                if last is None or last.seq != seen or (tail is not None and last.digest != tail):
                     return await self._reload(key, state)
                 overlap = 0
             for fact in facts:
