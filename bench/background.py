@@ -1,9 +1,11 @@
 """How long an agent's steps wait on compaction, with the summary written in the background and without.
 
-Run: ``python3 -m bench.background [--steps 60] [--step-seconds 0.6] [--summary-seconds 3]``
+Run: ``python3 -m bench.background [--steps 60] [--step-seconds 0.6] [--summary-seconds 3] [--thought-words 150]``
 
 An agent sends a request, "thinks" ``--step-seconds``, sends the next; each step
-adds a tool output. The fake upstream (in this process, an aiohttp server on
+adds a tool output and ``--thought-words`` of the model's own text (which masking
+cannot free: with tool outputs alone, masking keeps the run under the trigger and
+no summary is ever asked for). The fake upstream (in this process, an aiohttp server on
 127.0.0.1) answers turns at once and takes ``--summary-seconds`` to write a
 summary. The run goes twice through the proxy (a SQLite store in a temp dir):
 with background compaction (``--precompact-threshold 0.6``, the default) and
@@ -30,6 +32,7 @@ from proxy.app import create_app
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.settings import Settings
+from tests.fakeupstream import is_summary_request
 
 WINDOW = 16_000
 TITLES = ("Goals", "Work completed", "Key decisions", "Files touched", "Errors", "Current state", "Next steps",
@@ -40,8 +43,10 @@ WORDS = ("parser", "module", "config", "request", "handler", "buffer", "socket",
 
 
 class Upstream:
-    def __init__(self, summary_seconds: float) -> None:
+    def __init__(self, summary_seconds: float, thought_words: int) -> None:
         self.summary_seconds = summary_seconds
+        self.thought_words = thought_words
+        self.rng = random.Random(2)
         self.summaries = 0
         self.largest = 0
         self.counter = TokenCounter()
@@ -50,7 +55,7 @@ class Upstream:
     async def chat(self, request: web.Request) -> web.Response:
         body = await request.json(loads=orjson.loads)
         messages = body["messages"]
-        if str(messages[0].get("content", "")).startswith("You maintain the working memory"):
+        if is_summary_request(messages):  # the proxy's summary call, in the client's own request's shape
             self.summaries += 1
             await asyncio.sleep(self.summary_seconds)  # a slow summary model
             return web.json_response({"choices": [{"index": 0, "finish_reason": "stop",
@@ -58,14 +63,16 @@ class Upstream:
         self.largest = max(self.largest, sum(self.counter.message_tokens(CHAT, m) for m in messages))
         self.step += 1
         call = {"id": f"c{self.step}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
+        thought = " ".join(self.rng.choice(WORDS) for _ in range(self.thought_words)) or None
         return web.json_response({"choices": [{"index": 0, "finish_reason": "tool_calls",
-                                               "message": {"role": "assistant", "content": None,
+                                               "message": {"role": "assistant", "content": thought,
                                                            "tool_calls": [call]}}],
                                   "usage": {"prompt_tokens": 0, "completion_tokens": 1, "total_tokens": 1}})
 
 
-async def run(precompact: float, steps: int, step_seconds: float, summary_seconds: float) -> dict[str, Any]:
-    fake = Upstream(summary_seconds)
+async def run(precompact: float, steps: int, step_seconds: float, summary_seconds: float,
+              thought_words: int) -> dict[str, Any]:
+    fake = Upstream(summary_seconds, thought_words)
     app = web.Application()
     app.router.add_post("/v1/chat/completions", fake.chat)
     rng = random.Random(1)
@@ -93,11 +100,12 @@ async def run(precompact: float, steps: int, step_seconds: float, summary_second
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    print(f"{args.steps} steps of {args.step_seconds} s, summaries of {args.summary_seconds} s, window {WINDOW}")
+    print(f"{args.steps} steps of {args.step_seconds} s, summaries of {args.summary_seconds} s, window {WINDOW}, "
+          f"{args.thought_words} words of text per step")
     print("| precompact threshold | slowest step (s) | steps ≥ 2 s | summary calls | largest prompt (tokens) |")
     print("| --- | --- | --- | --- | --- |")
     for precompact in (0.6, 1.0):
-        r = await run(precompact, args.steps, args.step_seconds, args.summary_seconds)
+        r = await run(precompact, args.steps, args.step_seconds, args.summary_seconds, args.thought_words)
         print(f"| {r['precompact']} | {r['slowest']:.2f} | {r['slow_steps']} | {r['summaries']} | {r['largest']:,} |")
 
 
@@ -106,6 +114,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--step-seconds", type=float, default=0.6)
     parser.add_argument("--summary-seconds", type=float, default=3.0)
+    parser.add_argument("--thought-words", type=int, default=150,
+                        help="words of text in each assistant step (what masking cannot free)")
     asyncio.run(main_async(parser.parse_args()))
 
 

@@ -15,6 +15,8 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
+from proxy.context.masking import KEEP_OUTPUTS_SHARE
+
 
 class Secret(str):
     """A credential: behaves as the string it wraps but never prints itself."""
@@ -84,7 +86,7 @@ class Settings:
     #: Recent tool outputs never masked (the last N items holding tool output).
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole (past it the older ones are masked too); 1: count only.
-    keep_tool_output_share: float = 1.0
+    keep_tool_output_share: float = KEEP_OUTPUTS_SHARE
     #: Tokens of the user's own words carried verbatim into a summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.

@@ -505,7 +505,7 @@ def test_compaction_is_well_formed_fits_and_leaves_its_input_alone(
     strict = role_error(messages) is None
     assert_well_formed(projection.build(messages, first), had_system or (placement == "system" and first.summarises),
                        strict)
-    counts = engine.message_counts(messages, hashes)
+    counts = engine.tail_counts(messages, hashes, first.masked_until, (), ())  # the tail is budgeted as shown
     effective = budget >> level
     if result.tier == "mask":  # the summary was not worth its call; masking alone freed enough
         assert first.summary == "" and not model.prompts and first.masks
@@ -606,3 +606,44 @@ async def test_the_gain_is_measured_against_the_whole_request_fixed_part_include
                                             fixed=5_000, min_gain=0.0)
     assert over.outcome == "ok", "over the window any gain counts, as before"
 
+
+
+# ---- compactions that last (issue 19, item 7) -----------------------------------------------------------------
+
+
+def test_a_last_step_over_the_budget_keeps_the_step_before_when_that_one_fits() -> None:
+    """Counted as the view shows them (a masked step is its placeholders), the step before an over-budget last step
+    stays in the tail: a tail of the last step alone began with the output the next step masks."""
+    assert plan_retain_start(CHAT, AGENT, AGENT_COUNTS, 10, 6) == 6  # 1 + 5 fit; 8 alone would be the tail
+    assert plan_retain_start(CHAT, AGENT, AGENT_COUNTS, 10, 5) == 8  # the step before does not fit either
+
+
+async def test_the_tail_is_budgeted_in_the_tokens_the_view_shows() -> None:
+    """Outputs already masked cost their placeholders in the tail's budget, so a summary keeps the masked steps
+    before the last one instead of a tail of the last step alone."""
+    messages = tool_loop(12, size=2_000)
+    hashes = hashes_of(messages)
+    masking = ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                               projection=ProjectionBuilder(CHAT), min_retain_rounds=1, keep_tool_outputs=1)
+    result = await masking.compact(messages, hashes, None, budget=900, model="m")  # the last step is 674
+    assert result.outcome == "ok" and result.checkpoint is not None and result.checkpoint.summary
+    checkpoint = result.checkpoint
+    kept = len(messages) - checkpoint.retain_start_idx
+    assert kept > 2, "more than the last step"
+    assert checkpoint.masked_until > checkpoint.retain_start_idx, "the steps kept before it are masked"
+    shown = masking.tail_counts(messages, hashes, checkpoint.masked_until, (), ())[checkpoint.retain_start_idx:]
+    whole = masking.message_counts(messages, hashes)[checkpoint.retain_start_idx:]
+    assert sum(shown) + 1 <= 900 < sum(whole), "within the budget as shown (with the re-inserted 'go'), not whole"
+
+
+async def test_a_summary_whose_carried_words_eat_its_gain_is_not_asked_for() -> None:
+    """The worth test counts what the checkpoint will carry (the user's words) and the summary itself: judged
+    without them, the call was made and its answer thrown away ("summary left it over 90%")."""
+    messages = chat(13)
+    model = Model()
+    carrying = ContextCompactor(SummaryGenerator(model), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                                projection=ProjectionBuilder(CHAT), min_retain_rounds=10,
+                                measure=ContextBudgetPolicy(estimator="chars"), user_words_budget=1_000)
+    result = await carrying.compact(messages, hashes_of(messages), None, budget=10_000, model="m")
+    assert (result.outcome, result.detail) == ("skipped", "would free under 10%")
+    assert model.prompts == [], "no call whose answer could not be used"

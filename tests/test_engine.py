@@ -30,11 +30,11 @@ WINDOW = 4_000
 ROOMY = {"context_window": 20_000, "compression_threshold": 0.1}
 
 
-def conversation(rounds: int, seed: int = 1) -> list[dict[str, Any]]:
+def conversation(rounds: int, seed: int = 1, question: int = 120) -> list[dict[str, Any]]:
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
     for i in range(rounds):
-        messages.append({"role": "user", "content": f"question {i} " + prose(rng, 120)})
+        messages.append({"role": "user", "content": f"question {i} " + prose(rng, question)})
         messages.append({"role": "assistant", "content": f"answer {i} " + prose(rng, 120)})
     return messages
 
@@ -178,7 +178,9 @@ async def test_over_the_hard_limit_a_failed_summary_gives_way_to_the_model_free_
 
 async def test_three_failures_pause_proactive_compaction(store: FactLog) -> None:
     engine = engine_over(store, **ROOMY)
-    messages = conversation(10)
+    # Short questions: a summary pays here (with long ones, the user's words it must carry ate what it freed, and
+    # the compaction is judged not worth a call before it is made).
+    messages = conversation(16, question=10)
     failing = Summariser(error=RuntimeError("down"))
     for _ in range(5):
         await prepare(engine, messages, failing)

@@ -141,16 +141,17 @@ class ContextBudgetPolicy:
         The share applies to the room beside the ``fixed`` part (the tool
         definitions): 9k of tools in a 16k window left 350 tokens of messages
         under a soft threshold at 60 % of the window, and a summary started at
-        every step. It starts at least one step's ``growth`` below the
-        trigger, so the summary is in before a request reaches the trigger.
+        every step. It starts at least ``growth`` below the trigger (the steps
+        a summary takes, ``proxy.context.pace``), so the summary is in before a
+        request reaches the trigger.
         """
         soft = int(self.context_window * share)
         full = int(self.context_window * self.compression_threshold)
         scaled = min(soft * threshold // max(1, full), threshold)
-        if fixed <= 0 or fixed >= threshold or scaled >= threshold:
+        if fixed >= threshold or scaled >= threshold:
             return scaled
-        room = threshold - fixed
-        return min(fixed + scaled * room // threshold, max(fixed, threshold - growth))
+        room = threshold - max(0, fixed)
+        return min(max(0, fixed) + scaled * room // threshold, max(fixed, threshold - growth))
 
     def hard_limit(self, max_output_tokens: int | None = None) -> int:
         """Prompt tokens the view must stay under: the window less the room kept for the answer.

@@ -47,6 +47,14 @@ DEFAULT_RETAIN_FRACTION = 0.35
 DEFAULT_MIN_GAIN = 0.10
 #: Tool outputs never masked: the last ten (``--keep-tool-outputs``), as in "The Complexity Trap".
 DEFAULT_KEEP_TOOL_OUTPUTS = 10
+#: The most a first summary is taken to cost when judging whether it is worth its call (a later one is taken to be
+#: the size of the one before it): the eight sections answered briefly.
+FIRST_SUMMARY_TOKENS = 400
+
+
+def first_summary_tokens(covered: int) -> int:
+    """What a first summary of ``covered`` tokens is taken to cost: a quarter of them, at most FIRST_SUMMARY_TOKENS."""
+    return min(FIRST_SUMMARY_TOKENS, covered // 4)
 
 
 #: The artifact trail for a checkpoint: from the previous one's artifacts (JSON form), the conversation, the range
@@ -69,7 +77,11 @@ def plan_retain_start(
     points (``cut_points``: never between a call and its result, nor after an
     item that travels with the next). When nothing fits, the tail is the last
     step alone: the smallest well-formed tail. Returns the first non-system
-    index when there is nothing to split off.
+    index when there is nothing to split off. A last step over the budget
+    keeps the step before it when that one alone fits (``counts`` are view
+    tokens: a masked step costs its placeholders): the last step's output is
+    the one the next step masks, and a tail that began with it changed the
+    view's head twice per summary.
     """
     if len(counts) != len(messages):
         raise ValueError(f"{len(counts)} counts for {len(messages)} messages")
@@ -93,7 +105,10 @@ def plan_retain_start(
             opener = i
         if i in at_cut and i >= by_rounds and suffix[i] + reinserted <= retain_budget:
             return i
-    return cuts[-1]
+    last = cuts[-1]
+    if len(cuts) > 1 and suffix[cuts[-2]] - suffix[last] <= retain_budget:
+        return cuts[-2]  # the step before fits alone (it is masked): the next masking batch leaves the head as it is
+    return last
 
 
 class CompactionBackoff:
@@ -189,6 +204,20 @@ class ContextCompactor:
     def message_counts(self, messages: Sequence[Message], hashes: Sequence[str]) -> list[int]:
         return [self.count(message, digest) for message, digest in zip(messages, hashes, strict=True)]
 
+    def tail_counts(self, messages: Sequence[Message], hashes: Sequence[str], masked_until: int,
+                    seqs: Sequence[int], keys: Sequence[str]) -> list[int]:
+        """Tokens of each item as the compacted view shows it: an output before ``masked_until`` costs its
+        placeholder. The retained tail is budgeted in view tokens; counted whole, the masked steps before the last
+        one each cost a full output, the tail of a summary was the last step alone, and the next step's masking
+        changed the view's head again (two prefix changes per summary, 15 in 60 steps with 9k of tools)."""
+        counts = self.message_counts(messages, hashes)
+        masker = self.projection.masker
+        for index in range(leading_system_count(self.projection.dialect, messages), masked_until):
+            shown = masker.item(self.projection.dialect, messages, index, seqs, keys)
+            if shown is not messages[index]:
+                counts[index] = self.count(shown, masker.digests.get(id(shown)))
+        return counts
+
     async def compact(
         self,
         messages: Sequence[Message],
@@ -253,7 +282,7 @@ class ContextCompactor:
                                            f"masked tool outputs before #{masked_until}", tier="mask")
                 if mask_target is not None and after <= mask_target:
                     return masking
-        counts = self.message_counts(messages, hashes)
+        counts = self.tail_counts(messages, hashes, masked_until, seqs, keys)
         start = plan_retain_start(dialect, messages, counts, max(1, self.min_retain_rounds >> level),
                                   max(1, budget >> level))
         split_from = previous.retain_start_idx if previous is not None else system_end
@@ -263,12 +292,17 @@ class ContextCompactor:
             return masking or CompactionResult("skipped", None, before, before, "nothing new to summarise")
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
-        standin = previous.summary if previous is not None else ""
-        if start > split_from and not worth(tokens(Checkpoint(
-                standin, start, "", opener, 0, 0, model, 0.0, masked_until,
-                previous.user_words if previous is not None else ()))):
-            return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
+        # Worth a summary call? Judged on the checkpoint it would make, with what the proxy carries and a summary
+        # the size of the last one (a first one: ``first_summary_tokens``): judged without them, 11 of 20 calls in
+        # 60 steps with 9k of tools were thrown away after the call ("summary left it over 90 %").
+        last = previous.summary if previous is not None else ""
+        if start > split_from and not worth(tokens(reduced_checkpoint(
+                summary=last, summary_end=start, start=start, opener=opener, hashes=hashes,
+                masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs,
+                model=model, created_at=0.0, tokens_before=before)) + (0 if last else first_summary_tokens(
+                    sum(counts[base:start])))):
+            return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         summary, summary_end, detail, error, outcome = await self._summary(
             messages, previous, base, start, instructions, use_model)
         if error is not None and not fallback:

@@ -26,7 +26,8 @@ from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.masking import Masker
+from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
+from proxy.context.pace import SessionPace
 from proxy.context.prepared import Compacted, PreparedView
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
@@ -70,8 +71,7 @@ class EngineSettings:
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole: past it, the older of them are masked as well (1: no
     #: token budget, only the count).
-    #: 1: the kept outputs are a count only (the default until the token budget is validated end to end: issue 19).
-    keep_tool_output_share: float = 1.0
+    keep_tool_output_share: float = KEEP_OUTPUTS_SHARE
     #: Tokens of user words carried verbatim into the summary; None: 10 % of the window.
     keep_user_words: int | None = None
     #: Placeholders tell the model it may call ``ctxproxy_recall`` (``--recall-tool``) instead of re-running.
@@ -149,6 +149,8 @@ class ContextEngine:
         #: Told how long each request over the trigger waited on a compaction (0: it did not).
         self.wait_observer = wait_observer
         self.background = BackgroundCompactions()
+        #: How fast each session steps and how long its summaries take: how far ahead a background summary starts.
+        self.pace = SessionPace(time.monotonic)
         self.lock = CompactionLock(history.log, wait=settings.summary_timeout)
         self.counter = counter if counter is not None else TokenCounter()
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
@@ -271,6 +273,7 @@ class ContextEngine:
         the conversation so that its checkpoint covers logged messages.
         """
         window = self.window_for(model)
+        self.pace.step(key)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
         prepared = self.view(messages, hashes, state, fit=False, **options)
         if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
@@ -280,7 +283,7 @@ class ContextEngine:
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
-        soft = self.soft_threshold(window, prepared.threshold, dialect, messages, hashes, tools)
+        soft = self.soft_threshold(key, window, prepared.threshold, dialect, messages, hashes, tools)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
         # while masking what is maskable now would bring the view under it (tier 1 comes first, and is free).
         ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
@@ -387,7 +390,7 @@ class ContextEngine:
                 policy = self.policy(window)
                 # Room for HEADROOM_STEPS steps below where the next background summary starts (budget.py).
                 growth = step_tokens(policy, dialect, messages, hashes)
-                soft = self.soft_threshold(window, fresh.threshold, dialect, messages, hashes, tools)
+                soft = self.soft_threshold(key, window, fresh.threshold, dialect, messages, hashes, tools)
                 budget = policy.tail_budget(
                     dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
@@ -445,13 +448,15 @@ class ContextEngine:
         budget = int(window * self.settings.keep_tool_output_share)
         return max(1, min(budget, room // 2) if room is not None else budget)
 
-    def soft_threshold(self, window: int, threshold: int, dialect: ItemModel, messages: Sequence[Message],
-                       hashes: Sequence[str], tools: Sequence[Any] | None) -> int:
+    def soft_threshold(self, key: SessionKey, window: int, threshold: int, dialect: ItemModel,
+                       messages: Sequence[Message], hashes: Sequence[str], tools: Sequence[Any] | None) -> int:
         """Where a background summary starts (``ContextBudgetPolicy.soft_threshold``): the share applied to the
-        room beside the tool definitions, and one step of growth before the trigger."""
+        room beside the tool definitions, and as many steps of growth before the trigger as the session's
+        summaries take of its steps (``proxy.context.pace``), one at least."""
         policy = self.policy(window)
+        growth = step_tokens(policy, dialect, messages, hashes) * self.pace.steps_ahead(key)
         return policy.soft_threshold(self.settings.precompact_threshold, threshold, policy.tools_tokens(tools),
-                                     step_tokens(policy, dialect, messages, hashes))
+                                     growth)
 
     def user_words_budget(self, window: int) -> int:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""
@@ -488,6 +493,8 @@ class ContextEngine:
     def observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
                  started: float) -> CompactionResult:
         elapsed = time.perf_counter() - started
+        if result.outcome == "ok" and result.tier == "summary":
+            self.pace.summarised(key, elapsed)
         logger.info("compaction session trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", trigger, result.outcome,
                     result.tokens_before, result.tokens_after, elapsed, result.detail)
         if self.observer is not None:
