@@ -102,7 +102,7 @@ async def test_at_the_threshold_masking_comes_first_when_it_reaches_the_target()
 
 
 async def test_when_masking_cannot_reach_the_target_a_summary_masks_its_tail_too() -> None:
-    messages = run(24)
+    messages = run(40)  # masked stubs of 30 steps: enough for a summary to be worth its call
     hashes = [message_hash(m) for m in messages]
     summariser = Summariser()
     result = await compactor(summariser).compact(messages, hashes, None, budget=5_000, model="m", mask_target=500)

@@ -134,14 +134,17 @@ def test_tail_budget_leaves_room_under_the_effective_threshold() -> None:
     fits = {"head": head, "head_hashes": [message_hash(head[0])], "tools": None}
     measured = Estimate(2_000, None, None, 2_000)
     assert budget.tail_budget(CHAT, measured, 102_400, 44_800, summary=None, **fits) == 44_800  # the window's share
-    # Window 8,000 with max_tokens 5,500: threshold 2,500, so the view after compaction is at most 1,500.
-    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=None, **fits) == 1_200
+    # Window 8,000 with max_tokens 5,500: threshold 2,500; beside the 300 of the system message no compaction
+    # frees, the view after compaction takes 60 % of the 2,200 left: 1,620, of which the tail 1,320.
+    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=None, **fits) == 1_320
     summary = "s " * 96  # 100 tokens: the next summary is taken to be as long
-    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=summary, **fits) == 1_100
-    # The upstream reports 1.5 tokens per local one: the view may take 1,000 local tokens.
-    assert budget.tail_budget(CHAT, Estimate(3_000, None, 3_000, 2_000), 2_500, 2_800, summary=None, **fits) == 700
-    # nothing left: the last step alone
-    assert budget.tail_budget(CHAT, measured, 400, 2_800, summary=None, **fits) == 1
+    assert budget.tail_budget(CHAT, measured, 2_500, 2_800, summary=summary, **fits) == 1_220
+    # The upstream reports 1.5 tokens per local one: the view may take 1,080 local tokens.
+    assert budget.tail_budget(CHAT, Estimate(3_000, None, 3_000, 2_000), 2_500, 2_800, summary=None, **fits) == 780
+    # A threshold just over the system message: the tail gets 60 % of the 100 beside it; nothing beside it: 1 (the
+    # last step alone).
+    assert budget.tail_budget(CHAT, measured, 400, 2_800, summary=None, **fits) == 60
+    assert budget.tail_budget(CHAT, measured, 300, 2_800, summary=None, **fits) == 1
 
 
 def test_a_retry_asks_for_less_than_was_refused() -> None:
@@ -217,3 +220,13 @@ def test_the_reduced_target_leaves_steps_of_growth_below_the_soft_threshold() ->
     assert budget.reduced_target(measured, 12_800, None, soft=9_600, growth=1_000) == 4_600
     # Never below a quarter of the room, whatever the growth.
     assert budget.reduced_target(measured, 12_800, None, soft=9_600, growth=5_000) == 3_200
+
+
+def test_the_leading_system_messages_are_part_of_what_no_compaction_frees() -> None:
+    """Codex sends 5.8k of developer and environment messages beside 2.2k of tools: counted as room to compact,
+    the soft threshold sat one step above where a summary left the view (9 summaries in 30 steps)."""
+    budget = ContextBudgetPolicy(16_000)
+    measured = Estimate(10_000, None, None, 10_000)
+    # 5,000 of leading messages: 60 % of the 7,800 beside them, the messages' target counting them.
+    assert budget.reduced_target(measured, 12_800, None, head=5_000) == 5_000 + 4_680
+    assert budget.reduced_target(measured, 12_800, None, head=5_000) > budget.reduced_target(measured, 12_800, None)

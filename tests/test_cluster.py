@@ -296,6 +296,7 @@ class Replica:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
         args = [sys.executable, "-m", "proxy", "serve", "--port", str(port), "--upstream", upstream,
                 "--store", store, "--context-window", str(WINDOW), "--precompact-threshold", "1",
+                "--keep-tool-output-share", "1",  # the summary path: masking would keep these runs under the trigger
                 "--log-level", "WARNING"]
         self.base = f"http://127.0.0.1:{port}"
         self.log = log

@@ -91,7 +91,27 @@ async def test_the_engine_starts_a_slow_sessions_summary_earlier(tmp_path) -> No
         return engine.soft_threshold(key, 16_000, 12_800, CHAT, messages, hashes, None)
 
     growth = step_tokens(engine.policy(16_000), CHAT, messages, hashes)
-    assert soft(fast) == 9_600, "a fast summary: the share decides"
+    head = engine.head_tokens(16_000, CHAT, messages, hashes)
+    assert soft(fast) == head + 9_600 * (12_800 - head) // 12_800, "a fast summary: the share decides"
     assert soft(slow) == 12_800 - 5 * growth < 9_600, "4 s of summary over 1 s steps: five steps of growth ahead"
+    await engine.aclose()
+    await log.aclose()
+
+
+async def test_the_soft_threshold_leaves_the_leading_system_messages_out_of_the_room(tmp_path) -> None:
+    log = await SqliteFactLog.open(tmp_path / "facts.db")
+    engine = ContextEngine(HistoryManager(log, clock=lambda: 0.0), EngineSettings(context_window=16_000),
+                           clock=lambda: 0.0)
+    short = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    long = [{"role": "system", "content": "rule " * 5_000}, {"role": "user", "content": "go"}]
+    key = SessionKey("t", "s")
+
+    def soft(messages: list[dict[str, str]]) -> int:
+        hashes = [message_hash(m) for m in messages]
+        return engine.soft_threshold(key, 16_000, 12_800, CHAT, messages, hashes, None)
+
+    head = engine.head_tokens(16_000, CHAT, long, [message_hash(m) for m in long])
+    assert head > 5_000
+    assert soft(long) == head + 9_600 * (12_800 - head) // 12_800 > soft(short) + 1_000, "the room beside the head"
     await engine.aclose()
     await log.aclose()

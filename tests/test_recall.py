@@ -239,10 +239,10 @@ async def test_recall_through_the_responses_and_messages_doors(aiohttp_server: A
 
 
 async def responses_proxy(aiohttp_server: Any, aiohttp_client: Any, store_url: str,
-                          fake: RecallingResponses) -> Any:
+                          fake: RecallingResponses, **overrides: Any) -> Any:
     upstream = await aiohttp_server(fake.app())
     return await aiohttp_client(create_app(Settings(upstream=str(upstream.make_url("/v1")), store=store_url,
-                                                    context_window=16_000, recall_tool=True)))
+                                                    context_window=16_000, recall_tool=True, **overrides)))
 
 
 def big_output_session() -> tuple[dict[str, Any], str]:
@@ -262,7 +262,8 @@ async def masked_entry(proxy: Any, fake: RecallingResponses, body: dict[str, Any
 async def test_recalls_get_the_room_left_in_the_window_and_never_send_a_view_over_it(
         aiohttp_server: Any, aiohttp_client: Any, store_url: str, stream: bool) -> None:
     fake = RecallingResponses(Script(steps=40), window=16_000)  # refuses what it counts over 16,000 tokens
-    proxy = await responses_proxy(aiohttp_server, aiohttp_client, store_url, fake)
+    # Kept outputs by count only: the other outputs stay whole, so the question brings the view near its limit.
+    proxy = await responses_proxy(aiohttp_server, aiohttp_client, store_url, fake, keep_tool_output_share=1.0)
     body, original = big_output_session()
     headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": f"tight-{stream}"}
     entry = await masked_entry(proxy, fake, body, headers)

@@ -147,7 +147,8 @@ def b_summaries(facts: list[Any]) -> set[str]:
 async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_proxy, fake: NumberedSummaries,
                                                                          route: str) -> None:
     # Masking off: it would make a summary unnecessary, and whose summary A's view carries is the point here.
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, keep_tool_outputs=1_000)
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, keep_tool_outputs=1_000,
+                             keep_tool_output_share=1.0)  # masking off: the summary path
     store = proxy.app[store_key]
     messages = conversation(1)
     session = fingerprint_session(CHAT, messages) if route == "auto" else SESSION
@@ -321,7 +322,7 @@ async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_prox
     """
     # Masking off: it would make the summary call, one of the routes checked here, unnecessary.
     proxy = await make_proxy(context_window=4096, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
-                             client_keys=(Secret(KEY_A),), keep_tool_outputs=1_000)
+                             client_keys=(Secret(KEY_A),), keep_tool_outputs=1_000, keep_tool_output_share=1.0)
     headers = {name: CLIENT_CREDENTIALS[name] for name in names}
     messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too
     for stream in (False, True):
@@ -381,7 +382,7 @@ async def test_keys_never_reach_logs_store_or_metrics(aiohttp_server, tmp_path: 
     fake = NumberedSummaries()
     upstream = await aiohttp_server(fake.app())
     proxy = ProxyProcess(str(upstream.make_url("/v1")), durable_store_url, tmp_path, [
-        "--log-level", "DEBUG", "--context-window", "4096", "--min-retain-rounds", "2",
+        "--log-level", "DEBUG", "--context-window", "4096", "--min-retain-rounds", "2", "--keep-tool-output-share", "1",
         "--admin-token", ADMIN_TOKEN, "--client-keys", f"{KEY_A},{KEY_B}"])
     secrets = [KEY_A, KEY_B, ADMIN_TOKEN, WRONG_KEY]
     try:

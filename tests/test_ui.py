@@ -263,7 +263,8 @@ async def test_a_rebuilt_request_is_exactly_what_went_upstream(make_proxy, fake)
 async def test_failed_compactions_are_marked_from_this_process_record(make_proxy, fake) -> None:
     # Past the threshold, far under the hard limit: a failed summary is a failure (over it, the model-free tier
     # would stand in; tests/test_no_run_dies.py).
-    proxy = await ui_proxy(make_proxy, context_window=20_000, compression_threshold=0.1, min_retain_rounds=2)
+    proxy = await ui_proxy(make_proxy, context_window=20_000, compression_threshold=0.1, min_retain_rounds=2,
+                           keep_tool_output_share=1.0)  # the summary path, not masking
     fake.summary_mode = "fail"
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 6)

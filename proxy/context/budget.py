@@ -170,9 +170,10 @@ class ContextBudgetPolicy:
         return self.context_window - reserve
 
     def reduced_target(self, current: Estimate, threshold: int, tools: Sequence[Any] | None, *,
-                       soft: int | None = None, growth: int = 0) -> int:
+                       soft: int | None = None, growth: int = 0, head: int = 0) -> int:
         """Tokens the messages of a reduced view may take: with the tool definitions it then sits at
-        ``POST_COMPACTION_SHARE`` of the room beside them under ``threshold``, and at least ``HEADROOM_STEPS``
+        ``POST_COMPACTION_SHARE`` of the room beside them (and the ``head``, the leading system messages' tokens:
+        no compaction frees either) under ``threshold``, and at least ``HEADROOM_STEPS``
         steps of ``growth`` below ``soft`` (where the next background summary starts), though never below
         ``MIN_POST_SHARE`` of that room: a steady run grows that long before the next reduction.
 
@@ -182,12 +183,13 @@ class ContextBudgetPolicy:
         """
         local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
         scale = max(1.0, current.tokens / local)
-        fixed = self.tools_tokens(tools)
+        tools_part = self.tools_tokens(tools)
+        fixed = tools_part + head
         room = max(0, threshold - fixed)
         total = fixed + room * POST_COMPACTION_SHARE
         if soft is not None and growth > 0:
             total = min(total, max(fixed + room * MIN_POST_SHARE, soft - HEADROOM_STEPS * growth))
-        return int(total / scale) - fixed
+        return int(total / scale) - tools_part
 
     def tail_budget(self, dialect: ItemModel, current: Estimate, threshold: int, retain_budget: int, *,
                     head: Sequence[Message], head_hashes: Sequence[str], summary: str | None,
@@ -200,10 +202,10 @@ class ContextBudgetPolicy:
         step compacted again. The view also carries the leading system messages
         (``head``) and a summary (about as long as the last one, ``summary``).
         """
-        fixed = sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes, strict=True))
-        fixed += self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary else 0
-        return max(1, min(retain_budget, self.reduced_target(current, threshold, tools, soft=soft,
-                                                                    growth=growth) - fixed))
+        leading = sum(self.message_tokens(dialect, m, h) for m, h in zip(head, head_hashes, strict=True))
+        fixed = leading + (self.message_tokens(dialect, dialect.with_summary(None, summary)) if summary else 0)
+        return max(1, min(retain_budget, self.reduced_target(current, threshold, tools, soft=soft, growth=growth,
+                                                                    head=leading) - fixed))
 
     def text_tokens(self, text: str) -> int:
         """Tokens of a piece of text, by the estimator: what clipping measures a tool result in."""

@@ -289,7 +289,7 @@ class ContextEngine:
         ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
         if ahead and state is not None and self.settings.mask_batch_share is not None:
             _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window,
-                                room=prepared.threshold - self.policy(window).tools_tokens(tools))
+                                room=prepared.threshold - self.unfreed(window, dialect, messages, hashes, tools))
             ahead = soft < prepared.estimate.tokens - freed
         if allowed and ahead and self.background.running(key) is None:
             self.background.start(key, self.compact(key, list(messages), list(hashes), trigger="background",
@@ -398,9 +398,11 @@ class ContextEngine:
                 # Tiers (proxy.context.compactor): masking when it reaches the target, else a summary; "manual" and
                 # "client" (the client's own compaction) ask for the summary.
                 target = None if trigger in ("manual", "client") else policy.reduced_target(
-                    fresh.estimate, fresh.threshold, tools, soft=soft, growth=growth)
+                    fresh.estimate, fresh.threshold, tools, soft=soft, growth=growth,
+                    head=self.head_tokens(window, dialect, messages, hashes))
                 seqs, keys = state.entries_for(hashes, len(hashes))
-                result = await self._compactor(complete, window, dialect, fresh.threshold, tools).compact(
+                room = fresh.threshold - self.unfreed(window, dialect, messages, hashes, tools)
+                result = await self._compactor(complete, window, dialect, room).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
                     seqs=seqs, keys=keys,
@@ -418,9 +420,10 @@ class ContextEngine:
             self.backoff.record(session, "failed" if result.summary_error else result.outcome)
         return self.observe(key, trigger, result, started), state
 
-    def _compactor(self, complete: Complete, window: int, dialect: ItemModel, threshold: int | None = None,
-                   tools: Sequence[Any] | None = None) -> ContextCompactor:
-        """``window`` is the request model's; the summary call is sized for the summary model's own."""
+    def _compactor(self, complete: Complete, window: int, dialect: ItemModel,
+                   room: int | None = None) -> ContextCompactor:
+        """``window`` is the request model's; the summary call is sized for the summary model's own. ``room``:
+        what the threshold leaves beside the part no compaction frees (``unfreed``)."""
         policy = self.policy(window)
         summary_model = self.settings.summary_model
         # Chunks are counted with the budget's own text measure (the tokenizer), against the summary model's real
@@ -432,8 +435,7 @@ class ContextEngine:
         return ContextCompactor(summarizer, policy.counter_for(dialect), clock=self.clock,
                                 projection=self.projection(dialect), min_retain_rounds=self.settings.min_retain_rounds,
                                 keep_tool_outputs=self.settings.keep_tool_outputs,
-                                keep_tool_tokens=self.keep_tool_tokens(
-                                    window, None if threshold is None else threshold - policy.tools_tokens(tools)),
+                                keep_tool_tokens=self.keep_tool_tokens(window, room),
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
@@ -448,6 +450,19 @@ class ContextEngine:
         budget = int(window * self.settings.keep_tool_output_share)
         return max(1, min(budget, room // 2) if room is not None else budget)
 
+    def unfreed(self, window: int, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str],
+                tools: Sequence[Any] | None) -> int:
+        """Tokens of what no compaction frees: the tool definitions and the leading system messages. Codex sends
+        2.2k of tools and 5.8k of developer and environment messages: counted as room to compact, they put the
+        soft threshold one step above where a summary left the view, and 9 summaries came in 30 steps."""
+        return self.policy(window).tools_tokens(tools) + self.head_tokens(window, dialect, messages, hashes)
+
+    def head_tokens(self, window: int, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str]) -> int:
+        """Tokens of the leading system messages (counted once per message: the counter caches them by digest)."""
+        policy = self.policy(window)
+        head = leading_system_count(dialect, messages)
+        return sum(policy.message_tokens(dialect, m, h) for m, h in zip(messages[:head], hashes[:head], strict=True))
+
     def soft_threshold(self, key: SessionKey, window: int, threshold: int, dialect: ItemModel,
                        messages: Sequence[Message], hashes: Sequence[str], tools: Sequence[Any] | None) -> int:
         """Where a background summary starts (``ContextBudgetPolicy.soft_threshold``): the share applied to the
@@ -455,8 +470,8 @@ class ContextEngine:
         summaries take of its steps (``proxy.context.pace``), one at least."""
         policy = self.policy(window)
         growth = step_tokens(policy, dialect, messages, hashes) * self.pace.steps_ahead(key)
-        return policy.soft_threshold(self.settings.precompact_threshold, threshold, policy.tools_tokens(tools),
-                                     growth)
+        return policy.soft_threshold(self.settings.precompact_threshold, threshold,
+                                     self.unfreed(window, dialect, messages, hashes, tools), growth)
 
     def user_words_budget(self, window: int) -> int:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""
