@@ -13,6 +13,17 @@ byte-identical, signatures included.
 
 Identity ignores ``cache_control``: Claude Code moves its breakpoints forward
 every turn, and a moved breakpoint is not an edit.
+
+The API's own context management (``context_management.edits``, beta
+``context-management-2025-06-27`` and ``compact-2026-01-12``): a request whose
+edits compact (``compact_20260112``) or clear tool uses
+(``clear_tool_uses_20250919``) goes as the client sent it (``upstream_manages``);
+``clear_thinking_20251015`` alone (Claude Code sends it on every request) asks
+for neither. A ``compaction`` block the API returns (streamed as
+``compaction_delta``) stands for everything before it: its message travels with
+the one that follows, and its summary text is what the proxy's summariser reads
+of it. ``context_management.applied_edits`` and ``usage.iterations`` are in the
+answer, which is relayed unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +44,9 @@ PREAMBLE_EVENTS = frozenset({"message_start", "ping"})
 FINISHED = frozenset({"end_turn", "stop_sequence"})
 #: Anthropic takes at most this many ``cache_control`` breakpoints in one request.
 MAX_BREAKPOINTS = 4
+#: ``context_management`` edits that make the upstream rewrite the conversation (``compact_20260112``,
+#: ``clear_tool_uses_20250919`` and their later versions); ``clear_thinking_…`` only drops old thinking.
+UPSTREAM_EDITS = ("compact_", "clear_tool_uses_")
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -96,6 +110,11 @@ class MessagesDialect(Dialect):
             return ()
         return tuple(b["tool_use_id"] for b in _has(item, "tool_result") if isinstance(b.get("tool_use_id"), str))
 
+    def travels_with_next(self, item: Item) -> bool:
+        """An assistant message holding a ``compaction`` block: what follows it was said in the context the block
+        stands for, and a tail that kept it without them (or them without it) would be a different conversation."""
+        return item.get("role") == "assistant" and bool(_has(item, "compaction"))
+
     def identity(self, item: Item) -> Any:
         return {"role": item.get("role"), "content": _blocks(item.get("content"))}
 
@@ -109,6 +128,8 @@ class MessagesDialect(Dialect):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" or kind == "thinking":
                 texts.append(str(block.get(kind) or ""))
+            elif kind == "compaction" and isinstance(block.get("content"), str):
+                texts.append(block["content"])  # the upstream's summary of what came before it
             elif kind in ("tool_use", "server_tool_use"):
                 texts.append(f"{block.get('name')} {orjson.dumps(block.get('input')).decode()}")
             elif kind == "tool_result":
@@ -186,6 +207,13 @@ class MessagesDialect(Dialect):
         except (orjson.JSONDecodeError, AttributeError):
             return None
         return session if isinstance(session, str) else None
+
+    def upstream_manages(self, payload: Mapping[str, Any]) -> bool:
+        management = payload.get("context_management")
+        edits = management.get("edits") if isinstance(management, Mapping) else None
+        return isinstance(edits, list) and any(
+            isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
+            for edit in edits)
 
     def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
         """A ``cache_control`` breakpoint on the summary block, if the request leaves room (4 per request): the
@@ -308,6 +336,10 @@ class MessagesReader(ReplyReader):
             block[field] = str(block.get(field) or "") + str(delta.get(field) or "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta":  # a null part (a compaction that failed) leaves the field as it was
+            for name in ("content", "encrypted_content"):
+                if isinstance(delta.get(name), str):
+                    block[name] = str(block.get(name) or "") + delta[name]
 
     def _message_delta(self, data: Mapping[str, Any]) -> None:
         delta = data.get("delta")
