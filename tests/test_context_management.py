@@ -176,6 +176,25 @@ async def test_a_compaction_block_is_logged_and_comes_back_byte_identical(
     assert view[view.index(holder) + 1] == follower
 
 
+async def test_a_paused_compaction_is_logged_as_a_finished_reply_and_the_run_goes_on(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """``pause_after_compaction``: a streamed answer holding only the block, ``stop_reason: "compaction"``; the
+    log has the block whole and the reply as finished, and the client's next request (the block last) continues."""
+    fake = FakeMessages(Script(steps=12))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=200_000)
+    client = claude(proxy)
+    management = {"edits": [CLEAR_THINKING, {**COMPACT, "pause_after_compaction": True}]}
+    stops = []
+    while "All 12 steps done." not in str(client.messages[-1]["content"]):
+        raw = await (await client.step(context_management=management, thinking=THINKING)).read()
+        stops.append([e for e in parse_sse(raw) if e["type"] == "message_delta"][-1]["delta"]["stop_reason"])
+    assert "compaction" in stops and all(t.status == 200 for t in fake.turns())
+    paused = [m for m in client.messages if m["role"] == "assistant" and m["content"][0]["type"] == "compaction"]
+    assert paused and all(len(m["content"]) == 1 and m["content"][0]["content"] for m in paused)
+    replies = [f for f in await logged(proxy, client.session) if f.message in paused]
+    assert len(replies) == len(paused) and not any(f.to_json().get("partial") for f in replies)
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
 async def test_applied_edits_and_iterations_reach_the_client_and_the_log(
         aiohttp_server, aiohttp_client, tmp_path: Path, stream: bool) -> None:
