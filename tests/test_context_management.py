@@ -25,9 +25,11 @@ from proxy.dialects import MESSAGES, RESPONSES
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
+from proxy.summarycall import ClientRequest, summary_request
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script, parse_sse
+from tests.fakeupstream import SUMMARY_MARKER
 from tests.proxyfixtures import read_log
 from tests.scripted import KEY, Claude, Codex, rig
 
@@ -130,6 +132,26 @@ async def test_a_request_the_upstream_still_refuses_is_rescued_with_its_context_
     refused = [t for t in fake.turns() if t.status == 400]
     retried = [t for t in fake.turns() if t.status == 200 and len(t.body["messages"]) < len(client.messages) - 1]
     assert refused and retried and all(t.body["context_management"] == late for t in retried)
+    summaries = [r for r in fake.requests if r.kind == "summary"]
+    assert summaries and all(r.body["context_management"] == {"edits": [CLEAR_THINKING]} for r in summaries)
+
+
+@pytest.mark.parametrize(("dialect", "payload", "kept"), [
+    (MESSAGES, {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}],
+                "context_management": {"edits": [CLEAR_THINKING, COMPACT, CLEAR_TOOL_USES]}, "thinking": THINKING},
+     {"edits": [CLEAR_THINKING]}),
+    (MESSAGES, {"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "go"}],
+                "context_management": {"edits": [CLEAR_THINKING]}, "thinking": THINKING}, {"edits": [CLEAR_THINKING]}),
+    (RESPONSES, {"model": "m", "input": "go", "truncation": "auto",
+                 "context_management": [*RESPONSES_COMPACTION, {"type": "other"}]}, [{"type": "other"}]),
+], ids=["messages-compacting", "messages-clear-thinking", "responses"])
+def test_a_summary_call_is_never_compacted_or_cleared_by_the_upstream(dialect: Any, payload: dict[str, Any],
+                                                                       kept: Any) -> None:
+    """The transcript is what the summary is made of: the edits that compact or clear it are left out."""
+    request = ClientRequest(dialect.parse(orjson.dumps(payload)))
+    body = summary_request(dialect, request, "m", SUMMARY_MARKER + " PROMPT", 1_000)
+    assert body["context_management"] == kept
+    assert body.get("truncation") == payload.get("truncation")
 
 
 async def test_count_tokens_counts_a_request_the_upstream_compacts_as_sent(aiohttp_server, aiohttp_client,

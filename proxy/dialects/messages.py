@@ -73,6 +73,11 @@ def _has(item: Item, block_type: str) -> list[Mapping[str, Any]]:
     return [block for block in content if isinstance(block, dict) and block.get("type") == block_type]
 
 
+def _rewrites(edit: Any) -> bool:
+    """Whether a ``context_management`` edit makes the upstream compact or clear the conversation."""
+    return isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
+
+
 def _check_message(name: str, message: Item) -> None:
     require_role(name, message)
     content = message.get("content")
@@ -211,9 +216,7 @@ class MessagesDialect(Dialect):
     def upstream_manages(self, payload: Mapping[str, Any]) -> bool:
         management = payload.get("context_management")
         edits = management.get("edits") if isinstance(management, Mapping) else None
-        return isinstance(edits, list) and any(
-            isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
-            for edit in edits)
+        return isinstance(edits, list) and any(_rewrites(edit) for edit in edits)
 
     def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
         """A ``cache_control`` breakpoint on the summary block, if the request leaves room (4 per request): the
@@ -262,13 +265,20 @@ class MessagesDialect(Dialect):
     def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
         """``max_tokens`` always (the API requires it): ``bound``, or the client's own value when its thinking
         budget does not fit under ``bound`` (the API wants ``max_tokens`` above ``budget_tokens``, and the
-        client's value is one its upstream takes beside that budget)."""
+        client's value is one its upstream takes beside that budget); and the client's ``context_management``
+        without the edits that compact or clear."""
         thinking = payload.get("thinking")
         budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
         client = positive_int(payload, "max_tokens")
-        if isinstance(budget, int) and budget >= bound and client is not None:
-            return {"max_tokens": client}
-        return {"max_tokens": bound}
+        fields: dict[str, Any] = {"max_tokens": client if isinstance(budget, int) and budget >= bound
+                                  and client is not None else bound}
+        management = payload.get("context_management")
+        if self.upstream_manages(payload) and isinstance(management, Mapping):
+            # The transcript is what the summary is made of: not compacted or cleared before the model reads it.
+            # The other edits stay (clear_thinking goes with the thinking the call keeps).
+            fields["context_management"] = {**management, "edits": [
+                edit for edit in management["edits"] if not _rewrites(edit)]}
+        return fields
 
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         content = body.get("content")

@@ -177,11 +177,16 @@ class ResponsesDialect(Dialect):
                 "max_output_tokens": max_tokens}
 
     def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
-        """Also ``text`` without a ``format`` (a JSON schema would shape the summary), its ``verbosity`` kept."""
+        """Also ``text`` without a ``format`` (a JSON schema would shape the summary), its ``verbosity`` kept, and
+        ``context_management`` without its compaction: the transcript is what the summary is made of."""
         fields = super().summary_fields(payload, model, bound)
         text = payload.get("text")
         if isinstance(text, Mapping) and "format" in text:
             fields["text"] = {key: value for key, value in text.items() if key != "format"}
+        management = payload.get("context_management")
+        if isinstance(management, list):
+            fields["context_management"] = [entry for entry in management
+                                            if not (isinstance(entry, Mapping) and entry.get("type") == "compaction")]
         return fields
 
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
