@@ -30,7 +30,7 @@ from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script, parse_sse
 from tests.fakeupstream import SUMMARY_MARKER
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import read_log, replay
 from tests.scripted import KEY, Claude, Codex, rig
 
 BETAS = "claude-code-20250219,context-management-2025-06-27,compact-2026-01-12,interleaved-thinking-2025-05-14"
@@ -213,8 +213,10 @@ async def test_a_paused_compaction_is_logged_as_a_finished_reply_and_the_run_goe
     assert "compaction" in stops and all(t.status == 200 for t in fake.turns())
     paused = [m for m in client.messages if m["role"] == "assistant" and m["content"][0]["type"] == "compaction"]
     assert paused and all(len(m["content"]) == 1 and m["content"][0]["content"] for m in paused)
-    replies = [f for f in await logged(proxy, client.session) if f.message in paused]
+    facts = await logged(proxy, client.session)
+    replies = [f for f in facts if f.source == "upstream" and f.message in paused]
     assert len(replies) == len(paused) and not any(f.to_json().get("partial") for f in replies)
+    assert [f.message for f in facts] == client.messages  # each once: the client's echo matched the reply logged
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
@@ -260,6 +262,28 @@ async def test_a_responses_compaction_item_is_logged_streamed_and_sent_back_as_i
     assert turn.status == 200 and len(turn.body["input"]) < len(codex.items)
     at = turn.body["input"].index(item)
     assert turn.body["input"][at + 1] == codex.items[codex.items.index(item) + 1]
+
+
+async def test_a_client_that_drops_what_a_compaction_item_replaced_loses_nothing_from_the_log(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """OpenAI's advice: after a compaction item, drop the items before it. The request goes as sent (the item
+    first), the log keeps the whole conversation and continues it on a new lineage."""
+    fake = FakeResponses(Script(steps=20))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=1500)
+    codex = Codex(proxy)
+    while not any(item["type"] == "compaction" for item in codex.items):
+        await codex.step(context_management=RESPONSES_COMPACTION)
+    before = list(codex.items)
+    codex.items = codex.items[next(i for i, item in enumerate(before) if item["type"] == "compaction"):]
+    sent = list(codex.items)
+    resp = await codex.step(context_management=RESPONSES_COMPACTION)
+    assert resp.headers[HEADER_COMPACTED] == "none"
+    assert fake.turns()[-1].body["input"] == sent and fake.turns()[-1].status == 200
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), codex.session))
+    messages = [f.message for f in facts if f.kind == "message"]
+    # The old lineage as it was (its last output reached the proxy only with the new lineage), then one rewind.
+    assert messages[:len(before) - 1] == before[:-1] and before[-1] in messages
+    assert [f.kind for f in facts].count("rewind") == 1 and replay(facts) == sent + codex.items[len(sent):-1]
 
 
 # -- the engine's item rules ---------------------------------------------------------------------------
