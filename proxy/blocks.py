@@ -61,6 +61,8 @@ def _part_block(part: Any, default: BlockKind) -> Block:
         return Block("result", content_text(part.get("content")), str(part.get("tool_use_id") or ""))
     if kind == "thinking" and isinstance(part.get("thinking"), str):
         return Block("reasoning", part["thinking"])
+    if kind == "compaction" and isinstance(part.get("content"), str):  # Anthropic's summary of what came before
+        return Block("text", f"[compaction]\n{part['content']}")
     if isinstance(part.get("text"), str):
         return Block(default, part["text"])
     return Block("other", f"[{kind or 'part'}]")
@@ -71,7 +73,7 @@ def message_blocks(message: Mapping[str, Any]) -> list[Block]:
 
     Chat messages (string or list ``content``, ``tool_calls``, legacy
     ``function_call``, ``tool`` results), Anthropic messages (content blocks:
-    ``text``, ``tool_use``, ``tool_result``, ``thinking``) and Responses items
+    ``text``, ``tool_use``, ``tool_result``, ``thinking``, ``compaction``) and Responses items
     (``function_call``, ``function_call_output``, ``reasoning``; messages as
     Chat). Anything else is named, never dropped silently.
     """

@@ -13,6 +13,18 @@ message and every ``tool_result`` answers one) and refuses a prompt over
 ``window`` with the API's 400 "prompt is too long: N tokens > M maximum"
 (``overflow="event"``: the same error as an in-stream ``error`` event, after
 ``message_start`` and a ``ping``).
+It implements the API's own context management (``context_management.edits``), each edit refused with the
+API's 400 unless its beta is in ``anthropic-beta`` (``context-management-2025-06-27`` for the clearing edits,
+``compact-2026-01-12`` for compaction): ``clear_tool_uses_20250919`` over its ``trigger`` (input tokens,
+default 100,000) clears the results of all but the last ``keep`` tool uses (default 3),
+``clear_thinking_20251015`` (400 without ``thinking``) the thinking of all but the last ``keep`` turns (``all``:
+none), and ``compact_20260112`` over its ``trigger`` (default 150,000) answers with a ``compaction`` block
+first (its summary keeps the step markers; streamed as ``compaction_delta``), then the turn, or only the block
+with ``stop_reason: "compaction"`` under ``pause_after_compaction``. Edits that cleared something are reported
+in ``context_management.applied_edits``, a compaction's cost in ``usage.iterations``; a later request is read
+from the last compaction block on, and one carrying a compaction block the fake did not issue, byte for byte,
+is refused. The tokens recorded (and held against ``window``) are the prompt as the model reads it after the
+edits.
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
 ``system`` is the proxy's summariser prompt gets a summary, and so does one
 whose last user message starts with it (a summary call shaped like the client's
@@ -39,6 +51,7 @@ from tests.fakescript import (
     is_summary_prompt,
     pieces,
     sse,
+    summary_text,
 )
 from tests.fakeupstream import overflow_body
 
@@ -48,6 +61,11 @@ CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversati
 
 #: How Claude Code's system prompt starts; with an OAuth token the API takes no other.
 CLAUDE_CODE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
+#: The beta each context-management edit needs in ``anthropic-beta``.
+EDIT_BETAS = {"clear_tool_uses_20250919": "context-management-2025-06-27",
+              "clear_thinking_20251015": "context-management-2025-06-27", "compact_20260112": "compact-2026-01-12"}
+#: What a cleared tool result holds instead of its output.
+CLEARED = "[cleared]"
 OAUTH_REFUSED = {"type": "error", "error": {"type": "invalid_request_error", "message": "This credential is only "
                                             "authorized for use with Claude Code and cannot be used for other API "
                                             "requests."}}
@@ -70,6 +88,8 @@ class FakeMessages(Recorder):
         self._issued: set[tuple[str, str]] = set()
         self._last_prompt: dict[str, list[Any]] = {}
         self.require_claude_code = False
+        #: The content of every compaction block handed out, so one sent back can be checked.
+        self._compactions: set[str] = set()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -78,7 +98,7 @@ class FakeMessages(Recorder):
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
 
-    def _count(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    def prompt_counts(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
         """The prompt as the model reads it (tools, system, messages) and each part's tokens."""
         prompt = [body.get("tools"), body.get("system"), *(body.get("messages") or [])]
         return prompt, [self.window.count(part) for part in prompt]
@@ -93,7 +113,7 @@ class FakeMessages(Recorder):
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         body = await request.json(loads=orjson.loads)
-        tokens = sum(self._count(body)[1])
+        tokens = sum(self.prompt_counts(body)[1])
         self._record(request, body, "count_tokens", tokens=tokens)
         return web.json_response({"input_tokens": tokens})
 
@@ -110,7 +130,13 @@ class FakeMessages(Recorder):
             if isinstance(text, web.Response):
                 return text
             return await self._answer(request, body, [{"type": "text", "text": text}], "end_turn", 0, 0)
-        prompt, counts = self._count(body)
+        refusal = self._edit_refusal(request, body)
+        if refusal is not None:
+            self._record(request, body, "turn", status=400)
+            return web.json_response({"type": "error", "error": {"type": "invalid_request_error",
+                                                                 "message": refusal}}, status=400)
+        edited = Edited(self, body, messages)
+        prompt, counts = self.prompt_counts({**body, "messages": edited.messages})
         tokens = sum(counts)
         if self.window.refuses(tokens):
             assert self.window.limit is not None
@@ -124,7 +150,7 @@ class FakeMessages(Recorder):
                 return await _stream(request, [{"type": "message_start", "message": start}, {"type": "ping"},
                                                orjson.loads(raw)])
             return web.Response(status=status, body=raw, content_type="application/json")
-        problem = self._check_history(messages)
+        problem = self._check_history(messages) or self._check_compactions(messages)
         if problem is not None:
             self._record(request, body, "turn", tokens=tokens, status=400)
             return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": problem}},
@@ -138,7 +164,40 @@ class FakeMessages(Recorder):
             return await self._answer(request, body, [{"type": "text", "text": "<summary>None</summary>"}],
                                       "end_turn", tokens, cached)
         blocks, stop = self._turn_output(body, messages)
-        return await self._answer(request, body, blocks, stop, tokens, cached)
+        compaction = edited.compaction(tokens)
+        if compaction is None:
+            return await self._answer(request, body, blocks, stop, tokens, cached, edited.applied)
+        block = {"type": "compaction", "content": summary_text(orjson.dumps(edited.messages).decode())}
+        self._compactions.add(block["content"])
+        after = sum(self.prompt_counts({**body, "messages": [{"role": "assistant", "content": [block]}]})[1])
+        iterations = [{"type": "compaction", "input_tokens": tokens, "output_tokens": 40,
+                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                      {"type": "message", "input_tokens": after, "output_tokens": 11,
+                       "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}]
+        if compaction.get("pause_after_compaction") is True:
+            blocks, stop = [], "compaction"
+        return await self._answer(request, body, [block, *blocks], stop, after, 0, edited.applied, iterations)
+
+    def _edit_refusal(self, request: web.Request, body: dict[str, Any]) -> str | None:
+        """The API's words for an edit it does not take here: its beta missing, or thinking off for clear_thinking."""
+        betas = {beta.strip() for beta in request.headers.get("anthropic-beta", "").split(",")}
+        for edit in edits_of(body):
+            kind = edit.get("type")
+            if kind not in EDIT_BETAS:
+                return f"context_management.edits: unknown edit type {kind!r}"
+            if EDIT_BETAS[kind] not in betas:
+                return f"context_management: the {kind} edit requires the anthropic-beta {EDIT_BETAS[kind]}"
+            if kind == "clear_thinking_20251015" and (body.get("thinking") or {}).get("type") not in (
+                    "enabled", "adaptive"):
+                return "context_management.edits: clear_thinking_20251015 requires thinking to be enabled"
+        return None
+
+    def _check_compactions(self, messages: list[dict[str, Any]]) -> str | None:
+        for index, message in enumerate(messages):
+            for b, block in enumerate(_blocks(message)):
+                if block.get("type") == "compaction" and block.get("content") not in self._compactions:
+                    return f"messages.{index}.content.{b}: Invalid `compaction` block"
+        return None
 
     # -- the script -----------------------------------------------------------------------------
 
@@ -189,22 +248,107 @@ class FakeMessages(Recorder):
     # -- the wire -------------------------------------------------------------------------------
 
     async def _answer(self, request: web.Request, body: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
-                      tokens: int, cached: int) -> web.StreamResponse:
-        usage = {"input_tokens": tokens - cached, "cache_creation_input_tokens": 0,
-                 "cache_read_input_tokens": cached, "output_tokens": 11}
+                      tokens: int, cached: int, applied: list[dict[str, Any]] | None = None,
+                      iterations: list[dict[str, Any]] | None = None) -> web.StreamResponse:
+        """The answer; with ``context_management`` in the request, the edits it applied, and the iterations'
+        usage after a compaction (top-level usage is the message iteration's, as the API reports it)."""
+        usage: dict[str, Any] = {"input_tokens": tokens - cached, "cache_creation_input_tokens": 0,
+                                 "cache_read_input_tokens": cached, "output_tokens": 11}
+        managed = {"context_management": {"applied_edits": applied or []}} if edits_of(body) else {}
         message = {"id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
                    "model": body.get("model"), "content": blocks, "stop_reason": stop, "stop_sequence": None,
-                   "usage": usage}
+                   "usage": {**usage, **({"iterations": iterations} if iterations else {})}, **managed}
         if not body.get("stream"):
             return web.json_response(message)
         start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        start.pop("context_management", None)
         events: list[dict[str, Any]] = [{"type": "message_start", "message": start}, {"type": "ping"}]
         for index, block in enumerate(blocks):
             events.extend(_block_events(index, block))
+        final = {"output_tokens": usage["output_tokens"], **({"input_tokens": tokens - cached,
+                                                                "iterations": iterations} if iterations else {})}
         events.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
-                       "usage": {"output_tokens": usage["output_tokens"]}})
+                       "usage": final, **managed})
         events.append({"type": "message_stop"})
         return await _stream(request, events)
+
+
+def edits_of(body: dict[str, Any]) -> list[dict[str, Any]]:
+    management = body.get("context_management")
+    edits = management.get("edits") if isinstance(management, dict) else None
+    return [edit for edit in edits if isinstance(edit, dict)] if isinstance(edits, list) else []
+
+
+def _trigger(edit: dict[str, Any], default: int) -> int:
+    trigger = edit.get("trigger")
+    return int(trigger["value"]) if isinstance(trigger, dict) and isinstance(trigger.get("value"), int) else default
+
+
+def _keep(edit: dict[str, Any], default: int) -> int | None:
+    """How many of the newest to keep (None: ``"all"``)."""
+    keep = edit.get("keep")
+    if keep == "all":
+        return None
+    return int(keep["value"]) if isinstance(keep, dict) and isinstance(keep.get("value"), int) else default
+
+
+class Edited:
+    """The conversation as the model reads it: from the last compaction block on, with the clearing edits applied;
+    and the edits that changed something (``applied``)."""
+
+    def __init__(self, fake: FakeMessages, body: dict[str, Any], messages: list[dict[str, Any]]) -> None:
+        self.edits = edits_of(body)
+        self.applied: list[dict[str, Any]] = []
+        self.messages = messages
+        compacted = [i for i, m in enumerate(messages) if any(b.get("type") == "compaction" for b in _blocks(m))]
+        if compacted:  # the block stands for everything before it
+            self.messages = messages[compacted[-1]:]
+        self._fake, self._body = fake, body
+        for edit in self.edits:
+            if edit["type"] == "clear_thinking_20251015":
+                self._clear_thinking(_keep(edit, 1))
+            elif edit["type"] == "clear_tool_uses_20250919" and self._tokens() > _trigger(edit, 100_000):
+                self._clear_tool_uses(_keep(edit, 3) or 0)
+
+    def compaction(self, tokens: int) -> dict[str, Any] | None:
+        """The compaction edit, when the prompt is over its trigger."""
+        for edit in self.edits:
+            if edit["type"] == "compact_20260112" and tokens > _trigger(edit, 150_000):
+                return edit
+        return None
+
+    def _tokens(self) -> int:
+        return sum(self._fake.prompt_counts({**self._body, "messages": self.messages})[1])
+
+    def _rewrite(self, kind: str, counted: str, change: Any) -> None:
+        before = self._tokens()
+        self.messages, changed = change(self.messages)
+        if changed:
+            self.applied.append({"type": kind, counted: changed, "cleared_input_tokens": before - self._tokens()})
+
+    def _clear_tool_uses(self, keep: int) -> None:
+        def change(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+            results = [(i, b) for i, m in enumerate(messages) for b, block in enumerate(_blocks(m))
+                       if block.get("type") == "tool_result" and block.get("content") != CLEARED]
+            cleared = results[:max(len(results) - keep, 0)]
+            out = [dict(m) for m in messages]
+            for i, b in cleared:
+                content = list(out[i]["content"])
+                content[b] = {**content[b], "content": CLEARED}
+                out[i]["content"] = content
+            return out, len(cleared)
+
+        self._rewrite("clear_tool_uses_20250919", "cleared_tool_uses", change)
+
+    def _clear_thinking(self, keep: int | None) -> None:
+        def change(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+            turns = [i for i, m in enumerate(messages) if any(b.get("type") == "thinking" for b in _blocks(m))]
+            cleared = [] if keep is None else turns[:max(len(turns) - keep, 0)]
+            out = [{**m, "content": [b for b in _blocks(m) if b.get("type") != "thinking"]} if i in cleared else m
+                   for i, m in enumerate(messages)]
+            return out, len(cleared)
+
+        self._rewrite("clear_thinking_20251015", "cleared_thinking_turns", change)
 
 
 def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
@@ -218,6 +362,9 @@ def _block_events(index: int, block: dict[str, Any]) -> list[dict[str, Any]]:
     elif kind == "text":
         start = {"type": "text", "text": ""}
         deltas = [{"type": "text_delta", "text": p} for p in pieces(block["text"])]
+    elif kind == "compaction":  # the summary comes whole, in one delta
+        start = {"type": "compaction", "content": None}
+        deltas = [{"type": "compaction_delta", "content": block["content"]}]
     else:
         start = {**block, "input": {}}
         arguments = orjson.dumps(block["input"]).decode()

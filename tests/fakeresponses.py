@@ -19,7 +19,15 @@ the last user message) is answered too. As the ChatGPT Codex backend does,
 ``reject_max_output_tokens`` every one carrying ``max_output_tokens``. With
 ``strict_fields`` (``tests.fakeupstream.StrictFields``) a request carrying a
 top-level field it does not take gets Azure OpenAI's 400 (recorded as
-``refused``). Everything it receives is in ``requests``.
+``refused``). It implements the API's own context management: with
+``context_management: [{"type": "compaction", "compact_threshold": N}]`` a prompt
+over ``N`` is answered with an encrypted ``compaction`` item before the turn's
+items, a later request is read from its last compaction item on, and one
+carrying a compaction item the fake did not issue, byte for byte, is refused;
+with ``truncation: "auto"`` a prompt over ``window`` loses its oldest items
+(those that lost their partner too) until it fits, instead of being refused
+(``truncated`` counts them). The tokens recorded are the prompt as the model
+reads it. Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -67,6 +75,10 @@ class FakeResponses(Recorder):
         self.strict_fields: StrictFields | None = None
         self.require_stream = False
         self.reject_max_output_tokens = False
+        #: encrypted_content of every compaction item handed out by server-side compaction.
+        self._compactions: set[str] = set()
+        #: Items ``truncation: "auto"`` dropped, over all requests.
+        self.truncated = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -140,7 +152,8 @@ class FakeResponses(Recorder):
         if items and items[-1].get("type") == "compaction_trigger":
             self._record(request, body, "compact")
             return await self._answer(request, body, [self._compaction_item()], 0)
-        prompt = [body.get("tools"), body.get("instructions"), *items]
+        seen = self._as_read(body, items)
+        prompt = [body.get("tools"), body.get("instructions"), *seen]
         counts = [self.window.count(part) for part in prompt]
         tokens = sum(counts)
         if self.window.refuses(tokens):
@@ -149,6 +162,10 @@ class FakeResponses(Recorder):
             return await self._overflow(request, body)
         # With previous_response_id the history lives upstream: outputs answer calls this request does not carry.
         problem = None if body.get("previous_response_id") else self._check_history(items)
+        if problem is None and compact_threshold(body) is not None:
+            problem = next((f"The encrypted content for item {i.get('id')} could not be verified." for i in items
+                            if i.get("type") == "compaction" and i.get("encrypted_content") not in self._compactions),
+                           None)
         if problem is not None:
             self._record(request, body, "turn", tokens=tokens, status=400)
             return web.json_response({"error": {"type": "invalid_request_error", "code": None, "param": "input",
@@ -159,6 +176,11 @@ class FakeResponses(Recorder):
         cached = cached_prefix(self._last_input.get(key, []), prompt, counts)
         self._last_input[key] = prompt
         output = [self._message("Checkpoint written.")] if kind != "turn" else self._turn_output(body, items)
+        threshold = compact_threshold(body)
+        if kind == "turn" and threshold is not None and tokens > threshold:
+            compaction = self._compaction_item()
+            self._compactions.add(compaction["encrypted_content"])
+            output = [compaction, *output]
         return await self._answer(request, body, output, tokens, cached // 128 * 128 if cached >= 1024 else 0)
 
     # -- the script -----------------------------------------------------------------------------
@@ -185,6 +207,22 @@ class FakeResponses(Recorder):
     def _message(self, text: str) -> dict[str, Any]:
         return {"type": "message", "id": f"msg_{next(self._ids)}", "role": "assistant", "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+    def _as_read(self, body: dict[str, Any], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The input as the model reads it: from the last compaction item it issued on, and with ``truncation:
+        "auto"`` the oldest items dropped until it fits the window (an item left without its partner goes too)."""
+        marks = [i for i, item in enumerate(items) if item.get("type") == "compaction"
+                 and item.get("encrypted_content") in self._compactions]
+        seen = items[marks[-1]:] if marks else items
+        if body.get("truncation") != "auto":
+            return seen
+        fixed, whole = self.window.count(body.get("tools"), body.get("instructions")), len(seen)
+        while len(seen) > 1 and self.window.refuses(fixed + self.window.count(*seen)):
+            seen = seen[1:]
+            while len(seen) > 1 and seen[0].get("type") in ("function_call_output", "reasoning"):
+                seen = seen[1:]
+        self.truncated += whole - len(seen)
+        return seen
 
     def _compaction_item(self) -> dict[str, Any]:
         return {"type": "compaction", "id": f"cmp_{next(self._ids)}",
@@ -244,6 +282,15 @@ class FakeResponses(Recorder):
         failed = self._response(body, rid, "failed", [], error={"code": OVERFLOW_ERROR["code"],
                                                            "message": OVERFLOW_ERROR["message"]})
         return await _stream(request, [created, {"type": "response.failed", "response": failed}])
+
+
+def compact_threshold(body: dict[str, Any]) -> int | None:
+    """The ``compact_threshold`` of a request's server-side compaction, when it asks for one."""
+    management = body.get("context_management")
+    for entry in management if isinstance(management, list) else []:
+        if isinstance(entry, dict) and entry.get("type") == "compaction":
+            return int(entry.get("compact_threshold") or 0)
+    return None
 
 
 def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:

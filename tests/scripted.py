@@ -135,6 +135,8 @@ def blocks_of(raw: bytes) -> list[dict[str, Any]]:
             index, delta = event["index"], event["delta"]
             if delta["type"] == "input_json_delta":
                 arguments[index] = arguments.get(index, "") + delta["partial_json"]
+            elif delta["type"] == "compaction_delta":
+                blocks[index]["content"] = delta["content"]
             else:
                 name = {"thinking_delta": "thinking", "signature_delta": "signature", "text_delta": "text"}[
                     delta["type"]]

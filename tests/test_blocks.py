@@ -24,6 +24,9 @@ CASES: list[tuple[str, dict[str, Any], list[Block]]] = [
         {"type": "thinking", "thinking": "hmm", "signature": "x"}, {"type": "text", "text": "ok"},
         {"type": "tool_use", "id": "t1", "name": "bash", "input": {"cmd": "ls"}}]},
      [Block("reasoning", "hmm"), Block("text", "ok"), Block("call", '{"cmd":"ls"}', "bash")]),
+    ("anthropic compaction", {"role": "assistant", "content": [
+        {"type": "compaction", "content": "Earlier: ran steps 1 to 4."}, {"type": "compaction", "content": None}]},
+     [Block("text", "[compaction]\nEarlier: ran steps 1 to 4."), Block("other", "[compaction]")]),
     ("anthropic tool result", {"role": "user", "content": [
         {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "a.py"}]}]},
      [Block("result", "a.py", "t1")]),

@@ -193,6 +193,13 @@ class Dialect(ItemModel):
         """A session id the client put in the body itself (used when no header names one)."""
         return None
 
+    def upstream_manages(self, payload: Mapping[str, Any]) -> bool:
+        """Whether the request asks the upstream to compact or clear its conversation itself (Anthropic's
+        ``context_management`` edits, the Responses API's compaction or ``truncation``): the proxy then forwards
+        the conversation as the client sent it, since an upstream that rewrites it would undo a proxy view, and
+        the view would cost the prompt cache for nothing (``proxy.http.frontdoor.Turn.as_sent``)."""
+        return False
+
     def commits(self, data: Any) -> bool:
         """Whether relaying must start with this stream event: anything before it may be withheld and retried."""
         return True

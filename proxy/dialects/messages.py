@@ -13,6 +13,17 @@ byte-identical, signatures included.
 
 Identity ignores ``cache_control``: Claude Code moves its breakpoints forward
 every turn, and a moved breakpoint is not an edit.
+
+The API's own context management (``context_management.edits``, beta
+``context-management-2025-06-27`` and ``compact-2026-01-12``): a request whose
+edits compact (``compact_20260112``) or clear tool uses
+(``clear_tool_uses_20250919``) goes as the client sent it (``upstream_manages``);
+``clear_thinking_20251015`` alone (Claude Code sends it on every request) asks
+for neither. A ``compaction`` block the API returns (streamed as
+``compaction_delta``) stands for everything before it: its message travels with
+the one that follows, and its summary text is what the proxy's summariser reads
+of it. ``context_management.applied_edits`` and ``usage.iterations`` are in the
+answer, which is relayed unchanged.
 """
 
 from __future__ import annotations
@@ -33,6 +44,9 @@ PREAMBLE_EVENTS = frozenset({"message_start", "ping"})
 FINISHED = frozenset({"end_turn", "stop_sequence"})
 #: Anthropic takes at most this many ``cache_control`` breakpoints in one request.
 MAX_BREAKPOINTS = 4
+#: ``context_management`` edits that make the upstream rewrite the conversation (``compact_20260112``,
+#: ``clear_tool_uses_20250919`` and their later versions); ``clear_thinking_…`` only drops old thinking.
+UPSTREAM_EDITS = ("compact_", "clear_tool_uses_")
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -57,6 +71,11 @@ def _has(item: Item, block_type: str) -> list[Mapping[str, Any]]:
     if not isinstance(content, list):
         return []
     return [block for block in content if isinstance(block, dict) and block.get("type") == block_type]
+
+
+def _rewrites(edit: Any) -> bool:
+    """Whether a ``context_management`` edit makes the upstream compact or clear the conversation."""
+    return isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
 
 
 def _check_message(name: str, message: Item) -> None:
@@ -96,6 +115,11 @@ class MessagesDialect(Dialect):
             return ()
         return tuple(b["tool_use_id"] for b in _has(item, "tool_result") if isinstance(b.get("tool_use_id"), str))
 
+    def travels_with_next(self, item: Item) -> bool:
+        """An assistant message holding a ``compaction`` block: what follows it was said in the context the block
+        stands for, and a tail that kept it without them (or them without it) would be a different conversation."""
+        return item.get("role") == "assistant" and bool(_has(item, "compaction"))
+
     def identity(self, item: Item) -> Any:
         return {"role": item.get("role"), "content": _blocks(item.get("content"))}
 
@@ -109,6 +133,8 @@ class MessagesDialect(Dialect):
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "text" or kind == "thinking":
                 texts.append(str(block.get(kind) or ""))
+            elif kind == "compaction" and isinstance(block.get("content"), str):
+                texts.append(block["content"])  # the upstream's summary of what came before it
             elif kind in ("tool_use", "server_tool_use"):
                 texts.append(f"{block.get('name')} {orjson.dumps(block.get('input')).decode()}")
             elif kind == "tool_result":
@@ -187,6 +213,11 @@ class MessagesDialect(Dialect):
             return None
         return session if isinstance(session, str) else None
 
+    def upstream_manages(self, payload: Mapping[str, Any]) -> bool:
+        management = payload.get("context_management")
+        edits = management.get("edits") if isinstance(management, Mapping) else None
+        return isinstance(edits, list) and any(_rewrites(edit) for edit in edits)
+
     def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
         """A ``cache_control`` breakpoint on the summary block, if the request leaves room (4 per request): the
         prompt up to the summary is the part that stays the same between reductions."""
@@ -234,13 +265,20 @@ class MessagesDialect(Dialect):
     def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
         """``max_tokens`` always (the API requires it): ``bound``, or the client's own value when its thinking
         budget does not fit under ``bound`` (the API wants ``max_tokens`` above ``budget_tokens``, and the
-        client's value is one its upstream takes beside that budget)."""
+        client's value is one its upstream takes beside that budget); and the client's ``context_management``
+        without the edits that compact or clear."""
         thinking = payload.get("thinking")
         budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
         client = positive_int(payload, "max_tokens")
-        if isinstance(budget, int) and budget >= bound and client is not None:
-            return {"max_tokens": client}
-        return {"max_tokens": bound}
+        fields: dict[str, Any] = {"max_tokens": client if isinstance(budget, int) and budget >= bound
+                                  and client is not None else bound}
+        management = payload.get("context_management")
+        if self.upstream_manages(payload) and isinstance(management, Mapping):
+            # The transcript is what the summary is made of: not compacted or cleared before the model reads it.
+            # The other edits stay (clear_thinking goes with the thinking the call keeps).
+            fields["context_management"] = {**management, "edits": [
+                edit for edit in management["edits"] if not _rewrites(edit)]}
+        return fields
 
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
         content = body.get("content")
@@ -308,6 +346,10 @@ class MessagesReader(ReplyReader):
             block[field] = str(block.get(field) or "") + str(delta.get(field) or "")
         elif kind == "citations_delta":
             block.setdefault("citations", []).append(delta.get("citation"))
+        elif kind == "compaction_delta":  # a null part (a compaction that failed) leaves the field as it was
+            for name in ("content", "encrypted_content"):
+                if isinstance(delta.get(name), str):
+                    block[name] = str(block.get(name) or "") + delta[name]
 
     def _message_delta(self, data: Mapping[str, Any]) -> None:
         delta = data.get("delta")

@@ -8,6 +8,12 @@ API enforces shape the engine's answers: a reasoning item is rejected without
 the item that followed it (``travels_with_next``), and every output needs its
 call. The stream has no ``[DONE]``: ``response.completed`` (or ``incomplete`` /
 ``failed``) is the last word, held back until the reply is logged.
+
+A request that asks the upstream to manage its context itself
+(``context_management: [{"type": "compaction", …}]``, or ``truncation: "auto"``)
+goes as the client sent it (``upstream_manages``). The ``compaction`` item such
+an upstream returns is opaque and stands for everything before it: like a
+reasoning item, it travels with the item that follows it.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ class ResponsesDialect(Dialect):
         return (call_id,) if _type(item) in OUTPUT_TYPES and isinstance(call_id, str) else ()
 
     def travels_with_next(self, item: Item) -> bool:
-        return _type(item) == "reasoning"
+        return _type(item) in ("reasoning", "compaction")
 
     def identity(self, item: Item) -> Any:
         kind = _type(item)
@@ -171,11 +177,16 @@ class ResponsesDialect(Dialect):
                 "max_output_tokens": max_tokens}
 
     def summary_fields(self, payload: Mapping[str, Any], model: str, bound: int) -> dict[str, Any]:
-        """Also ``text`` without a ``format`` (a JSON schema would shape the summary), its ``verbosity`` kept."""
+        """Also ``text`` without a ``format`` (a JSON schema would shape the summary), its ``verbosity`` kept, and
+        ``context_management`` without its compaction: the transcript is what the summary is made of."""
         fields = super().summary_fields(payload, model, bound)
         text = payload.get("text")
         if isinstance(text, Mapping) and "format" in text:
             fields["text"] = {key: value for key, value in text.items() if key != "format"}
+        management = payload.get("context_management")
+        if isinstance(management, list):
+            fields["context_management"] = [entry for entry in management
+                                            if not (isinstance(entry, Mapping) and entry.get("type") == "compaction")]
         return fields
 
     def summary_answer(self, body: Mapping[str, Any]) -> tuple[str, bool, str]:
@@ -215,6 +226,12 @@ class ResponsesDialect(Dialect):
             item = item if isinstance(item, Mapping) else {}
             return item.get("type") == "reasoning" or (item.get("type") == "function_call" and item.get("name") == name)
         return kind not in ("response.output_text.delta", "response.refusal.delta")
+
+    def upstream_manages(self, payload: Mapping[str, Any]) -> bool:
+        management = payload.get("context_management")
+        compacts = isinstance(management, list) and any(
+            isinstance(entry, Mapping) and entry.get("type") == "compaction" for entry in management)
+        return compacts or payload.get("truncation") == "auto"
 
     def session_hint(self, payload: Mapping[str, Any]) -> str | None:
         """Codex sets ``prompt_cache_key`` to its conversation id."""

@@ -8,7 +8,8 @@
   model will see, counted by the model's own tokenizer.
 
 Neither compacts: counting is a question about the next request, and the next
-request compacts if it must.
+request compacts if it must. A request that asks the upstream to compact or clear
+its conversation itself is counted as sent, as it will go.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from proxy.upstream import client_timeout, map_upstream_errors, request_headers,
 
 
 def _view(turn: Turn) -> PreparedView:
+    if turn.as_sent:  # counted as it will go: the upstream compacts or clears it itself
+        return turn.sent_view()
     window = turn.engine.window_for(turn.parsed.model)
     return turn.engine.view(turn.parsed.items, turn.hashes, turn.state, dialect=turn.dialect, window=window,
                             tools=turn.parsed.tools, max_output=turn.max_output)

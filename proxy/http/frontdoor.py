@@ -96,6 +96,13 @@ class Turn:
         return self.dialect.max_output(self.parsed.payload)
 
     @property
+    def as_sent(self) -> bool:
+        """Whether the conversation goes upstream as the client sent it, never compacted, masked or clipped ahead:
+        its history lives upstream (``previous_response_id``), or the upstream was asked to compact or clear it
+        itself (``Dialect.upstream_manages``). Its items and the reply are logged all the same."""
+        return "previous_response_id" in self.parsed.payload or self.dialect.upstream_manages(self.parsed.payload)
+
+    @property
     def asks_usage(self) -> bool:
         """Whether the request goes with usage asked for on the client's behalf (hidden from it in the stream)."""
         return self.settings.adds_fields and self.dialect.usage_request(self.parsed) is not None
@@ -163,16 +170,19 @@ class Turn:
                 HEADER_VIEW_TOKENS: str(view.estimate.tokens), HEADER_OVERHEAD: f"{overhead:.2f}"}
 
     async def prepare(self) -> PreparedView:
-        """The view to send: the proactive trigger, unless the client keeps its history upstream."""
+        """The view to send: the proactive trigger, unless the conversation goes as sent (``as_sent``)."""
         tools, model = self.parsed.tools, self.parsed.model or ""
-        if "previous_response_id" in self.parsed.payload:
-            # Responses API with server-side state: the items are only what is new; forwarded as they are.
-            return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
-                                    window=self.engine.window_for(model), tools=tools, max_output=self.max_output,
-                                    fit=False)
+        if self.as_sent:
+            return self.sent_view()
         return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
                                          model=model, tools=tools, max_output=self.max_output,
                                          complete=self.summarise)
+
+    def sent_view(self) -> PreparedView:
+        """The client's items as they are, estimated: no checkpoint, no clipping."""
+        return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
+                                window=self.engine.window_for(self.parsed.model or ""), tools=self.parsed.tools,
+                                max_output=self.max_output, fit=False)
 
     async def rescue(self, overflow: Overflow, refused: PreparedView) -> PreparedView | None:
         """Compact harder after a too-long refusal; the new view, or None when nothing can be done.
@@ -183,6 +193,10 @@ class Turn:
         tool results clipped if that is what it takes, so a view that compaction
         cannot shrink (one huge result in the last step) still gets through. When no summary can be had (it
         fails, or the failure backoff is open and none is tried) the model-free tier stands in at once.
+
+        A request the upstream was asked to compact or clear itself is rescued too: a refusal means its own
+        context management did not bring the prompt under the window, and a dead run helps no one. The retry
+        keeps the client's ``context_management``; only a history kept upstream cannot be rescued.
         """
         self.attempts += 1
         attempt = self.attempts
