@@ -5,7 +5,8 @@
     │   ├── PayloadTooLarge
     │   ├── RequestTimeout
     │   ├── Unauthorized
-    │   └── UpgradeRequired
+    │   ├── UpgradeRequired
+    │   └── NothingToUndo
     ├── UpstreamError
     │   ├── UpstreamTimeout
     │   └── UpstreamUnreachable
@@ -73,6 +74,13 @@ class UpgradeRequired(BadRequest):
     """The client asked for a protocol the proxy does not speak (a websocket)."""
 
     status = 426
+
+
+class NothingToUndo(BadRequest):
+    """An undo of a compaction names no live checkpoint: none left, not a checkpoint, or one undone already."""
+
+    status = 409
+    code = "nothing_to_undo"
 
 
 class UpstreamError(ProxyError):

@@ -73,7 +73,7 @@ RETRY_FOR = 600.0
 #: Facts per read while catching up with the log.
 CATCH_UP_PAGE = 1000
 #: Kinds of the proxy's own facts that are keyed, so that an append retried after a lost acknowledgement skips them.
-KEYED_KINDS = frozenset({"summary", "checkpoint"})
+KEYED_KINDS = frozenset({"summary", "checkpoint", "retire"})
 
 
 @dataclass
@@ -358,7 +358,7 @@ class HistoryManager:
 
 
 def _keyed(facts: list[NewFact], anchor: int) -> list[NewFact]:
-    """``facts`` with a key on each of the proxy's summaries and checkpoints: its content and its planned seq."""
+    """``facts`` with a key on each of the proxy's summaries, checkpoints and retires: its content and planned seq."""
     return [replace(fact, key=fact_key(fact, anchor + i))
             if fact.source == "proxy" and fact.kind in KEYED_KINDS and fact.key is None else fact
             for i, fact in enumerate(facts)]

@@ -1,4 +1,4 @@
-"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now.
+"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now, undo a compaction.
 
 Access: ``Authorization: Bearer <--admin-token>``, compared in constant time.
 Without a configured token every admin path answers 404, as if the API did not
@@ -27,11 +27,12 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.context.undo import uncompact
 from proxy.dialects.base import Dialect, parse_json
 from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
 from proxy.http.body import read_body
 from proxy.http.clients import open_route
-from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
 from proxy.sessions import logged_session_key
 from proxy.store.base import SessionKey
@@ -53,6 +54,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get(base + "/log", admin_only(session_log))
     router.add_get(base + "/view", admin_only(session_view))
     router.add_post(base + "/compact", admin_only(compact_session))
+    router.add_post(base + "/uncompact", admin_only(uncompact_session))
     router.add_route("*", "/admin{tail:(/.*)?}", admin_only(unknown))
 
 
@@ -160,14 +162,19 @@ def _upstream_headers(request: web.Request, dialect: Dialect) -> CIMultiDict[str
     return headers
 
 
-async def _instructions(request: web.Request) -> str | None:
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The optional JSON object an admin POST carries ({} for none)."""
     raw = await read_body(request, request.app[settings_key]) if request.body_exists else b""
     if not raw.strip():
-        return None
+        return {}
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_json")
-    instructions = body.get("instructions")
+    return body
+
+
+async def _instructions(request: web.Request) -> str | None:
+    instructions = (await _body(request)).get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest("'instructions' must be a string.", param="instructions")
     return instructions or None
@@ -191,3 +198,17 @@ async def compact_session(request: web.Request) -> web.Response:
     checkpoint = orjson.loads(result.checkpoint.to_json()) if result.checkpoint is not None else None
     return _json({"outcome": result.outcome, "checkpoint": checkpoint, "tokens_before": result.tokens_before,
                   "tokens_after": result.tokens_after, "detail": result.detail})
+
+
+async def uncompact_session(request: web.Request) -> web.Response:
+    """Undo a compaction: a ``retire`` entry takes back checkpoint ``{"checkpoint": seq}`` (default: the newest
+    live one), so the next view is the one it replaced (``proxy.context.undo``). 409 when there is none to undo."""
+    key = _key(request)
+    seq = (await _body(request)).get("checkpoint")
+    if seq is not None and (type(seq) is not int or seq < 0):
+        raise BadRequest("'checkpoint' must be the seq of a checkpoint entry.", param="checkpoint")
+    history = request.app[history_key]
+    if (await history.state(key, refresh=True)).next_seq == 0:
+        raise _not_found(key)
+    undone = await uncompact(history, key, seq)
+    return _json({"retired": undone.retired, "entry": undone.entry, "checkpoint": undone.now})

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-Kind = Literal["message", "rewind", "summary", "checkpoint"]
+Kind = Literal["message", "rewind", "summary", "checkpoint", "retire"]
 Source = Literal["client", "upstream", "proxy"]
 #: Tenants ``FactLog.tenants_of`` keeps per session id, the newest: the candidates a new credential may continue.
 TENANTS_KEPT = 16
