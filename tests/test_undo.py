@@ -1,0 +1,266 @@
+"""Undoing a compaction: a ``retire`` entry, through the admin API and the CLI, on each store.
+
+After an undo the next view is the one the retired checkpoint replaced (the
+checkpoint before it, or the whole history), the log keeps every entry it had,
+a compaction that was running when the undo landed appends nothing, and
+nothing is reduced again before the view passes the trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.context.lineage import ConversationState
+from proxy.keys import engine_key, history_key, store_key
+from proxy.sessions import tenant_of
+from proxy.settings import Secret
+from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log
+from tests.test_admin import ADMIN, TOKEN, chat, error_of
+from tests.test_admin import TENANT as ADMIN_TENANT
+from tests.test_background import WINDOW, compactions
+from tests.test_compaction_e2e import prose, send, tool_call
+
+AGENT_TENANT = tenant_of("sk-e2e")  # the key tests.test_compaction_e2e.send uses
+
+
+async def view_of(proxy: Any, tenant: str, session: str) -> dict[str, Any]:
+    resp = await proxy.get(f"/admin/sessions/{tenant}/{session}/view", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    view: dict[str, Any] = await resp.json()
+    return view
+
+
+async def compact(proxy: Any, tenant: str, session: str) -> dict[str, Any]:
+    resp = await proxy.post(f"/admin/sessions/{tenant}/{session}/compact", headers=ADMIN)
+    result: dict[str, Any] = await resp.json()
+    assert result["outcome"] == "ok", result
+    return result
+
+
+async def uncompact(proxy: Any, tenant: str, session: str, body: Any = None) -> Any:
+    return await proxy.post(f"/admin/sessions/{tenant}/{session}/uncompact", headers=ADMIN,
+                            data=orjson.dumps(body) if body is not None else None)
+
+
+async def rounds(proxy: Any, fake: FakeUpstream, session: str, messages: list[dict[str, Any]], count: int,
+                 seed: int) -> list[dict[str, Any]]:
+    """``count`` more user rounds of ``messages`` through the proxy (tenant ``ADMIN_TENANT``)."""
+    rng = random.Random(seed)
+    for n in range(count):
+        messages.append({"role": "user", "content": f"Round {seed}.{n}: " + prose(rng, 220)})
+        fake.script.append(Reply(content=prose(rng, 160)))
+        resp = await chat(proxy, messages, session)
+        messages.append((await resp.json())["choices"][0]["message"])
+    return messages
+
+
+def kinds(facts: list[StoredFact]) -> list[str]:
+    return [f.kind for f in facts]
+
+
+async def test_an_undo_gives_back_the_view_the_compaction_replaced(make_proxy, fake: FakeUpstream) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    key = SessionKey(ADMIN_TENANT, "undo")
+    messages = await rounds(proxy, fake, "undo", [{"role": "system", "content": "You are helpful."}], 4, seed=1)
+    whole = await view_of(proxy, ADMIN_TENANT, "undo")
+    assert whole["checkpoint"] is None
+    made = await compact(proxy, ADMIN_TENANT, "undo")
+    assert (await view_of(proxy, ADMIN_TENANT, "undo"))["messages"] != whole["messages"]
+    before = await read_log(proxy.app[store_key], key)
+    assert kinds(before)[-2:] == ["summary", "checkpoint"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "undo")
+    assert resp.status == 200, await resp.text()
+    assert await resp.json() == {"retired": before[-1].seq, "entry": before[-1].seq + 1, "checkpoint": None}
+
+    after = await read_log(proxy.app[store_key], key)
+    assert after[:-1] == before, "the log keeps every entry: the undo is one more"
+    assert (after[-1].kind, after[-1].source, after[-1].extra) == ("retire", "proxy",
+                                                                     {"checkpoint_seq": before[-1].seq})
+    assert before[-1].extra["checkpoint"] == made["checkpoint"]
+    assert await view_of(proxy, ADMIN_TENANT, "undo") == whole
+
+    # The next request sends the whole history upstream, and compacts nothing: it fits.
+    fake.script.append(Reply(content="Back to where we were."))
+    resp = await chat(proxy, [*messages, {"role": "user", "content": "go on"}], "undo")
+    assert resp.headers["X-Ctxproxy-Compacted"] == "none"
+    assert fake.requests[-1]["messages"] == [*whole["messages"], {"role": "user", "content": "go on"}]
+
+
+async def test_undos_take_back_checkpoints_newest_first_and_then_refuse(make_proxy, fake: FakeUpstream) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    messages = await rounds(proxy, fake, "stack", [{"role": "system", "content": "You are helpful."}], 4, seed=2)
+    first = await compact(proxy, ADMIN_TENANT, "stack")
+    await rounds(proxy, fake, "stack", messages, 3, seed=3)
+    once = await view_of(proxy, ADMIN_TENANT, "stack")
+    assert once["checkpoint"] == first["checkpoint"]
+    second = await compact(proxy, ADMIN_TENANT, "stack")
+    assert second["checkpoint"] != first["checkpoint"]
+    facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "stack"))
+    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "stack")
+    assert (await resp.json())["retired"] == second_seq and (await resp.json())["checkpoint"] == first_seq
+    assert await view_of(proxy, ADMIN_TENANT, "stack") == once
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "stack", {"checkpoint": second_seq})
+    assert resp.status == 409 and (await error_of(resp))["code"] == "nothing_to_undo"
+    resp = await uncompact(proxy, ADMIN_TENANT, "stack", {"checkpoint": 0})  # a message entry
+    assert resp.status == 409 and "not a checkpoint" in (await error_of(resp))["message"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "stack", {"checkpoint": first_seq})
+    assert (await resp.json())["checkpoint"] is None
+    whole = await view_of(proxy, ADMIN_TENANT, "stack")
+    assert whole["checkpoint"] is None and whole["messages"] == messages
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "stack")
+    assert resp.status == 409 and (await error_of(resp))["code"] == "nothing_to_undo"
+    log = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "stack"))
+    assert kinds(log)[-2:] == ["retire", "retire"], "a refused undo logs nothing"
+
+
+@pytest.mark.parametrize("body", [b"[1]", b"{not json", b'{"checkpoint": "4"}', b'{"checkpoint": -1}',
+                                  b'{"checkpoint": true}'])
+async def test_an_undo_refuses_a_malformed_body(make_proxy, fake, body: bytes) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN))
+    await chat(proxy, [{"role": "user", "content": "x"}], "s1")
+    resp = await proxy.post(f"/admin/sessions/{ADMIN_TENANT}/s1/uncompact", data=body, headers=ADMIN)
+    assert resp.status == 400
+    assert (await error_of(resp))["type"] == "invalid_request_error"
+
+
+async def test_an_undo_of_an_unknown_session_is_404_and_needs_the_admin_token(make_proxy, fake) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN))
+    resp = await uncompact(proxy, ADMIN_TENANT, "nobody")
+    assert resp.status == 404 and "nobody" in (await error_of(resp))["message"]
+    await chat(proxy, [{"role": "user", "content": "x"}], "s1")
+    resp = await proxy.post(f"/admin/sessions/{ADMIN_TENANT}/s1/uncompact",
+                            headers={"Authorization": "Bearer sk-tenant-a"})
+    assert resp.status == 401
+    assert (await uncompact(proxy, ADMIN_TENANT, "s1")).status == 409  # known, but nothing to undo
+
+
+def cli(*args: str) -> Any:
+    return CliRunner().invoke(main, list(args), env={"CTXPROXY_STORE": None, "CTXPROXY_CONTEXT_WINDOW": None})
+
+
+async def test_the_cli_undo_reaches_a_running_proxy_and_the_cli_view(make_proxy, fake: FakeUpstream,
+                                                                     store_url: str) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    messages = await rounds(proxy, fake, "cli", [{"role": "system", "content": "You are helpful."}], 4, seed=4)
+    whole = await view_of(proxy, ADMIN_TENANT, "cli")
+    await compact(proxy, ADMIN_TENANT, "cli")
+    seq = (await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "cli")))[-1].seq
+
+    # The CLI is another process's HistoryManager on the same store, with its own event loop.
+    result = await asyncio.to_thread(cli, "sessions", "uncompact", "cli", "--store", store_url)
+    assert result.exit_code == 0, result.output
+    assert result.output == (f"Undid the compaction at entry #{seq} (retired by entry #{seq + 1}); "
+                             "the next view is built from the whole history.\n")
+    shown = await asyncio.to_thread(cli, "sessions", "view", "cli", "--store", store_url, "--json")
+    assert orjson.loads(shown.output)["messages"] == whole["messages"]
+    transcript = (await asyncio.to_thread(cli, "sessions", "log", "cli", "--store", store_url)).output
+    assert transcript.rstrip().endswith(f"── retire: the compaction at entry {seq} is undone ──")
+    again = await asyncio.to_thread(cli, "sessions", "uncompact", "cli", "--store", store_url)
+    assert again.exit_code == 1 and "no compaction left to undo" in again.output
+
+    # The proxy reads what another process appended once its cached state is older than ``fresh_for``: the next
+    # request after a quiet second (made quiet at once here) sends the whole history again.
+    proxy.app[history_key].fresh_for = 0.0
+    fake.script.append(Reply(content="ok"))
+    resp = await chat(proxy, [*messages, {"role": "user", "content": "next"}], "cli")
+    assert resp.headers["X-Ctxproxy-Compacted"] == "none"
+    assert fake.requests[-1]["messages"] == [*whole["messages"], {"role": "user", "content": "next"}]
+
+
+async def test_a_compaction_running_when_the_undo_lands_appends_nothing_and_none_starts_ahead_again(
+        make_proxy, fake: FakeUpstream) -> None:
+    fake.window = WINDOW
+    proxy = await make_proxy(admin_token=Secret(TOKEN), context_window=WINDOW, precompact_threshold=0.6,
+                             keep_tool_outputs=1_000)  # masking off: the summary path
+    rng = random.Random(5)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                      {"role": "user", "content": "Refactor the parser module."}]
+
+    async def step(n: int) -> Any:
+        fake.script.append(tool_call(n))
+        resp, reply = await send(proxy, messages, "bg", stream=False)
+        messages.extend([reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                                 "content": prose(rng, 300)}])
+        return resp
+
+    n = 0
+    while True:  # steps until a manual compaction has something to summarise, before any background one
+        await step(n)
+        n += 1
+        resp = await proxy.post(f"/admin/sessions/{AGENT_TENANT}/bg/compact", headers=ADMIN)
+        early = await resp.json()
+        if early["outcome"] == "ok":
+            break
+    assert compactions(proxy, "background") == 0
+    made = len(fake.summary_requests)
+    fake.summary_gate = asyncio.Event()  # the background summary is held until the undo has landed
+    while len(fake.summary_requests) == made:
+        started = await step(n)  # at last the step whose view passed the soft threshold and started a summary
+        n += 1
+    key = SessionKey(AGENT_TENANT, "bg")
+    engine = proxy.app[engine_key]
+    assert engine.background.running(key) is not None
+    resp = await uncompact(proxy, AGENT_TENANT, "bg")
+    assert (await resp.json())["checkpoint"] is None
+    fake.summary_gate.set()
+    await engine.background.join(key)
+
+    facts = await read_log(proxy.app[store_key], key)
+    assert facts[-1].kind == "retire", "the summary planned on the retired checkpoint was not recorded"
+    assert [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"] == [early["checkpoint"]]
+    assert compactions(proxy, "background") == 1
+
+    # Until the view passes the trigger nothing is summarised ahead of need, not even past the view that started
+    # the held summary (over the soft threshold, then).
+    summaries, threshold = len(fake.summary_requests), engine.policy(WINDOW).threshold(None)
+    tokens = 0
+    while tokens <= int(started.headers["X-Ctxproxy-View-Tokens"]):
+        resp = await step(n)
+        n += 1
+        tokens = int(resp.headers["X-Ctxproxy-View-Tokens"])
+        assert resp.headers["X-Ctxproxy-Compacted"] == "none" and tokens <= threshold
+        assert engine.background.running(key) is None and len(fake.summary_requests) == summaries
+
+
+# ---- the fold and the codec ---------------------------------------------------------------------------------------
+
+
+def checkpoint_payload(retain: int) -> dict[str, Any]:
+    return {"v": 3, "summary": f"s{retain}", "retain_start_idx": 0, "prefix_hash": "", "round_start_idx": None,
+            "tokens_before": 10, "tokens_after": 5, "model": "m", "created_at": 0.0, "masked_until": 0}
+
+
+async def test_a_retire_entry_is_stored_and_folded_on_each_backend(store: FactLog) -> None:
+    key = SessionKey("t", "fold")
+    facts = [NewFact(kind="message", index=0, source="client", message={"role": "user", "content": "hi"}, hash="h0"),
+             NewFact(kind="checkpoint", index=0, source="proxy", extra={"checkpoint": checkpoint_payload(1)}),
+             NewFact(kind="checkpoint", index=0, source="proxy", extra={"checkpoint": checkpoint_payload(2)}),
+             NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 2}),
+             NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 0})]  # not a checkpoint
+    await store.append(key, 0, facts, 1.0)
+    stored = await store.read(key)
+    assert [(f.kind, dict(f.extra)) for f in stored] == [(f.kind, dict(f.extra)) for f in facts]
+    state = ConversationState()
+    for fact in stored[:3]:
+        state.apply(fact)
+    assert state.checkpoint is not None and state.checkpoint["summary"] == "s2" and not state.undone
+    state.apply(stored[3])
+    assert state.checkpoint is not None and state.checkpoint["summary"] == "s1"
+    assert state.checkpoint_seq_for(state.hashes) == 1 and state.retired == {2} and state.undone
+    state.apply(stored[4])
+    assert state.last_retire == 3, "a retire naming no live checkpoint changes nothing"
