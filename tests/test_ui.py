@@ -40,9 +40,29 @@ async def ui_proxy(make_proxy: Any, **overrides: Any) -> Any:
     return await make_proxy(admin_token=Secret(TOKEN), **overrides)
 
 
-async def sign_in(proxy: Any) -> None:
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": "/ui"}, allow_redirects=False)
+def form_token(html: str) -> str:
+    """The CSRF token in a page's forms."""
+    found = re.search(r'<input type="hidden" name="csrf_token" value="([^"]+)">', html)
+    assert found is not None, html
+    return found[1]
+
+
+async def post_signin(proxy: Any, token: str = TOKEN, next_path: str = "/ui", **headers: str) -> Any:
+    """Sign in as the form does: its page first (the token's ``PRESIGN`` cookie), then the POST."""
+    csrf_token = form_token(await page(proxy, "/ui/signin"))
+    return await proxy.post("/ui/signin", data={"token": token, "next": next_path, "csrf_token": csrf_token},
+                            headers=headers, allow_redirects=False)
+
+
+async def sign_in(proxy: Any, next_path: str = "/ui", token: str = TOKEN) -> Any:
+    resp = await post_signin(proxy, token, next_path)
     assert resp.status == 303, await resp.text()
+    return resp
+
+
+async def sign_out(proxy: Any) -> Any:
+    csrf_token = form_token(await page(proxy, "/ui"))
+    return await proxy.post("/ui/signout", data={"csrf_token": csrf_token}, allow_redirects=False)
 
 
 async def step(proxy: Any, messages: list[dict[str, Any]], session: str) -> dict[str, Any]:
@@ -104,7 +124,7 @@ async def test_pages_send_you_to_sign_in_and_data_needs_the_cookie(make_proxy) -
     resp = await proxy.get(session_path("s1") + "/live")
     assert resp.status == 401 and (await resp.json())["error"]["type"] == "authentication_error"
     resp = await proxy.post("/ui/signout", allow_redirects=False)
-    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    assert resp.status == 401 and cookie.NAME not in resp.cookies
     form = await page(proxy, "/ui/signin?next=%2Fui%2Fsessions")
     assert '<input type="hidden" name="next" value="/ui/sessions">' in form
     assert 'name="token"' in form and 'method="post"' in form
@@ -128,11 +148,10 @@ async def test_a_cookie_not_signed_with_the_admin_token_or_expired_is_refused(ma
 
 async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make_proxy) -> None:
     proxy = await ui_proxy(make_proxy)
-    resp = await proxy.post("/ui/signin", data={"token": "wrong", "next": "/ui"}, allow_redirects=False)
-    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    resp = await post_signin(proxy, "wrong")
+    assert resp.status == 401 and cookie.NAME not in resp.cookies
     assert "That is not the admin token." in await resp.text()
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": f"{session_path('s1')}?page=0"},
-                            allow_redirects=False)
+    resp = await post_signin(proxy, next_path=f"{session_path('s1')}?page=0")
     assert resp.status == 303 and resp.headers["Location"] == f"{session_path('s1')}?page=0"
     [header] = resp.headers.getall("Set-Cookie")
     morsel = SimpleCookie(header)[cookie.NAME]
@@ -142,7 +161,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make
     assert cookie.valid(morsel.value, TOKEN, time.time())
     assert (await proxy.get("/ui", allow_redirects=False)).status == 200  # the client's jar sends it back
 
-    resp = await proxy.post("/ui/signout", allow_redirects=False)
+    resp = await sign_out(proxy)
     assert resp.status == 303 and resp.headers["Location"] == "/ui/signin"
     gone = SimpleCookie(resp.headers["Set-Cookie"])[cookie.NAME]
     assert (gone.value, gone["max-age"], gone["path"]) == ("", "0", "/ui")
@@ -155,7 +174,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make
 ])
 async def test_after_sign_in_only_inspector_paths_on_this_origin(make_proxy, target: str, expected: str) -> None:
     proxy = await ui_proxy(make_proxy)
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": target}, allow_redirects=False)
+    resp = await post_signin(proxy, next_path=target)
     assert resp.headers["Location"] == expected
 
 

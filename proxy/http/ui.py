@@ -7,7 +7,9 @@ a data request (``/live``) gets 401. Signing in POSTs the admin token, compared
 in constant time; the answer sets an HttpOnly, SameSite=Strict cookie on
 ``Path=/ui`` (Secure when the request came over TLS) that holds a signed expiry,
 never the token, and no token ever travels in a URL. Against CSRF: the cookie
-is SameSite=Strict and the only state changes (sign in, sign out) are POSTs.
+is SameSite=Strict, and every POST under ``/ui`` (sign in, sign out, and any
+later form) passes ``proxy.ui.csrf.check`` in ``guard`` before its handler: an
+Origin check and a token in the form, bound to the cookie (403 otherwise).
 
 Every response carries a Content-Security-Policy that allows script and style
 only from ``/ui/static/`` (no inline script), ``nosniff`` and
@@ -34,7 +36,7 @@ from proxy.keys import compactions_key, engine_key, metrics_key, settings_key, s
 from proxy.render import session_infos
 from proxy.sessions import logged_session_key
 from proxy.store.base import FactLog, SessionInfo, SessionKey
-from proxy.ui import STATIC_TYPES, cookie, pages, static_file
+from proxy.ui import STATIC_TYPES, cookie, csrf, pages, static_file
 from proxy.ui.request import rebuild, request_html
 from proxy.ui.timeline import Point, usage_figures
 
@@ -83,6 +85,8 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
                 raise web.HTTPNotFound()
             if access != "open" and not cookie.valid(request.cookies.get(cookie.NAME), token, time.time()):
                 response = _sign_in_first(request, access)
+            elif request.method == "POST" and (refusal := await _forged(request, token, access)):
+                response = _html(pages.message_page("Refused", refusal, csrf_token=None), status=403)
             else:
                 response = await handler(request)
             response.headers.update(SECURITY_HEADERS)
@@ -98,6 +102,20 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
     return guarded
 
 
+async def _forged(request: web.Request, token: str, access: Access) -> str | None:
+    """Why this POST is refused as cross-site (``csrf.check``), or None; the sign-in form binds to ``PRESIGN``."""
+    form = await request.post()  # aiohttp keeps it: the handler's own ``post()`` reads the same
+    binding = request.cookies.get(csrf.PRESIGN if access == "open" else cookie.NAME)
+    return csrf.check(admin_token=token, binding=binding, presented=form.get(csrf.FIELD),
+                      origin=request.headers.get("Origin"), fetch_site=request.headers.get("Sec-Fetch-Site"),
+                      host=request.host)
+
+
+def form_token(request: web.Request) -> str:
+    """The CSRF token for the forms of a page shown to this signed-in request (``csrf.field`` places it)."""
+    return csrf.token(request.app[settings_key].admin_token or "", request.cookies.get(cookie.NAME, ""))
+
+
 def _html(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html", charset="utf-8")
 
@@ -111,7 +129,17 @@ def _sign_in_first(request: web.Request, access: Access) -> web.Response:
         return error_response(401, "Sign in at /ui/signin first.", type="authentication_error")
     if request.method == "GET":
         return _see_other("/ui/signin?next=" + quote(request.path_qs, safe=""))
-    return _html(pages.signin_page("/ui", "Sign in first."), status=401)
+    return _signin_page(request, "/ui", "Sign in first.", status=401)
+
+
+def _signin_page(request: web.Request, target: str, error: str = "", status: int = 200) -> web.Response:
+    """The sign-in form, its token bound to the browser's ``PRESIGN`` cookie (set here when it has none)."""
+    presign = request.cookies.get(csrf.PRESIGN) or csrf.presign_value()
+    token = csrf.token(request.app[settings_key].admin_token or "", presign)
+    response = _html(pages.signin_page(target, token, error), status=status)
+    response.set_cookie(csrf.PRESIGN, presign, path="/ui/signin", httponly=True, samesite="Strict",
+                        secure=request.secure)
+    return response
 
 
 def _next_path(value: object) -> str:
@@ -123,7 +151,7 @@ def _next_path(value: object) -> str:
 
 
 async def signin_form(request: web.Request) -> web.Response:
-    return _html(pages.signin_page(_next_path(request.query.get("next"))))
+    return _signin_page(request, _next_path(request.query.get("next")))
 
 
 async def signin(request: web.Request) -> web.Response:
@@ -131,7 +159,7 @@ async def signin(request: web.Request) -> web.Response:
     form = await request.post()
     presented, target = form.get("token"), _next_path(form.get("next"))
     if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), token.encode()):
-        return _html(pages.signin_page(target, "That is not the admin token."), status=401)
+        return _signin_page(request, target, "That is not the admin token.", status=401)
     response = _see_other(target)
     response.set_cookie(cookie.NAME, cookie.issue(token, time.time()), max_age=cookie.LIFETIME, path="/ui",
                         httponly=True, samesite="Strict", secure=request.secure)
@@ -152,7 +180,8 @@ async def static(request: web.Request) -> web.Response:
 
 
 async def unknown(request: web.Request) -> web.Response:
-    return _html(pages.message_page("Not found", "There is no such page in the inspector."), status=404)
+    return _html(pages.message_page("Not found", "There is no such page in the inspector.",
+                                    csrf_token=form_token(request)), status=404)
 
 
 def _window(request: web.Request) -> tuple[int, int]:
@@ -191,12 +220,12 @@ async def sessions(request: web.Request) -> web.Response:
             for info in infos[:MAX_SESSIONS]]
     window, threshold = _window(request)
     return _html(pages.sessions_page(rows, total=len(infos), window=window, threshold=threshold,
-                                     model=request.query.get("model", "")))
+                                     model=request.query.get("model", ""), csrf_token=form_token(request)))
 
 
-def _missing(key: SessionKey) -> web.Response:
-    return _html(pages.message_page("No such session", f"No session {key.session!r} under tenant {key.tenant!r}."),
-                 status=404)
+def _missing(request: web.Request, key: SessionKey) -> web.Response:
+    return _html(pages.message_page("No such session", f"No session {key.session!r} under tenant {key.tenant!r}.",
+                                    csrf_token=form_token(request)), status=404)
 
 
 def _int(value: str | None, default: int) -> int:
@@ -210,12 +239,12 @@ async def session(request: web.Request) -> web.Response:
     events = app[compactions_key].events(key)
     async with app[timelines_key].fold(store, key) as t:
         if t.next_seq == 0:
-            return _missing(key)
+            return _missing(request, key)
         count = math.ceil(t.next_seq / LOG_PAGE)
         page = min(_int(request.query.get("page"), count - 1), count - 1)
         facts = await store.read(key, after=page * LOG_PAGE - 1, limit=LOG_PAGE)
         return _html(pages.session_page(key, t, events, facts, page=page, pages=count, links=_links(request, key),
-                                        window=window, threshold=threshold))
+                                        window=window, threshold=threshold, csrf_token=form_token(request)))
 
 
 async def live(request: web.Request) -> web.Response:
@@ -258,17 +287,19 @@ async def request_view(request: web.Request) -> web.Response:
         point = _point(t.points, seq)
         checkpoint = t.checkpoints.get(point.view_key) if point is not None else None
     if point is None:
-        return _html(pages.message_page("Not a request", f"Entry #{seq} is not an upstream reply."), status=404)
+        return _html(pages.message_page("Not a request", f"Entry #{seq} is not an upstream reply.",
+                                        csrf_token=form_token(request)), status=404)
     found = await rebuild(store, key, point, checkpoint, engine.projection)
     section = request_html(found, engine.counter, entry=links.entry)
     if request.query.get("fragment") == "1":
         return _html(section)
-    return _html(pages.request_page(key, seq, section, links))
+    return _html(pages.request_page(key, seq, section, links, csrf_token=form_token(request)))
 
 
 async def entry(request: web.Request) -> web.Response:
     app, key, seq = request.app, _key(request), int(request.match_info["seq"])
     facts = await app[store_key].read(key, after=seq - 1, limit=1)
     if not facts or facts[0].seq != seq:
-        return _html(pages.message_page("No such entry", f"Session {key.session!r} has no entry #{seq}."), status=404)
-    return _html(pages.entry_page(key, facts[0], _links(request, key)))
+        return _html(pages.message_page("No such entry", f"Session {key.session!r} has no entry #{seq}.",
+                                        csrf_token=form_token(request)), status=404)
+    return _html(pages.entry_page(key, facts[0], _links(request, key), csrf_token=form_token(request)))
