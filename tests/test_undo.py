@@ -28,12 +28,24 @@ from tests.test_admin import ADMIN, TOKEN, chat, error_of
 from tests.test_admin import TENANT as ADMIN_TENANT
 from tests.test_background import WINDOW, compactions
 from tests.test_compaction_e2e import prose, send, tool_call
+from tests.test_ui import TENANT as UI_TENANT
+from tests.test_ui import TOKEN as UI_TOKEN
+from tests.test_ui import agent_session, form_token, page, session_path, sign_in, ui_proxy
 
 AGENT_TENANT = tenant_of("sk-e2e")  # the key tests.test_compaction_e2e.send uses
 
 
 async def view_of(proxy: Any, tenant: str, session: str) -> dict[str, Any]:
     resp = await proxy.get(f"/admin/sessions/{tenant}/{session}/view", headers=ADMIN)
+    assert resp.status == 200, await resp.text()
+    view: dict[str, Any] = await resp.json()
+    return view
+
+
+async def view_of_ui(proxy: Any, session: str) -> dict[str, Any]:
+    """The admin view of a session of ``tests.test_ui``'s tenant, with its admin token."""
+    resp = await proxy.get(f"/admin/sessions/{UI_TENANT}/{session}/view",
+                           headers={"Authorization": f"Bearer {UI_TOKEN}"})
     assert resp.status == 200, await resp.text()
     view: dict[str, Any] = await resp.json()
     return view
@@ -235,6 +247,43 @@ async def test_a_compaction_running_when_the_undo_lands_appends_nothing_and_none
         tokens = int(resp.headers["X-Ctxproxy-View-Tokens"])
         assert resp.headers["X-Ctxproxy-Compacted"] == "none" and tokens <= threshold
         assert engine.background.running(key) is None and len(fake.summary_requests) == summaries
+
+
+# ---- the inspector's undo button, over HTTP (the browser's part: tests/test_ui_browser.py) --------------------------
+
+
+async def test_the_inspector_undoes_only_for_a_signed_in_form_with_its_token(make_proxy, fake) -> None:
+    proxy = await ui_proxy(make_proxy, min_retain_rounds=1)
+    await agent_session(proxy, fake, "ui", 3)
+    headers = {"Authorization": f"Bearer {UI_TOKEN}"}
+    whole = await view_of_ui(proxy, "ui")
+    assert (await (await proxy.post(f"/admin/sessions/{UI_TENANT}/ui/compact", headers=headers)).json())[
+        "outcome"] == "ok"
+    key = SessionKey(UI_TENANT, "ui")
+    seq = (await read_log(proxy.app[store_key], key))[-1].seq
+    action = session_path("ui") + "/uncompact"
+
+    resp = await proxy.post(action, data={"checkpoint": str(seq)}, allow_redirects=False)
+    assert resp.status == 401, "signed out: the sign-in form, nothing undone"
+    await sign_in(proxy)
+    html = await page(proxy, session_path("ui"))
+    assert f'action="{action}"' in html and f'name="checkpoint" value="{seq}"' in html
+    for forged in ({"checkpoint": str(seq)}, {"checkpoint": str(seq), "csrf_token": "forged"}):
+        resp = await proxy.post(action, data=forged, allow_redirects=False)
+        assert resp.status == 403
+    assert (await read_log(proxy.app[store_key], key))[-1].seq == seq, "a refused form logs nothing"
+
+    resp = await proxy.post(action, data={"checkpoint": str(seq), "csrf_token": form_token(html)},
+                            allow_redirects=False)
+    assert resp.status == 303 and resp.headers["Location"] == f"{session_path('ui')}#e{seq + 1}"
+    assert (await read_log(proxy.app[store_key], key))[-1].extra == {"checkpoint_seq": seq}
+    assert await view_of_ui(proxy, "ui") == whole
+    html = await page(proxy, session_path("ui"))
+    assert 'class="mark outcome-retired"' in html and f"undone by entry #{seq + 1}" in html
+    assert 'form class="undo"' not in html
+    resp = await proxy.post(action, data={"checkpoint": str(seq), "csrf_token": form_token(html)},
+                            allow_redirects=False)
+    assert resp.status == 409 and "undone already" in await resp.text()
 
 
 # ---- the fold and the codec ---------------------------------------------------------------------------------------

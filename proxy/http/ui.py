@@ -13,8 +13,9 @@ Origin check and a token in the form, bound to the cookie (403 otherwise).
 
 Every response carries a Content-Security-Policy that allows script and style
 only from ``/ui/static/`` (no inline script), ``nosniff`` and
-``frame-ancestors 'none'``; and everything from the log is escaped. The log is
-only read here; nothing under ``/ui`` changes a session.
+``frame-ancestors 'none'``; and everything from the log is escaped. One form
+changes a session: the undo button on a compaction marker (``uncompact``), which
+appends a ``retire`` entry (``proxy.context.undo``); nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from urllib.parse import quote, urlsplit
 import orjson
 from aiohttp import web
 
-from proxy.errors import ProxyError
+from proxy.context.undo import uncompact
+from proxy.errors import NothingToUndo, ProxyError
 from proxy.http.clients import open_route
 from proxy.http.middleware import error_response
-from proxy.keys import compactions_key, engine_key, metrics_key, settings_key, store_key, timelines_key
+from proxy.keys import compactions_key, engine_key, history_key, metrics_key, settings_key, store_key, timelines_key
 from proxy.render import session_infos
 from proxy.sessions import logged_session_key
 from proxy.store.base import FactLog, SessionInfo, SessionKey
@@ -69,6 +71,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get(base + "/live", guard(live, "data"))
     router.add_get(base + "/requests/{seq:[0-9]+}", guard(request_view))
     router.add_get(base + "/entries/{seq:[0-9]+}", guard(entry))
+    router.add_post(base + "/uncompact", guard(uncompact_form))
     router.add_route("*", "/ui/{tail:.*}", guard(unknown))
 
 
@@ -262,7 +265,7 @@ async def live(request: web.Request) -> web.Response:
             if request.query.get("tail") == "1":
                 facts = await store.read(key, after=since - 1, limit=LOG_PAGE)
                 if len(facts) < LOG_PAGE:
-                    body["log"] = pages.log_items(facts, t, links)
+                    body["log"] = pages.log_items(facts, t, links, form_token(request))
                 else:  # too much to append: the page reloads
                     body["reload"] = True
     return web.Response(body=orjson.dumps(body), content_type="application/json")
@@ -303,3 +306,21 @@ async def entry(request: web.Request) -> web.Response:
         return _html(pages.message_page("No such entry", f"Session {key.session!r} has no entry #{seq}.",
                                         csrf_token=form_token(request)), status=404)
     return _html(pages.entry_page(key, facts[0], _links(request, key), csrf_token=form_token(request)))
+
+
+async def uncompact_form(request: web.Request) -> web.Response:
+    """The undo button of a compaction marker (``proxy.context.undo``); the guard checked the sign-in and the
+    CSRF token. Back to the session's page, at the retire entry, or a page saying why nothing was undone."""
+    key, form = _key(request), await request.post()
+    raw = form.get("checkpoint")
+    if not isinstance(raw, str) or not raw.isdigit():
+        return _html(pages.message_page("Nothing undone", "The form names no checkpoint entry.",
+                                        csrf_token=form_token(request)), status=400)
+    history = request.app[history_key]
+    if (await history.state(key, refresh=True)).next_seq == 0:
+        return _missing(request, key)
+    try:
+        undone = await uncompact(history, key, int(raw))
+    except NothingToUndo as exc:
+        return _html(pages.message_page("Nothing undone", exc.message, csrf_token=form_token(request)), status=409)
+    return _see_other(f"{_links(request, key).session()}#e{undone.entry}")

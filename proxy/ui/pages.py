@@ -70,6 +70,9 @@ class Links:
     def live(self) -> str:
         return self._url("/live")
 
+    def uncompact(self) -> str:
+        return self._url("/uncompact")
+
 
 @dataclass(frozen=True)
 class SessionRow:
@@ -125,10 +128,11 @@ def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[Ma
         what = "summarised"
         if m.elided_from is not None:  # the model-free tier stood in for (part of) the summary
             what = f"summarised, {m.elided_from}–{m.retain_start - 1} elided without a model summary"  # noqa: RUF001
-        lines.append(MarkLine(m.position, "ok" if m.elided_from is None else "fallback",
-                              f"{short(m.tokens_before)}→{short(m.tokens_after)}",
+        undone = f"; undone by entry #{m.retired_by}" if m.retired_by is not None else ""
+        outcome = "retired" if m.retired_by is not None else "ok" if m.elided_from is None else "fallback"
+        lines.append(MarkLine(m.position, outcome, f"{short(m.tokens_before)}→{short(m.tokens_after)}",
                               f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} {what}, "  # noqa: RUF001
-                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens"))
+                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens{undone}"))
     times = [p.ts for p in timeline.points]
     for ev in events:
         if ev.outcome not in ("ok", "fallback"):
@@ -171,14 +175,24 @@ def timeline_html(t: Timeline, events: Sequence[CompactionEvent], links: Links, 
     return svg + (LEGEND if t.points else "")
 
 
-def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links) -> str:
+def undo_form(links: Links, seq: int, csrf_token: str) -> str:
+    """The button that undoes the compaction at entry ``seq`` (``proxy.context.undo``), a POST with the CSRF token."""
+    return (f'<form class="undo" method="post" action="{e(links.uncompact())}">{csrf.field(csrf_token)}'
+            f'<input type="hidden" name="checkpoint" value="{seq}">'
+            '<button type="submit" title="Retire this checkpoint: the next request is built from the one before it, '
+            'or from the whole history">Undo this compaction</button></form>')
+
+
+def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links, csrf_token: str) -> str:
     marks = {m.seq: m for m in t.marks}
     out = []
     for fact in facts:
         tokens = t.counter.message_tokens(dialect_of(fact), dict(fact.message), fact.hash) if fact.message else None
         request = links.request(fact.seq) if fact.kind == "message" and fact.source == "upstream" else None
-        out.append(entry_html(fact, tokens=tokens, mark=marks.get(fact.seq), entry_url=links.entry(fact.seq),
-                              request_url=request))
+        mark = marks.get(fact.seq)
+        undo = undo_form(links, fact.seq, csrf_token) if mark is not None and mark.retired_by is None else ""
+        out.append(entry_html(fact, tokens=tokens, mark=mark, entry_url=links.entry(fact.seq), request_url=request,
+                              undo=undo))
     return "".join(out)
 
 
@@ -199,7 +213,7 @@ def session_page(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
             f'<section id="timeline">{timeline_html(t, events, links, window, threshold)}</section>'
             '<section id="request-panel" aria-live="polite"></section>'
             f'<section id="log-section"><h2>Log</h2>{_pager(page, pages, links)}'
-            f'<ol id="log" class="log" start="{start}">{log_items(facts, t, links)}</ol>'
+            f'<ol id="log" class="log" start="{start}">{log_items(facts, t, links, csrf_token)}</ol>'
             f"{_pager(page, pages, links)}</section>")
     return layout(f"{key.session} ({key.tenant})", body, live=live, csrf_token=csrf_token)
 
