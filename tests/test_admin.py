@@ -28,6 +28,7 @@ PATHS = [
     ("GET", f"/admin/sessions/{TENANT}/s1/log"),
     ("GET", f"/admin/sessions/{TENANT}/s1/view"),
     ("POST", f"/admin/sessions/{TENANT}/s1/compact"),
+    ("POST", f"/admin/sessions/{TENANT}/s1/uncompact"),
     ("GET", "/admin"),
     ("GET", "/admin/not-a-route"),
 ]

@@ -104,7 +104,7 @@ async def page(proxy: Any, path: str) -> str:
 PATHS = [("GET", "/ui"), ("GET", "/ui/"), ("GET", "/ui/signin"), ("POST", "/ui/signin"), ("POST", "/ui/signout"),
          ("GET", "/ui/static/ui.js"), ("GET", session_path("s1")), ("GET", session_path("s1") + "/live"),
          ("GET", session_path("s1") + "/requests/1"), ("GET", session_path("s1") + "/entries/0"),
-         ("GET", "/ui/no-such-page")]
+         ("POST", session_path("s1") + "/uncompact"), ("GET", "/ui/no-such-page")]
 
 
 async def test_every_ui_path_is_404_without_an_admin_token(proxy) -> None:

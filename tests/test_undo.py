@@ -17,8 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.context.engine import UNDONE
 from proxy.context.lineage import ConversationState
-from proxy.keys import engine_key, history_key, store_key
+from proxy.keys import compactions_key, engine_key, history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Secret
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
@@ -194,59 +195,97 @@ async def test_the_cli_undo_reaches_a_running_proxy_and_the_cli_view(make_proxy,
     assert fake.requests[-1]["messages"] == [*whole["messages"], {"role": "user", "content": "next"}]
 
 
-async def test_a_compaction_running_when_the_undo_lands_appends_nothing_and_none_starts_ahead_again(
-        make_proxy, fake: FakeUpstream) -> None:
-    fake.window = WINDOW
-    proxy = await make_proxy(admin_token=Secret(TOKEN), context_window=WINDOW, precompact_threshold=0.6,
-                             keep_tool_outputs=1_000)  # masking off: the summary path
-    rng = random.Random(5)
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
-                                      {"role": "user", "content": "Refactor the parser module."}]
+class AgentRun:
+    """An agent's tool steps through a proxy that summarises in the background past 0.6 of a 16k window, with one
+    manual compaction made before the first background one (the checkpoint the tests undo)."""
 
-    async def step(n: int) -> Any:
-        fake.script.append(tool_call(n))
-        resp, reply = await send(proxy, messages, "bg", stream=False)
-        messages.extend([reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
-                                 "content": prose(rng, 300)}])
+    def __init__(self, proxy: Any, fake: FakeUpstream) -> None:
+        self.proxy, self.fake = proxy, fake
+        self.key = SessionKey(AGENT_TENANT, "bg")
+        self.engine = proxy.app[engine_key]
+        self.rng = random.Random(5)
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
+                                               {"role": "user", "content": "Refactor the parser module."}]
+        self.n = 0
+        self.early: dict[str, Any] = {}
+
+    @classmethod
+    async def start(cls, make_proxy: Any, fake: FakeUpstream) -> AgentRun:
+        fake.window = WINDOW
+        run = cls(await make_proxy(admin_token=Secret(TOKEN), context_window=WINDOW, precompact_threshold=0.6,
+                                   keep_tool_outputs=1_000), fake)  # masking off: the summary path
+        while True:  # steps until a manual compaction has something to summarise, before any background one
+            await run.step()
+            resp = await run.proxy.post(f"/admin/sessions/{AGENT_TENANT}/bg/compact", headers=ADMIN)
+            run.early = await resp.json()
+            if run.early["outcome"] == "ok":
+                break
+        assert compactions(run.proxy, "background") == 0
+        return run
+
+    async def step(self) -> Any:
+        self.fake.script.append(tool_call(self.n))
+        self.n += 1
+        resp, reply = await send(self.proxy, self.messages, "bg", stream=False)
+        self.messages.extend([reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                                      "content": prose(self.rng, 300)}])
         return resp
 
-    n = 0
-    while True:  # steps until a manual compaction has something to summarise, before any background one
-        await step(n)
-        n += 1
-        resp = await proxy.post(f"/admin/sessions/{AGENT_TENANT}/bg/compact", headers=ADMIN)
-        early = await resp.json()
-        if early["outcome"] == "ok":
-            break
-    assert compactions(proxy, "background") == 0
-    made = len(fake.summary_requests)
+    async def until_background(self) -> Any:
+        """Steps until one starts a background compaction; that step's response."""
+        while True:
+            resp = await self.step()
+            if self.engine.background.running(self.key) is not None:
+                return resp
+
+    async def nothing_recorded_after_the_undo(self) -> None:
+        facts = await read_log(self.proxy.app[store_key], self.key)
+        assert facts[-1].kind == "retire", "the summary planned before the undo was not recorded"
+        assert [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"] == [self.early["checkpoint"]]
+        assert compactions(self.proxy, "background") == 1
+        assert self.engine.background.running(self.key) is None
+
+
+async def test_a_compaction_running_when_the_undo_lands_appends_nothing_and_none_starts_ahead_again(
+        make_proxy, fake: FakeUpstream) -> None:
+    run = await AgentRun.start(make_proxy, fake)
     fake.summary_gate = asyncio.Event()  # the background summary is held until the undo has landed
-    while len(fake.summary_requests) == made:
-        started = await step(n)  # at last the step whose view passed the soft threshold and started a summary
-        n += 1
-    key = SessionKey(AGENT_TENANT, "bg")
-    engine = proxy.app[engine_key]
-    assert engine.background.running(key) is not None
-    resp = await uncompact(proxy, AGENT_TENANT, "bg")
+    asked = len(fake.summary_requests)
+    while len(fake.summary_requests) == asked:  # until the summary call is out: the job planned on the checkpoint
+        started = await run.step()  # at last the step whose view passed the soft threshold and started it
+    assert run.engine.background.running(run.key) is not None
+    resp = await uncompact(run.proxy, AGENT_TENANT, "bg")
     assert (await resp.json())["checkpoint"] is None
     fake.summary_gate.set()
-    await engine.background.join(key)
-
-    facts = await read_log(proxy.app[store_key], key)
-    assert facts[-1].kind == "retire", "the summary planned on the retired checkpoint was not recorded"
-    assert [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"] == [early["checkpoint"]]
-    assert compactions(proxy, "background") == 1
+    await run.engine.background.join(run.key)
+    await run.nothing_recorded_after_the_undo()
 
     # Until the view passes the trigger nothing is summarised ahead of need, not even past the view that started
     # the held summary (over the soft threshold, then).
-    summaries, threshold = len(fake.summary_requests), engine.policy(WINDOW).threshold(None)
+    summaries, threshold = len(fake.summary_requests), run.engine.policy(WINDOW).threshold(None)
     tokens = 0
     while tokens <= int(started.headers["X-Ctxproxy-View-Tokens"]):
-        resp = await step(n)
-        n += 1
+        resp = await run.step()
         tokens = int(resp.headers["X-Ctxproxy-View-Tokens"])
         assert resp.headers["X-Ctxproxy-Compacted"] == "none" and tokens <= threshold
-        assert engine.background.running(key) is None and len(fake.summary_requests) == summaries
+        assert run.engine.background.running(run.key) is None and len(fake.summary_requests) == summaries
+
+
+async def test_a_background_compaction_that_waited_for_the_lock_past_an_undo_makes_nothing(
+        make_proxy, fake: FakeUpstream) -> None:
+    run = await AgentRun.start(make_proxy, fake)
+    store = run.proxy.app[store_key]
+    assert await store.try_lock(run.key, "compact", "another-replica", 60.0)  # the job waits for it
+    await run.until_background()
+    resp = await uncompact(run.proxy, AGENT_TENANT, "bg")
+    assert (await resp.json())["checkpoint"] is None
+    asked = len(fake.summary_requests)
+    await store.unlock(run.key, "compact", "another-replica")
+    await run.engine.background.join(run.key)
+    await run.nothing_recorded_after_the_undo()
+    assert len(fake.summary_requests) == asked, "no summary was asked for: the undo came first"
+    last = list(run.proxy.app[compactions_key].events(run.key))[-1]
+    assert (last.trigger, last.outcome, last.detail) == ("background", "skipped", UNDONE)
 
 
 # ---- the inspector's undo button, over HTTP (the browser's part: tests/test_ui_browser.py) --------------------------

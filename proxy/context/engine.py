@@ -44,6 +44,8 @@ Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 DEFAULT_WINDOW = 128_000
+#: Why a compaction planned before an undo (``proxy.context.undo``) records nothing.
+UNDONE = "a compaction was undone since this one was planned"
 #: Share taken off a refused prompt's estimate to learn a window from a refusal that states none.
 REFUSAL_MARGIN = 0.05
 
@@ -378,6 +380,9 @@ class ContextEngine:
                 if not taken:
                     return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
                                          started), state
+                if trigger == "background" and state.undone:  # started before an undo that landed since
+                    return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, UNDONE),
+                                         started), state
                 previous = active_checkpoint(state, hashes)
                 fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                                   max_output=max_output, fit=False)
@@ -409,7 +414,7 @@ class ContextEngine:
                                                          planned_at, summarised=result.tier != "mask")
                     made = active_checkpoint(state, hashes)
                     if not recorded:
-                        result = CompactionResult("skipped", None, 0, 0, "a compaction was undone while this one ran")
+                        result = CompactionResult("skipped", None, 0, 0, UNDONE)
                     elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
         except StoreError:
