@@ -319,6 +319,7 @@ async def test_the_inspector_undoes_only_for_a_signed_in_form_with_its_token(mak
     assert await view_of_ui(proxy, "ui") == whole
     html = await page(proxy, session_path("ui"))
     assert 'class="mark outcome-retired"' in html and f"undone by entry #{seq + 1}" in html
+    assert "1 checkpoints (1 undone)" in html
     assert 'form class="undo"' not in html
     resp = await proxy.post(action, data={"checkpoint": str(seq), "csrf_token": form_token(html)},
                             allow_redirects=False)

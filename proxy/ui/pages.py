@@ -153,7 +153,7 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
     for ev in events:
         totals[(ev.trigger, ev.outcome)] = totals.get((ev.trigger, ev.outcome), 0) + 1
     rows = (("Log", f"{t.next_seq:,} entries: {k['message']:,} messages, {k['rewind']:,} rewinds, "
-                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints"),
+                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints ({k['retire']:,} undone)"),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
             ("Compaction attempts seen by this process", _totals(totals)),
