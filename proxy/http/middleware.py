@@ -55,17 +55,22 @@ async def remember_prepared(request: web.Request, response: web.StreamResponse) 
     request[_started] = response
 
 
-def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
+async def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
     """``error``, unless the handler's response already started: then that response, its connection closed.
 
     aiohttp finishes the returned response; on a closed transport that fails
     quietly, so nothing more reaches the client (no final chunk: the body reads
-    as truncated).
+    as truncated). A closing status (``_CLOSING``) is written whole here and the
+    connection closed at once: aiohttp would otherwise keep it open reading
+    (and dropping) the rest of the body, up to 10 s (its lingering close).
     """
     started: web.StreamResponse | None = request.get(_started)
     if started is None:
         if error.status in _CLOSING:
             error.force_close()
+            await error.prepare(request)
+            await error.write_eof()
+            request.protocol.force_close()
         return error
     logger.warning("%s %s failed after its response started (status %d); closing the connection",
                    request.method, request.path, started.status)
@@ -82,15 +87,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         error = error_response(exc.status, exc.message, type=exc.type, code=exc.code, param=exc.param,
                                path=request.path)
         error.headers.update(exc.headers)
-        return _respond(request, error)
+        return await _respond(request, error)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         code = "request_too_large" if exc.status == 413 else None
         message = exc.text if exc.status != 413 else "Request body is larger than this proxy accepts."
-        return _respond(request, error_response(exc.status, message or exc.reason, path=request.path,
-                                                type=_TYPES.get(exc.status, "invalid_request_error"), code=code))
+        return await _respond(request, error_response(exc.status, message or exc.reason, path=request.path,
+                                                      type=_TYPES.get(exc.status, "invalid_request_error"),
+                                                      code=code))
     except Exception:
         logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
-                                                code="internal_error", path=request.path))
+        return await _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
+                                                      code="internal_error", path=request.path))
