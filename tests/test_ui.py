@@ -23,6 +23,7 @@ from proxy.ui import cookie
 from proxy.ui.request import rebuild
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
+from tests.test_admin import forgive
 from tests.test_compaction_e2e import prose
 from tests.test_metrics import scrape, value
 
@@ -134,14 +135,15 @@ async def test_pages_send_you_to_sign_in_and_data_needs_the_cookie(make_proxy) -
 
 
 @pytest.mark.parametrize("value", [
-    "", "garbage", cookie.issue("another-token", time.time()), cookie.issue(TOKEN, time.time() - cookie.LIFETIME - 1),
-    cookie.issue(TOKEN, time.time())[:-2] + "AA", TOKEN,
-], ids=["empty", "garbage", "other-token", "expired", "tampered", "the-token-itself"])
+    "", "garbage", cookie.issue("another-token", time.time(), 0),
+    cookie.issue(TOKEN, time.time() - cookie.LIFETIME - 1, 0), cookie.issue(TOKEN, time.time(), 0)[:-2] + "AA", TOKEN,
+    cookie.issue(TOKEN, time.time(), 1),
+], ids=["empty", "garbage", "other-token", "expired", "tampered", "the-token-itself", "another-epoch"])
 async def test_a_cookie_not_signed_with_the_admin_token_or_expired_is_refused(make_proxy, value: str) -> None:
     proxy = await ui_proxy(make_proxy)
     resp = await proxy.get("/ui", headers={"Cookie": f"{cookie.NAME}={value}"}, allow_redirects=False)
     assert resp.status == 303 and resp.headers["Location"].startswith("/ui/signin")
-    good = cookie.issue(TOKEN, time.time())
+    good = cookie.issue(TOKEN, time.time(), 0)
     resp = await proxy.get("/ui", headers={"Cookie": f"{cookie.NAME}={good}"}, allow_redirects=False)
     assert resp.status == 200
 
@@ -151,6 +153,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make
     resp = await post_signin(proxy, "wrong")
     assert resp.status == 401 and cookie.NAME not in resp.cookies
     assert "That is not the admin token." in await resp.text()
+    forgive(proxy)
     resp = await post_signin(proxy, next_path=f"{session_path('s1')}?page=0")
     assert resp.status == 303 and resp.headers["Location"] == f"{session_path('s1')}?page=0"
     [header] = resp.headers.getall("Set-Cookie")
@@ -158,7 +161,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make
     assert (morsel["httponly"], morsel["samesite"], morsel["path"], morsel["max-age"], morsel["secure"]) == (
         True, "Strict", "/ui", str(cookie.LIFETIME), "")
     assert TOKEN not in header and TOKEN not in resp.headers["Location"]
-    assert cookie.valid(morsel.value, TOKEN, time.time())
+    assert cookie.valid(morsel.value, TOKEN, time.time(), 0)
     assert (await proxy.get("/ui", allow_redirects=False)).status == 200  # the client's jar sends it back
 
     resp = await sign_out(proxy)

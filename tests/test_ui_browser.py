@@ -25,6 +25,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from proxy.keys import store_key
 from proxy.store.base import SessionKey
 from tests.proxyfixtures import read_log
+from tests.test_admin import forgive
 from tests.test_ui import POISON, TENANT, TOKEN, agent_session, session_path, step, ui_proxy
 from tests.test_undo import view_of_ui
 
@@ -124,6 +125,7 @@ async def test_the_inspector_needs_the_admin_token(make_proxy, browser: Browser)
     assert await browser.count("table.sessions") == 0
     await browser.sign_in(base, "not-the-token")
     assert "That is not the admin token." in await browser.text("form.signin")
+    forgive(proxy)
     await browser.sign_in(base, TOKEN)
     assert browser.driver.current_url == base + "/ui"
     assert "No sessions yet." in await browser.text("main")

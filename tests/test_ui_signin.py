@@ -1,4 +1,5 @@
-"""The inspector's sign-in against another site: the Origin check and the CSRF token on every POST under /ui."""
+"""The inspector's sign-in hardened: the Origin check and the CSRF token on every POST under /ui, sign-out that
+revokes, and the delay after a wrong token (shared with the admin API)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 import pytest
 
 from proxy.ui import cookie, csrf
+from tests.test_admin import forgive
 from tests.test_ui import TOKEN, form_token, page, post_signin, sign_in, sign_out, ui_proxy
 
 ELSEWHERE = [{"Origin": "http://127.0.0.1:9999"}, {"Origin": "null"}, {"Origin": "http://evil.example"},
@@ -83,3 +85,38 @@ def test_the_token_is_bound_to_its_cookie_and_the_admin_token() -> None:
 ])
 def test_same_origin(origin: str | None, fetch_site: str | None, expected: bool) -> None:
     assert csrf.same_origin(origin, fetch_site, "h:1") is expected
+
+
+async def test_signing_out_revokes_a_copied_cookie_on_every_process_and_after_a_restart(make_proxy) -> None:
+    proxy, other = await ui_proxy(make_proxy), await ui_proxy(make_proxy)  # two workers (or a restart) on one store
+    copied = (await sign_in(proxy)).cookies[cookie.NAME].value
+    held = {"Cookie": f"{cookie.NAME}={copied}"}
+    assert (await other.get("/ui", headers=held, allow_redirects=False)).status == 200
+    assert (await sign_out(proxy)).status == 303
+    for client in (proxy, other, await ui_proxy(make_proxy)):
+        resp = await client.get("/ui", headers=held, allow_redirects=False)
+        assert resp.status == 303 and resp.headers["Location"] == "/ui/signin?next=%2Fui"
+    await sign_in(other)  # a new sign-in is of the new epoch
+    assert await signed_in(other)
+
+
+async def test_after_a_wrong_token_the_next_is_not_even_checked_for_a_while(make_proxy) -> None:
+    proxy = await ui_proxy(make_proxy)
+    assert (await post_signin(proxy, "guess-1")).status == 401
+    for attempt in (post_signin(proxy, "guess-2"), post_signin(proxy)):  # the right token is refused too
+        resp = await attempt
+        assert resp.status == 429 and resp.headers["Retry-After"] == "1" and cookie.NAME not in resp.cookies
+        assert "Too many wrong admin tokens from this address" in await resp.text()
+    admin = await proxy.get("/admin/sessions", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert (admin.status, admin.headers["Retry-After"]) == (429, "1")
+    assert (await admin.json())["error"]["type"] == "rate_limit_error"
+    forgive(proxy)  # as when the delay has run out (its growth is tested in test_throttle.py)
+    assert (await post_signin(proxy)).status == 303
+
+
+async def test_a_wrong_admin_api_token_delays_the_sign_in_too(make_proxy) -> None:
+    proxy = await ui_proxy(make_proxy)
+    assert (await proxy.get("/admin/sessions", headers={"Authorization": "Bearer guess"})).status == 401
+    assert (await proxy.get("/admin/sessions")).status == 401  # no token: no guess, and not refused for waiting
+    assert (await post_signin(proxy)).status == 429
+    assert (await proxy.get("/admin/sessions", headers={"Authorization": f"Bearer {TOKEN}"})).status == 429

@@ -156,10 +156,10 @@ async def test_an_undo_of_an_unknown_session_is_404_and_needs_the_admin_token(ma
     resp = await uncompact(proxy, ADMIN_TENANT, "nobody")
     assert resp.status == 404 and "nobody" in (await error_of(resp))["message"]
     await chat(proxy, [{"role": "user", "content": "x"}], "s1")
+    assert (await uncompact(proxy, ADMIN_TENANT, "s1")).status == 409  # known, but nothing to undo
     resp = await proxy.post(f"/admin/sessions/{ADMIN_TENANT}/s1/uncompact",
                             headers={"Authorization": "Bearer sk-tenant-a"})
     assert resp.status == 401
-    assert (await uncompact(proxy, ADMIN_TENANT, "s1")).status == 409  # known, but nothing to undo
 
 
 def cli(*args: str) -> Any:

@@ -122,6 +122,7 @@ class ChatDialect(Dialect):
     name = "chat"
     items_field = "messages"
     path = "/chat/completions"
+    door = "/v1/chat/completions"
     bound_fields = ("max_completion_tokens", "max_tokens")
     summary_drops = frozenset({"n", "stop", "response_format", "logprobs", "top_logprobs", "prediction", "audio",
                                "modalities", "web_search_options"})

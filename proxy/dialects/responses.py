@@ -56,6 +56,7 @@ class ResponsesDialect(Dialect):
     name = "responses"
     items_field = "input"
     path = "/responses"
+    door = "/v1/responses"
     carries_compaction_items = True
     bound_fields = ("max_output_tokens",)
     #: Besides the answer's form: ``previous_response_id`` and ``conversation`` would add the summary call to the

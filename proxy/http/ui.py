@@ -20,7 +20,6 @@ appends a ``retire`` entry (``proxy.context.undo``); nothing is ever deleted.
 
 from __future__ import annotations
 
-import hmac
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,7 +30,8 @@ import orjson
 from aiohttp import web
 
 from proxy.context.undo import uncompact
-from proxy.errors import NothingToUndo, ProxyError
+from proxy.errors import NothingToUndo, ProxyError, TooManyAttempts
+from proxy.http.admin import admin_token_matches
 from proxy.http.clients import open_route
 from proxy.http.middleware import error_response
 from proxy.keys import compactions_key, engine_key, history_key, metrics_key, settings_key, store_key, timelines_key
@@ -86,7 +86,7 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
             token = request.app[settings_key].admin_token
             if not token:
                 raise web.HTTPNotFound()
-            if access != "open" and not cookie.valid(request.cookies.get(cookie.NAME), token, time.time()):
+            if access != "open" and not await _signed_in(request, token):
                 response = _sign_in_first(request, access)
             elif request.method == "POST" and (refusal := await _forged(request, token, access)):
                 response = _html(pages.message_page("Refused", refusal, csrf_token=None), status=403)
@@ -103,6 +103,11 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
             request.app[metrics_key].requests.labels(route="ui", status=str(status)).inc()
 
     return guarded
+
+
+async def _signed_in(request: web.Request, token: str) -> bool:
+    value = request.cookies.get(cookie.NAME)
+    return value is not None and cookie.valid(value, token, time.time(), await request.app[store_key].signin_epoch())
 
 
 async def _forged(request: web.Request, token: str, access: Access) -> str | None:
@@ -158,18 +163,28 @@ async def signin_form(request: web.Request) -> web.Response:
 
 
 async def signin(request: web.Request) -> web.Response:
+    """The admin token, checked as the admin API checks it (``admin_token_matches``: a delay after a failure)."""
     token = request.app[settings_key].admin_token or ""
     form = await request.post()
     presented, target = form.get("token"), _next_path(form.get("next"))
-    if not isinstance(presented, str) or not hmac.compare_digest(presented.encode(), token.encode()):
+    try:
+        matches = admin_token_matches(request, presented if isinstance(presented, str) else "")
+    except TooManyAttempts as exc:
+        response = _signin_page(request, target, exc.message, status=exc.status)
+        response.headers.update(exc.headers)
+        return response
+    if not matches:
         return _signin_page(request, target, "That is not the admin token.", status=401)
     response = _see_other(target)
-    response.set_cookie(cookie.NAME, cookie.issue(token, time.time()), max_age=cookie.LIFETIME, path="/ui",
+    epoch = await request.app[store_key].signin_epoch()
+    response.set_cookie(cookie.NAME, cookie.issue(token, time.time(), epoch), max_age=cookie.LIFETIME, path="/ui",
                         httponly=True, samesite="Strict", secure=request.secure)
     return response
 
 
 async def signout(request: web.Request) -> web.Response:
+    """Revoke every cookie issued so far (``cookie``: the epoch moves on), and delete this browser's."""
+    await request.app[store_key].end_signins()
     response = _see_other("/ui/signin")
     response.del_cookie(cookie.NAME, path="/ui")
     return response

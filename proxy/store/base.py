@@ -138,6 +138,14 @@ class FactLog(abc.ABC):
         one atomic get-or-create. ``StoreUnavailable`` when the backend fails."""
 
     @abc.abstractmethod
+    async def signin_epoch(self) -> int:
+        """The inspector's sign-in epoch (``proxy.ui.cookie``): 0 on a new store; only ``end_signins`` moves it."""
+
+    @abc.abstractmethod
+    async def end_signins(self) -> int:
+        """Move the sign-in epoch on by one, atomically (revoking every cookie issued before), and return it."""
+
+    @abc.abstractmethod
     async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
         """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up). Only the
         ``TENANTS_KEPT`` newest tenants of a session id are kept."""
