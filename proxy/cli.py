@@ -294,8 +294,9 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
 @_json_option
 def sessions_uncompact(session: str, checkpoint_seq: int | None, tenant: str | None, store: str | None,
                        as_json: bool) -> None:
-    """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint, and the next view is
-    built from the checkpoint before it, or from the whole history (``ctxproxy sessions view`` shows it)."""
+    """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint (and the later ones, made
+    from it), and the next view is built from the checkpoint before it, or from the whole history (``ctxproxy
+    sessions view`` shows it)."""
     from proxy.context.history import HistoryManager
     from proxy.context.undo import uncompact
     from proxy.errors import NothingToUndo
@@ -308,8 +309,7 @@ def sessions_uncompact(session: str, checkpoint_seq: int | None, tenant: str | N
             except NothingToUndo as exc:
                 raise click.ClickException(exc.message) from None
         if as_json:
-            click.echo(orjson.dumps({"retired": undone.retired, "entry": undone.entry,
-                                     "checkpoint": undone.now}).decode())
+            click.echo(orjson.dumps(undone.to_json()).decode())
         else:
             click.echo(render.undo_line(undone))
 

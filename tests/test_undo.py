@@ -93,7 +93,7 @@ async def test_an_undo_gives_back_the_view_the_compaction_replaced(make_proxy, f
 
     resp = await uncompact(proxy, ADMIN_TENANT, "undo")
     assert resp.status == 200, await resp.text()
-    assert await resp.json() == {"retired": before[-1].seq, "entry": before[-1].seq + 1, "checkpoint": None}
+    assert await resp.json() == {"retired": [before[-1].seq], "entry": before[-1].seq + 1, "checkpoint": None}
 
     after = await read_log(proxy.app[store_key], key)
     assert after[:-1] == before, "the log keeps every entry: the undo is one more"
@@ -122,7 +122,7 @@ async def test_undos_take_back_checkpoints_newest_first_and_then_refuse(make_pro
     first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
 
     resp = await uncompact(proxy, ADMIN_TENANT, "stack")
-    assert (await resp.json())["retired"] == second_seq and (await resp.json())["checkpoint"] == first_seq
+    assert await resp.json() == {"retired": [second_seq], "entry": second_seq + 1, "checkpoint": first_seq}
     assert await view_of(proxy, ADMIN_TENANT, "stack") == once
 
     resp = await uncompact(proxy, ADMIN_TENANT, "stack", {"checkpoint": second_seq})
@@ -139,6 +139,23 @@ async def test_undos_take_back_checkpoints_newest_first_and_then_refuse(make_pro
     assert resp.status == 409 and (await error_of(resp))["code"] == "nothing_to_undo"
     log = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "stack"))
     assert kinds(log)[-2:] == ["retire", "retire"], "a refused undo logs nothing"
+
+
+async def test_undoing_an_older_compaction_takes_back_the_later_ones_made_from_it(make_proxy, fake) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    messages = await rounds(proxy, fake, "older", [{"role": "system", "content": "You are helpful."}], 4, seed=6)
+    await compact(proxy, ADMIN_TENANT, "older")
+    await rounds(proxy, fake, "older", messages, 3, seed=7)
+    await compact(proxy, ADMIN_TENANT, "older")
+    facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "older"))
+    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+    # The second summary folds the first's: undoing only the first would leave its words in the view.
+    resp = await uncompact(proxy, ADMIN_TENANT, "older", {"checkpoint": first_seq})
+    assert await resp.json() == {"retired": [first_seq, second_seq], "entry": facts[-1].seq + 1, "checkpoint": None}
+    view = await view_of(proxy, ADMIN_TENANT, "older")
+    assert view["checkpoint"] is None and view["messages"] == messages
+    resp = await uncompact(proxy, ADMIN_TENANT, "older", {"checkpoint": second_seq})
+    assert resp.status == 409 and "undone already" in (await error_of(resp))["message"]
 
 
 @pytest.mark.parametrize("body", [b"[1]", b"{not json", b'{"checkpoint": "4"}', b'{"checkpoint": -1}',
@@ -340,7 +357,9 @@ async def test_a_retire_entry_is_stored_and_folded_on_each_backend(store: FactLo
              NewFact(kind="checkpoint", index=0, source="proxy", extra={"checkpoint": checkpoint_payload(1)}),
              NewFact(kind="checkpoint", index=0, source="proxy", extra={"checkpoint": checkpoint_payload(2)}),
              NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 2}),
-             NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 0})]  # not a checkpoint
+             NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 0}),  # not a checkpoint
+             NewFact(kind="checkpoint", index=0, source="proxy", extra={"checkpoint": checkpoint_payload(3)}),
+             NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": 1})]
     await store.append(key, 0, facts, 1.0)
     stored = await store.read(key)
     assert [(f.kind, dict(f.extra)) for f in stored] == [(f.kind, dict(f.extra)) for f in facts]
@@ -353,3 +372,7 @@ async def test_a_retire_entry_is_stored_and_folded_on_each_backend(store: FactLo
     assert state.checkpoint_seq_for(state.hashes) == 1 and state.retired == {2} and state.undone
     state.apply(stored[4])
     assert state.last_retire == 3, "a retire naming no live checkpoint changes nothing"
+    state.apply(stored[5])
+    assert state.checkpoint is not None and state.checkpoint["summary"] == "s3" and not state.undone
+    state.apply(stored[6])
+    assert state.checkpoint is None and state.retired == {1, 2, 5} and state.undone, "1 and the live ones after it"

@@ -24,8 +24,9 @@ index, so a message costs about 100 bytes of index on top of the lineage
 Checkpoints are kept whatever the lineage does: ``checkpoint_for`` serves one
 to every conversation whose prefix hash it matches. A ``retire`` entry (an undo
 of a compaction: ``proxy.context.undo``) names a checkpoint entry by its seq;
-from then on that checkpoint serves nobody, and the one before it (or none)
-applies again. The log keeps both entries: retiring is a fact, not a deletion.
+from then on that checkpoint and every later one (each was made from it, or
+carries its summary) serve nobody, and the one before it (or none) applies
+again. The log keeps every entry: retiring is a fact, not a deletion.
 """
 
 from __future__ import annotations
@@ -137,15 +138,20 @@ class ConversationState:
             self._retire(fact)
 
     def _retire(self, fact: StoredFact) -> None:
-        """Take back the checkpoint the entry names; one that is not a live checkpoint changes nothing."""
-        target = fact.extra.get("checkpoint_seq")
-        if type(target) is not int:
-            return
-        at = bisect_left(self.checkpoint_seqs, target)
-        if at < len(self.checkpoint_seqs) and self.checkpoint_seqs[at] == target:
-            del self.checkpoints[at], self.checkpoint_seqs[at]
-            self.retired.add(target)
+        """Take back the checkpoint the entry names and the live ones after it; naming no live one changes nothing."""
+        at = self.retiring(fact.extra.get("checkpoint_seq"))
+        if at is not None:
+            self.retired.update(self.checkpoint_seqs[at:])
+            del self.checkpoints[at:], self.checkpoint_seqs[at:]
             self.last_retire = fact.seq
+
+    def retiring(self, checkpoint_seq: object) -> int | None:
+        """Where live checkpoint ``checkpoint_seq`` is in ``checkpoint_seqs`` (a retire takes it and all after it
+        back), or None when it is not a live checkpoint."""
+        if type(checkpoint_seq) is not int:
+            return None
+        at = bisect_left(self.checkpoint_seqs, checkpoint_seq)
+        return at if at < len(self.checkpoint_seqs) and self.checkpoint_seqs[at] == checkpoint_seq else None
 
     @property
     def undone(self) -> bool:

@@ -2,10 +2,12 @@
 
 Nothing is deleted: the checkpoint and its summary stay in the log, and the
 ``retire`` entry after them names the checkpoint's seq (``extra.checkpoint_seq``).
-Folded (``ConversationState``), the checkpoint no longer serves any lineage, so
-the next view is built from the live checkpoint before it, or from the whole
-history, exactly as it was before that compaction. Undoing again takes back the
-one before, as a stack.
+Folded (``ConversationState``), the checkpoint and every later one no longer
+serve any lineage (a later checkpoint was made from it: a masking one carries
+its summary, a rolling summary folds it), so the next view is built from the
+live checkpoint before it, or from the whole history, exactly as it was before
+that compaction. By default the newest live checkpoint is undone; undoing again
+takes back the one before, as a stack.
 
 An undo is the newest decision about the session's reductions, so it
 overrules what was planned before it and is not made again unasked: a
@@ -28,12 +30,15 @@ from proxy.store.base import NewFact, SessionKey
 
 @dataclass(frozen=True, slots=True)
 class Undone:
-    """What an undo did: the checkpoint entry it retired, the ``retire`` entry, and the checkpoint the current
-    lineage's view uses now (None: the whole history)."""
+    """What an undo did: the checkpoint entries it retired (the one named, then the later ones), the ``retire``
+    entry, and the checkpoint the current lineage's view uses now (None: the whole history)."""
 
-    retired: int
+    retired: tuple[int, ...]
     entry: int
     now: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"retired": list(self.retired), "entry": self.entry, "checkpoint": self.now}
 
 
 def retire_fact(state: ConversationState, checkpoint_seq: int | None) -> NewFact:
@@ -53,12 +58,13 @@ def retire_fact(state: ConversationState, checkpoint_seq: int | None) -> NewFact
 async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: int | None = None) -> Undone:
     """Retire a checkpoint of ``key``'s session (``retire_fact``); the append is planned on the log as it is, so
     two undos at once take back two checkpoints, never one twice. ``StoreError`` when the store fails."""
-    planned: list[NewFact] = []
+    retired: list[int] = []
 
     def plan(state: ConversationState) -> list[NewFact]:
-        planned[:] = [retire_fact(state, checkpoint_seq)]
-        return list(planned)
+        fact = retire_fact(state, checkpoint_seq)
+        at = state.retiring(fact.extra["checkpoint_seq"])
+        retired[:] = state.checkpoint_seqs[at:] if at is not None else []
+        return [fact]
 
     state = await history.append_planned(key, plan)
-    retired = planned[0].extra["checkpoint_seq"]
-    return Undone(retired, state.last_retire, state.checkpoint_seq_for(state.hashes))
+    return Undone(tuple(retired), state.last_retire, state.checkpoint_seq_for(state.hashes))

@@ -222,7 +222,8 @@ async def compact_session(request: web.Request) -> web.Response:
 
 async def uncompact_session(request: web.Request) -> web.Response:
     """Undo a compaction: a ``retire`` entry takes back checkpoint ``{"checkpoint": seq}`` (default: the newest
-    live one), so the next view is the one it replaced (``proxy.context.undo``). 409 when there is none to undo."""
+    live one) and the later ones, so the next view is the one it replaced (``proxy.context.undo``). 409 when
+    there is none to undo."""
     key = _key(request)
     seq = (await _body(request)).get("checkpoint")
     if seq is not None and (type(seq) is not int or seq < 0):
@@ -231,4 +232,4 @@ async def uncompact_session(request: web.Request) -> web.Response:
     if (await history.state(key, refresh=True)).next_seq == 0:
         raise _not_found(key)
     undone = await uncompact(history, key, seq)
-    return _json({"retired": undone.retired, "entry": undone.entry, "checkpoint": undone.now})
+    return _json(undone.to_json())

@@ -153,11 +153,15 @@ class Timeline:
                                checkpoint.summary_end if checkpoint.elision else None))
 
     def _retire(self, fact: StoredFact) -> None:
-        """Mark the compaction the entry undid as retired (the engine's fold, ``ConversationState``, agrees)."""
+        """Mark the compaction the entry undid, and the later ones still live, as retired (as the engine's fold,
+        ``ConversationState``, does)."""
         target = fact.extra.get("checkpoint_seq")
         at = bisect.bisect_left(self.marks, target, key=lambda m: m.seq) if type(target) is int else len(self.marks)
-        if at < len(self.marks) and self.marks[at].seq == target and self.marks[at].retired_by is None:
-            self.marks[at] = replace(self.marks[at], retired_by=fact.seq)
+        if at == len(self.marks) or self.marks[at].seq != target or self.marks[at].retired_by is not None:
+            return
+        for i in range(at, len(self.marks)):
+            if self.marks[i].retired_by is None:
+                self.marks[i] = replace(self.marks[i], retired_by=fact.seq)
 
     def _point(self, fact: StoredFact) -> None:
         index = len(self.lineage.messages) - 1
