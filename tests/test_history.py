@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from proxy.context.history import HistoryManager
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.planning import plan_sync
 from proxy.dialects.chat import message_hash
+from proxy.store import open_store
 from proxy.store.base import NewFact, SessionKey, StoredFact
 from tests.proxyfixtures import replay
 
@@ -175,3 +177,23 @@ def test_last_usage_follows_the_lineage() -> None:
     assert state.last_usage is None and state.last_view is None, "the other lineage measured nothing"
     _sync(state, log, [*main, *_user("next")])
     assert state.last_usage == {"prompt_tokens": 9}, "back on the lineage, its last measurement applies again"
+
+
+async def test_a_state_catching_up_beside_an_append_of_this_process_is_not_taken_for_a_lost_log(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """A request's view catches up (``current``) while another request's append is on its way: the append lands
+    and is folded first, the catch-up's read comes back after it. Nothing was lost, so nothing is reloaded."""
+    log = await open_store(f"sqlite:///{tmp_path}/facts.db")  # one store thread: the append runs before the read
+    try:
+        history = HistoryManager(log, clock=lambda: 0.0)
+        key = SessionKey("t", "s")
+        first = {"role": "user", "content": "hi"}
+        state = await history.append_proxy_facts(key, [NewFact(kind="message", index=0, source="client",
+                                                                message=first, hash=message_hash(first))])
+        history.fresh_for = 0.0
+        summary = NewFact(kind="summary", index=1, source="proxy", message={"role": "user", "content": "s"})
+        seq, caught_up = await asyncio.gather(history.append_proxy_fact(key, summary), history.current(key))
+        assert seq == 1 and caught_up is state and history.cached(key) is state and state.next_seq == 2
+        assert "no longer holds" not in caplog.text
+    finally:
+        await log.aclose()

@@ -185,15 +185,18 @@ class HistoryManager:
 
         The first read starts at the state's last fact, which the log must
         still hold, the same (same digest): otherwise the store lost its last
-        writes, and the state is reloaded from the whole log.
+        writes, and the state is reloaded from the whole log. That fact is
+        named before the read: an append of this process may fold more into
+        ``state`` while the read is on its way (a request's view catching up,
+        ``current``, beside another's append), which is no loss.
         """
         overlap = 1 if state.next_seq else 0
+        seen, tail = state.next_seq - 1, state.tail
         while True:
             facts = await self.log.read(key, after=state.next_seq - 1 - overlap, limit=CATCH_UP_PAGE)
             if overlap:
                 last = facts[0] if facts else None
-                if last is None or last.seq != state.next_seq - 1 or (state.tail is not None
-                                                                      and last.digest != state.tail):
+                if last is None or last.seq != seen or (tail is not None and last.digest != tail):
                     return await self._reload(key, state)
                 overlap = 0
             for fact in facts:
