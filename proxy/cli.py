@@ -23,6 +23,7 @@ from proxy.errors import StoreError
 from proxy.logs import default_log_config
 from proxy.settings import Settings, default_store_url
 from proxy.store import FactLog, SessionKey, open_store
+from proxy.store.base import MAX_SEQ
 
 T = TypeVar("T")
 
@@ -287,7 +288,7 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
 
 @sessions.command("uncompact")
 @click.argument("session")
-@click.option("--checkpoint", "checkpoint_seq", type=click.IntRange(min=0), default=None,
+@click.option("--checkpoint", "checkpoint_seq", type=click.IntRange(min=0, max=MAX_SEQ), default=None,
               help="Seq of the checkpoint entry to undo [default: the newest live checkpoint]")
 @_tenant_option
 @_store_option

@@ -159,7 +159,7 @@ async def test_undoing_an_older_compaction_takes_back_the_later_ones_made_from_i
 
 
 @pytest.mark.parametrize("body", [b"[1]", b"{not json", b'{"checkpoint": "4"}', b'{"checkpoint": -1}',
-                                  b'{"checkpoint": true}'])
+                                  b'{"checkpoint": true}', b'{"checkpoint": 99999999999999999999999}'])
 async def test_an_undo_refuses_a_malformed_body(make_proxy, fake, body: bytes) -> None:
     proxy = await make_proxy(admin_token=Secret(TOKEN))
     await chat(proxy, [{"role": "user", "content": "x"}], "s1")
@@ -327,6 +327,10 @@ async def test_the_inspector_undoes_only_for_a_signed_in_form_with_its_token(mak
     for forged in ({"checkpoint": str(seq)}, {"checkpoint": str(seq), "csrf_token": "forged"}):
         resp = await proxy.post(action, data=forged, allow_redirects=False)
         assert resp.status == 403
+    for bad in ("9" * 5000, "-1", "\u0661", ""):  # int() would refuse the first with a ValueError: a 500
+        resp = await proxy.post(action, data={"checkpoint": bad, "csrf_token": form_token(html)},
+                                allow_redirects=False)
+        assert resp.status == 400, bad
     assert (await read_log(proxy.app[store_key], key))[-1].seq == seq, "a refused form logs nothing"
 
     resp = await proxy.post(action, data={"checkpoint": str(seq), "csrf_token": form_token(html)},

@@ -282,6 +282,30 @@ def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool 
     return value
 
 
+#: Fields whose arrays hold typed parts: content blocks and parts, tool calls, reasoning summaries, tool outputs.
+_PART_FIELDS = ("content", "tool_calls", "summary", "output")
+
+
+def require_string_types(name: str, item: Item) -> None:
+    """Refuse an item whose ``type``, or the ``type`` of a part in it (at any depth of ``_PART_FIELDS``' arrays),
+    is there but not a string: the dialects look types up in sets, where an object or an array is a ``TypeError``.
+
+    Every item of every request passes here, a few lookups each: a loop, not recursion, for parts nested as deep
+    as JSON goes.
+    """
+    stack: list[tuple[tuple[str | int, ...], Item]] = [((), item)]
+    while stack:
+        path, value = stack.pop()
+        kind = value.get("type")
+        if kind is not None and not isinstance(kind, str):
+            where = name + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
+            raise BadRequest(f"{where}.type must be a string.", param=f"{where}.type")
+        for field in _PART_FIELDS:
+            parts = value.get(field)
+            if type(parts) is list:
+                stack.extend(((*path, field, i), part) for i, part in enumerate(parts) if type(part) is dict)
+
+
 def require_role(name: str, message: Item) -> None:
     """A message of the Chat Completions or Messages API: an object with a string ``role``."""
     if not isinstance(message.get("role"), str):

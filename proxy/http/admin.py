@@ -38,7 +38,7 @@ from proxy.http.clients import open_route
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key, throttle_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
 from proxy.sessions import logged_session_key
-from proxy.store.base import SessionKey
+from proxy.store.base import SessionKey, as_seq
 from proxy.summarycall import summary_completer
 
 logger = logging.getLogger(__name__)
@@ -225,8 +225,9 @@ async def uncompact_session(request: web.Request) -> web.Response:
     live one) and the later ones, so the next view is the one it replaced (``proxy.context.undo``). 409 when
     there is none to undo."""
     key = _key(request)
-    seq = (await _body(request)).get("checkpoint")
-    if seq is not None and (type(seq) is not int or seq < 0):
+    raw = (await _body(request)).get("checkpoint")
+    seq = as_seq(raw)
+    if raw is not None and seq is None:
         raise BadRequest("'checkpoint' must be the seq of a checkpoint entry.", param="checkpoint")
     history = request.app[history_key]
     if (await history.state(key, refresh=True)).next_seq == 0:

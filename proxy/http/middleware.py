@@ -83,20 +83,25 @@ async def _respond(request: web.Request, error: web.Response) -> web.StreamRespo
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ProxyError as exc:
+    except Exception as exc:
+        return await error_for(request, exc)
+
+
+async def error_for(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """What the client gets for ``exc``, raised while answering ``request`` (a redirect is raised on)."""
+    if isinstance(exc, ProxyError):
         error = error_response(exc.status, exc.message, type=exc.type, code=exc.code, param=exc.param,
                                path=request.path)
         error.headers.update(exc.headers)
         return await _respond(request, error)
-    except web.HTTPException as exc:
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         code = "request_too_large" if exc.status == 413 else None
         message = exc.text if exc.status != 413 else "Request body is larger than this proxy accepts."
         return await _respond(request, error_response(exc.status, message or exc.reason, path=request.path,
                                                       type=_TYPES.get(exc.status, "invalid_request_error"),
                                                       code=code))
-    except Exception:
-        logger.exception("unhandled error on %s %s", request.method, request.path)
-        return await _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
-                                                      code="internal_error", path=request.path))
+    logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return await _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
+                                                  code="internal_error", path=request.path))

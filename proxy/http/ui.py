@@ -30,14 +30,14 @@ import orjson
 from aiohttp import web
 
 from proxy.context.undo import uncompact
-from proxy.errors import NothingToUndo, ProxyError, TooManyAttempts
+from proxy.errors import BadRequest, NothingToUndo, TooManyAttempts
 from proxy.http.admin import admin_token_matches
 from proxy.http.clients import open_route
-from proxy.http.middleware import error_response
+from proxy.http.middleware import error_for, error_response
 from proxy.keys import compactions_key, engine_key, history_key, metrics_key, settings_key, store_key, timelines_key
 from proxy.render import session_infos
 from proxy.sessions import logged_session_key
-from proxy.store.base import FactLog, SessionInfo, SessionKey
+from proxy.store.base import FactLog, SessionInfo, SessionKey, parse_seq
 from proxy.ui import STATIC_TYPES, cookie, csrf, pages, static_file
 from proxy.ui.request import rebuild, request_html
 from proxy.ui.timeline import Point, usage_figures
@@ -76,31 +76,29 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 
 def guard(handler: Handler, access: Access = "page") -> Handler:
-    """404 without an admin token; the cookie unless ``open``; security headers; counted as ``route="ui"``."""
+    """404 without an admin token; the cookie unless ``open``; security headers on every answer, an error's too
+    (rendered here, as the middleware would); counted as ``route="ui"``."""
 
     @open_route  # the inspector has its own sign-in; client keys do not apply
     async def guarded(request: web.Request) -> web.StreamResponse:
-        status = 500
+        token = request.app[settings_key].admin_token
+        if not token:  # the middleware's plain 404, as for any path that does not exist
+            request.app[metrics_key].requests.labels(route="ui", status="404").inc()
+            raise web.HTTPNotFound()
         response: web.StreamResponse
         try:
-            token = request.app[settings_key].admin_token
-            if not token:
-                raise web.HTTPNotFound()
             if access != "open" and not await _signed_in(request, token):
                 response = _sign_in_first(request, access)
             elif request.method == "POST" and (refusal := await _forged(request, token, access)):
                 response = _html(pages.message_page("Refused", refusal, csrf_token=None), status=403)
             else:
                 response = await handler(request)
-            response.headers.update(SECURITY_HEADERS)
-            response.headers.setdefault("Cache-Control", "no-store")
-            status = response.status
-            return response
-        except (ProxyError, web.HTTPException) as exc:
-            status = exc.status
-            raise
-        finally:
-            request.app[metrics_key].requests.labels(route="ui", status=str(status)).inc()
+        except Exception as exc:
+            response = await error_for(request, exc)
+        response.headers.update(SECURITY_HEADERS)
+        response.headers.setdefault("Cache-Control", "no-store")
+        request.app[metrics_key].requests.labels(route="ui", status=str(response.status)).inc()
+        return response
 
     return guarded
 
@@ -246,8 +244,21 @@ def _missing(request: web.Request, key: SessionKey) -> web.Response:
                                     csrf_token=form_token(request)), status=404)
 
 
-def _int(value: str | None, default: int) -> int:
-    return int(value) if value is not None and value.isdigit() else default
+def _query_seq(request: web.Request, name: str, default: int) -> int:
+    """``?name=``, a whole number a log can count to (``parse_seq``); 400 for anything else."""
+    value = request.query.get(name)
+    if value is None:
+        return default
+    number = parse_seq(value)
+    if number is None:
+        raise BadRequest(f"'{name}' must be a whole number.", param=name)
+    return number
+
+
+def _seq(request: web.Request) -> int:
+    """The entry the path names: a number a log can hold, else the log has no such entry (-1, never one)."""
+    seq = parse_seq(request.match_info["seq"])
+    return -1 if seq is None else seq
 
 
 async def session(request: web.Request) -> web.Response:
@@ -259,7 +270,7 @@ async def session(request: web.Request) -> web.Response:
         if t.next_seq == 0:
             return _missing(request, key)
         count = math.ceil(t.next_seq / LOG_PAGE)
-        page = min(_int(request.query.get("page"), count - 1), count - 1)
+        page = min(_query_seq(request, "page", count - 1), count - 1)
         facts = await store.read(key, after=page * LOG_PAGE - 1, limit=LOG_PAGE)
         return _html(pages.session_page(key, t, events, facts, page=page, pages=count, links=_links(request, key),
                                         window=window, threshold=threshold, csrf_token=form_token(request)))
@@ -269,7 +280,7 @@ async def live(request: web.Request) -> web.Response:
     """What changed since entry ``since``: the summary and the timeline again, and the new entries for the log."""
     app, key = request.app, _key(request)
     store, links = app[store_key], _links(request, key)
-    since = _int(request.query.get("since"), 0)
+    since = _query_seq(request, "since", 0)
     window, threshold = _window(request)
     events = app[compactions_key].events(key)
     async with app[timelines_key].fold(store, key) as t:
@@ -299,14 +310,14 @@ def _point(points: Sequence[Point], seq: int) -> Point | None:
 
 async def request_view(request: web.Request) -> web.Response:
     """Upstream request ``seq`` (its reply's entry): the view rebuilt beside the conversation it came from."""
-    app, key, seq = request.app, _key(request), int(request.match_info["seq"])
+    app, key, seq = request.app, _key(request), _seq(request)
     store, engine, links = app[store_key], app[engine_key], _links(request, key)
     async with app[timelines_key].fold(store, key) as t:
         point = _point(t.points, seq)
         checkpoint = t.checkpoints.get(point.view_key) if point is not None else None
     if point is None:
-        return _html(pages.message_page("Not a request", f"Entry #{seq} is not an upstream reply.",
-                                        csrf_token=form_token(request)), status=404)
+        text = f"Entry #{request.match_info['seq']} is not an upstream reply."
+        return _html(pages.message_page("Not a request", text, csrf_token=form_token(request)), status=404)
     found = await rebuild(store, key, point, checkpoint, engine.projection)
     section = request_html(found, engine.counter, entry=links.entry)
     if request.query.get("fragment") == "1":
@@ -315,11 +326,11 @@ async def request_view(request: web.Request) -> web.Response:
 
 
 async def entry(request: web.Request) -> web.Response:
-    app, key, seq = request.app, _key(request), int(request.match_info["seq"])
-    facts = await app[store_key].read(key, after=seq - 1, limit=1)
+    app, key, seq = request.app, _key(request), _seq(request)
+    facts = await app[store_key].read(key, after=seq - 1, limit=1) if seq >= 0 else []
     if not facts or facts[0].seq != seq:
-        return _html(pages.message_page("No such entry", f"Session {key.session!r} has no entry #{seq}.",
-                                        csrf_token=form_token(request)), status=404)
+        text = f"Session {key.session!r} has no entry #{request.match_info['seq']}."
+        return _html(pages.message_page("No such entry", text, csrf_token=form_token(request)), status=404)
     return _html(pages.entry_page(key, facts[0], _links(request, key), csrf_token=form_token(request)))
 
 
@@ -328,14 +339,15 @@ async def uncompact_form(request: web.Request) -> web.Response:
     CSRF token. Back to the session's page, at the retire entry, or a page saying why nothing was undone."""
     key, form = _key(request), await request.post()
     raw = form.get("checkpoint")
-    if not isinstance(raw, str) or not raw.isdigit():
+    seq = parse_seq(raw) if isinstance(raw, str) else None
+    if seq is None:
         return _html(pages.message_page("Nothing undone", "The form names no checkpoint entry.",
                                         csrf_token=form_token(request)), status=400)
     history = request.app[history_key]
     if (await history.state(key, refresh=True)).next_seq == 0:
         return _missing(request, key)
     try:
-        undone = await uncompact(history, key, int(raw))
+        undone = await uncompact(history, key, seq)
     except NothingToUndo as exc:
         return _html(pages.message_page("Nothing undone", exc.message, csrf_token=form_token(request)), status=409)
     return _see_other(f"{_links(request, key).session()}#e{undone.entry}")
