@@ -35,6 +35,7 @@ from proxy.keys import (
     secret_key,
     settings_key,
     store_key,
+    throttle_key,
     timelines_key,
 )
 from proxy.metrics import Metrics
@@ -42,6 +43,7 @@ from proxy.secret import ServerSecret
 from proxy.settings import Settings
 from proxy.store import open_store
 from proxy.store.base import SessionKey
+from proxy.throttle import FailureThrottle
 from proxy.ui.timeline import TimelineCache
 
 
@@ -106,6 +108,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app.on_response_prepare.append(remember_prepared)
     app[compactions_key] = RecentCompactions(clock=time.time)
     app[timelines_key] = TimelineCache()
+    app[throttle_key] = FailureThrottle()
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 

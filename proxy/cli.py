@@ -1,4 +1,4 @@
-"""The ``ctxproxy`` command: ``serve``, ``check`` and, for people, ``sessions list|log|view``.
+"""The ``ctxproxy`` command: ``serve``, ``check`` and, for people, ``sessions list|log|view|uncompact``.
 
 The ``sessions`` commands read the store directly (no proxy needs to run) and
 stream: a log is fetched and printed one page at a time. Rendering lives in
@@ -23,6 +23,7 @@ from proxy.errors import StoreError
 from proxy.logs import default_log_config
 from proxy.settings import Settings, default_store_url
 from proxy.store import FactLog, SessionKey, open_store
+from proxy.store.base import MAX_SEQ
 
 T = TypeVar("T")
 
@@ -281,6 +282,37 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
             raise click.ClickException(f"no session {session!r} under tenant {key.tenant!r}")
         view = render.build_view(engine, lineage, model or settings.summary_model or "")
         click.echo(orjson.dumps(view.to_json()).decode() if as_json else render.render_view(view, key))
+
+    _run(work)
+
+
+@sessions.command("uncompact")
+@click.argument("session")
+@click.option("--checkpoint", "checkpoint_seq", type=click.IntRange(min=0, max=MAX_SEQ), default=None,
+              help="Seq of the checkpoint entry to undo [default: the newest live checkpoint]")
+@_tenant_option
+@_store_option
+@_json_option
+def sessions_uncompact(session: str, checkpoint_seq: int | None, tenant: str | None, store: str | None,
+                       as_json: bool) -> None:
+    """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint (and the later ones, made
+    from it), and the next view is built from the checkpoint before it, or from the whole history (``ctxproxy
+    sessions view`` shows it)."""
+    from proxy.context.history import HistoryManager
+    from proxy.context.undo import uncompact
+    from proxy.errors import NothingToUndo
+
+    async def work() -> None:
+        async with _opened(store) as log:
+            key = await _resolve(log, session, tenant)
+            try:
+                undone = await uncompact(HistoryManager(log, clock=time.time), key, checkpoint_seq)
+            except NothingToUndo as exc:
+                raise click.ClickException(exc.message) from None
+        if as_json:
+            click.echo(orjson.dumps(undone.to_json()).decode())
+        else:
+            click.echo(render.undo_line(undone))
 
     _run(work)
 

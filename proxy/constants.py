@@ -13,6 +13,8 @@ LOCK_SUFFIX = "lock"
 FACT_KEYS_SUFFIX = "fact-keys"
 #: The server secret (``FactLog.secret``): one key for the whole store, outside every session's hash slot.
 SECRET_KEY = f"{KEY_PREFIX}:secret"
+#: The inspector's sign-in epoch (``FactLog.signin_epoch``): a counter, one key for the whole store.
+SIGNIN_EPOCH_KEY = f"{KEY_PREFIX}:signin-epoch"
 
 #: Which tenants hold a session id (``FactLog.note_tenant``): a sorted set per session id, its own hash slot.
 TENANTS_PREFIX = f"{KEY_PREFIX}:tenants"

@@ -1,11 +1,13 @@
-"""Every error the proxy raises on purpose, and the OpenAI-shaped body it becomes.
+"""Every error the proxy raises on purpose, and OpenAI's error shape (the one every door but a few uses).
 
     ProxyError
     ├── BadRequest            malformed input from the client (4xx)
     │   ├── PayloadTooLarge
     │   ├── RequestTimeout
     │   ├── Unauthorized
-    │   └── UpgradeRequired
+    │   ├── TooManyAttempts
+    │   ├── UpgradeRequired
+    │   └── NothingToUndo
     ├── UpstreamError
     │   ├── UpstreamTimeout
     │   └── UpstreamUnreachable
@@ -15,11 +17,16 @@
     │   └── ConflictError
     └── BudgetExceeded
 
-Handlers raise; one middleware (`proxy.http.middleware`) renders. Upstream HTTP
-errors are not exceptions: they are relayed byte for byte.
+Handlers raise; one middleware (`proxy.http.middleware`) renders, in the shape
+of the door the request came to (``Dialect.error_body``). Upstream HTTP errors
+are not exceptions: they are relayed byte for byte.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
 
 
 class ProxyError(Exception):
@@ -28,6 +35,8 @@ class ProxyError(Exception):
     status = 500
     type = "proxy_error"
     code: str | None = None
+    #: Response headers the error comes with.
+    headers: Mapping[str, str] = MappingProxyType({})
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -36,8 +45,10 @@ class ProxyError(Exception):
         if code is not None:
             self.code = code
 
-    def body(self) -> dict[str, object]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+def openai_error(message: str, *, type: str, code: str | None, param: str | None) -> dict[str, object]:
+    """OpenAI's error body: what the openai SDK and its clients read (``error.message``, the status)."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
 class BadRequest(ProxyError):
@@ -69,10 +80,29 @@ class Unauthorized(BadRequest):
     code = "invalid_api_key"
 
 
+class TooManyAttempts(BadRequest):
+    """Too many failed admin tokens from one address: it may try again after ``Retry-After`` seconds."""
+
+    status = 429
+    type = "rate_limit_error"
+    code = "too_many_failed_attempts"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(max(1, math.ceil(retry_after)))}
+
+
 class UpgradeRequired(BadRequest):
     """The client asked for a protocol the proxy does not speak (a websocket)."""
 
     status = 426
+
+
+class NothingToUndo(BadRequest):
+    """An undo of a compaction names no live checkpoint: none left, not a checkpoint, or one undone already."""
+
+    status = 409
+    code = "nothing_to_undo"
 
 
 class UpstreamError(ProxyError):

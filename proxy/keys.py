@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from proxy.secret import ServerSecret
     from proxy.settings import Settings
     from proxy.store.base import FactLog
+    from proxy.throttle import FailureThrottle
     from proxy.ui.timeline import TimelineCache
 
 settings_key: web.AppKey[Settings] = web.AppKey("settings")
@@ -27,3 +28,4 @@ compactions_key: web.AppKey[RecentCompactions] = web.AppKey("compactions")
 timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")
 secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")
 links_key: web.AppKey[Links] = web.AppKey("links")
+throttle_key: web.AppKey[FailureThrottle] = web.AppKey("throttle")

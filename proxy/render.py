@@ -29,6 +29,7 @@ from proxy.context.engine import ContextEngine
 from proxy.context.lineage import ConversationState
 from proxy.context.prepared import PreparedView
 from proxy.context.tokens import TokenCounter
+from proxy.context.undo import Undone
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 from proxy.types import Message
@@ -268,6 +269,8 @@ class Transcript:
             return _rewind_line(fact)
         if fact.kind == "checkpoint":
             return self._checkpoint(fact.extra.get("checkpoint"))
+        if fact.kind == "retire":
+            return f"── retire: the compaction at entry {fact.extra.get('checkpoint_seq')} is undone ──"
         message = dict(fact.message or {})
         tokens = self.counter.message_tokens(dialect_of(fact), message, fact.hash) if message else 0
         when = iso_time(fact.ts)
@@ -295,6 +298,15 @@ class Transcript:
             done.append(f"tool outputs of {_span(max(start, first), masked)} masked")
         before, after = int(payload.get("tokens_before", 0)), int(payload.get("tokens_after", 0))
         return f"── checkpoint: {', '.join(done) or 'nothing'} ({before:,} → {after:,} tokens) ──"
+
+
+def undo_line(undone: Undone) -> str:
+    """What an undo did, in a sentence."""
+    now = f"the checkpoint at entry #{undone.now}" if undone.now is not None else "the whole history"
+    first, *later = undone.retired
+    after = f" and the {len(later)} after it ({', '.join(f'#{s}' for s in later)})" if later else ""
+    return (f"Undid the compaction at entry #{first}{after} (retired by entry #{undone.entry}); "
+            f"the next view is built from {now}.")
 
 
 def _span(first: int, end: int) -> str:

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from proxy.store.base import FactLog
+from proxy.store.base import FactLog, as_seq
 
 PREFIX = "ctxproxy"
 VERSION = 2
@@ -171,7 +171,7 @@ def _named(fields: object, tenant: str) -> Reference | None:
     session, seq, prefix_hash = fields.get("s"), fields.get("q"), fields.get("h")
     if not isinstance(session, str) or not isinstance(prefix_hash, str):
         return None
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+    if (seq := as_seq(seq)) is None:
         return None
     return Reference(tenant, session, seq, prefix_hash)
 

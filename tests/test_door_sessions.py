@@ -23,6 +23,7 @@ from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script
 from tests.proxyfixtures import read_log
 from tests.scripted import INSTRUCTIONS, KEY, TASK, Claude, Codex, rig
+from tests.test_ui import sign_in
 
 TOKEN = "admin-token-for-doors"
 ADMIN = {"Authorization": f"Bearer {TOKEN}"}
@@ -181,8 +182,7 @@ async def test_the_inspector_links_and_serves_a_sub_agents_pages(aiohttp_server,
     path = f"/ui/sessions/{TENANT}/run-6%2Fa3"
     resp = await proxy.get(path, allow_redirects=False)
     assert (resp.status, resp.headers["Location"]) == (303, "/ui/signin?next=" + quote(path, safe=""))
-    signin = await proxy.post("/ui/signin", data={"token": TOKEN, "next": path}, allow_redirects=False)
-    assert (signin.status, signin.headers["Location"]) == (303, path)
+    assert (await sign_in(proxy, path, TOKEN)).headers["Location"] == path
     listing = await (await proxy.get("/ui")).text()
     assert f'href="{path}"' in listing
     page = await proxy.get(path)

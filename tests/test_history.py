@@ -175,3 +175,4 @@ def test_last_usage_follows_the_lineage() -> None:
     assert state.last_usage is None and state.last_view is None, "the other lineage measured nothing"
     _sync(state, log, [*main, *_user("next")])
     assert state.last_usage == {"prompt_tokens": 9}, "back on the lineage, its last measurement applies again"
+

@@ -102,7 +102,7 @@ async def test_a_recall_call_is_answered_from_the_log_and_the_client_sees_only_t
 async def test_bad_entries_get_an_explanation_and_rounds_are_bounded(make_proxy: Any, fake: FakeUpstream) -> None:
     proxy = await make_proxy(context_window=16_000, recall_tool=True)
     messages, _, _ = await masked_session(proxy, fake)
-    asks = [recall_call("seven", "c1"), recall_call(10**9, "c2"), recall_call(0, "c3"), recall_call(1, "c4"),
+    asks = [recall_call("seven", "c1"), recall_call(10**9, "c2"), recall_call(0, "c3"), recall_call(2**63 + 1, "c4"),
             recall_call(-1, "c5"), recall_call(2, "c6")]
     fake.script.extend(Reply(tool_calls=[ask]) for ask in asks)
     sent = len(fake.requests)
@@ -114,6 +114,7 @@ async def test_bad_entries_get_an_explanation_and_rounds_are_bounded(make_proxy:
     assert results[0] == f"{NAME} needs an integer 'entry', the log entry a placeholder names."
     assert results[1] == f"Log entry {10**9} holds no tool output of this conversation."
     assert results[2] == "Log entry 0 holds no tool output of this conversation.", "the system prompt is no output"
+    assert results[3] == f"Log entry {2**63 + 1} holds no tool output of this conversation.", "past what a log holds"
     assert results[4] == f"{NAME} needs an integer 'entry', the log entry a placeholder names."
     assert [t["function"]["name"] for t in rounds[-1]["tools"]] == ["run"], "after five rounds it is not offered"
     assert answer["tool_calls"][0]["id"] == "c6", "the sixth call goes to the client as the model wrote it"

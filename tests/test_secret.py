@@ -78,13 +78,14 @@ def test_a_message_too_big_to_carry_is_left_out_and_the_entry_still_named() -> N
     {"h": "9c1e", "q": "7", "s": "run-1", "t": TENANT},
     {"h": "9c1e", "q": True, "s": "run-1", "t": TENANT},
     {"h": "9c1e", "q": -1, "s": "run-1", "t": TENANT},
+    {"h": "9c1e", "q": 2**63, "s": "run-1", "t": TENANT},
     {"h": 1, "q": 7, "s": "run-1", "t": TENANT},
     {"q": 7, "s": "run-1", "t": TENANT},
     {"h": "9c1e", "q": 7, "s": "run-1"},
     {"h": "9c1e", "q": 7, "s": "run-1", "t": TENANT, "m": "text, not an item"},
     [1, 2],
-], ids=["seq-string", "seq-bool", "seq-negative", "hash-number", "hash-missing", "tenant-missing", "message-str",
-        "not-an-object"])
+], ids=["seq-string", "seq-bool", "seq-negative", "seq-past-a-log", "hash-number", "hash-missing", "tenant-missing",
+        "message-str", "not-an-object"])
 def test_a_sealed_payload_of_the_wrong_shape_fails(fields: object) -> None:
     assert unseal(SECRET, boxed(zlib.compress(orjson.dumps(fields))), [TENANT]) is None
     assert unseal(SECRET, boxed(zlib.compress(orjson.dumps({"h": "9c1e", "q": 7, "s": "run-1", "t": TENANT}))),

@@ -273,6 +273,15 @@ async def test_concurrent_first_secret_calls_agree(open_handle: Opener) -> None:
     assert len(set(secrets)) == 1
 
 
+async def test_the_signin_epoch_starts_at_0_and_every_end_moves_it_on_once(open_handle: Opener) -> None:
+    handles = [await open_handle() for _ in range(3)]
+    assert await handles[0].signin_epoch() == 0
+    ends = await asyncio.gather(*(handle.end_signins() for handle in handles for _ in range(4)))
+    assert sorted(ends) == list(range(1, 13))
+    await handles[0].aclose()
+    assert await (await open_handle()).signin_epoch() == 12
+
+
 # ---- backend gone ---------------------------------------------------------------
 
 
@@ -368,7 +377,7 @@ async def test_sqlite_layout_and_migrations(tmp_path: Path) -> None:
         names = [row[0] for row in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
         assert names == [name for name, _ in MIGRATIONS] == ["m001_facts", "m002_sessions", "m003_locks",
                                                              "m004_secret", "m005_credential_links",
-                                                             "m006_fact_keys"]
+                                                             "m006_fact_keys", "m007_signin_epoch"]
         rows = conn.execute("SELECT tenant, session, seq, kind, idx, body FROM facts").fetchall()
         assert rows == [("tenant-a", "run-1", 0, "message", 0, codec.encode(msg(0), 0, TS))]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -23,6 +23,7 @@ from proxy.ui import cookie
 from proxy.ui.request import rebuild
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
+from tests.test_admin import forgive
 from tests.test_compaction_e2e import prose
 from tests.test_metrics import scrape, value
 
@@ -40,9 +41,29 @@ async def ui_proxy(make_proxy: Any, **overrides: Any) -> Any:
     return await make_proxy(admin_token=Secret(TOKEN), **overrides)
 
 
-async def sign_in(proxy: Any) -> None:
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": "/ui"}, allow_redirects=False)
+def form_token(html: str) -> str:
+    """The CSRF token in a page's forms."""
+    found = re.search(r'<input type="hidden" name="csrf_token" value="([^"]+)">', html)
+    assert found is not None, html
+    return found[1]
+
+
+async def post_signin(proxy: Any, token: str = TOKEN, next_path: str = "/ui", **headers: str) -> Any:
+    """Sign in as the form does: its page first (the token's ``PRESIGN`` cookie), then the POST."""
+    csrf_token = form_token(await page(proxy, "/ui/signin"))
+    return await proxy.post("/ui/signin", data={"token": token, "next": next_path, "csrf_token": csrf_token},
+                            headers=headers, allow_redirects=False)
+
+
+async def sign_in(proxy: Any, next_path: str = "/ui", token: str = TOKEN) -> Any:
+    resp = await post_signin(proxy, token, next_path)
     assert resp.status == 303, await resp.text()
+    return resp
+
+
+async def sign_out(proxy: Any) -> Any:
+    csrf_token = form_token(await page(proxy, "/ui"))
+    return await proxy.post("/ui/signout", data={"csrf_token": csrf_token}, allow_redirects=False)
 
 
 async def step(proxy: Any, messages: list[dict[str, Any]], session: str) -> dict[str, Any]:
@@ -84,7 +105,7 @@ async def page(proxy: Any, path: str) -> str:
 PATHS = [("GET", "/ui"), ("GET", "/ui/"), ("GET", "/ui/signin"), ("POST", "/ui/signin"), ("POST", "/ui/signout"),
          ("GET", "/ui/static/ui.js"), ("GET", session_path("s1")), ("GET", session_path("s1") + "/live"),
          ("GET", session_path("s1") + "/requests/1"), ("GET", session_path("s1") + "/entries/0"),
-         ("GET", "/ui/no-such-page")]
+         ("POST", session_path("s1") + "/uncompact"), ("GET", "/ui/no-such-page")]
 
 
 async def test_every_ui_path_is_404_without_an_admin_token(proxy) -> None:
@@ -104,7 +125,7 @@ async def test_pages_send_you_to_sign_in_and_data_needs_the_cookie(make_proxy) -
     resp = await proxy.get(session_path("s1") + "/live")
     assert resp.status == 401 and (await resp.json())["error"]["type"] == "authentication_error"
     resp = await proxy.post("/ui/signout", allow_redirects=False)
-    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    assert resp.status == 401 and cookie.NAME not in resp.cookies
     form = await page(proxy, "/ui/signin?next=%2Fui%2Fsessions")
     assert '<input type="hidden" name="next" value="/ui/sessions">' in form
     assert 'name="token"' in form and 'method="post"' in form
@@ -114,35 +135,36 @@ async def test_pages_send_you_to_sign_in_and_data_needs_the_cookie(make_proxy) -
 
 
 @pytest.mark.parametrize("value", [
-    "", "garbage", cookie.issue("another-token", time.time()), cookie.issue(TOKEN, time.time() - cookie.LIFETIME - 1),
-    cookie.issue(TOKEN, time.time())[:-2] + "AA", TOKEN,
-], ids=["empty", "garbage", "other-token", "expired", "tampered", "the-token-itself"])
+    "", "garbage", cookie.issue("another-token", time.time(), 0),
+    cookie.issue(TOKEN, time.time() - cookie.LIFETIME - 1, 0), cookie.issue(TOKEN, time.time(), 0)[:-2] + "AA", TOKEN,
+    cookie.issue(TOKEN, time.time(), 1),
+], ids=["empty", "garbage", "other-token", "expired", "tampered", "the-token-itself", "another-epoch"])
 async def test_a_cookie_not_signed_with_the_admin_token_or_expired_is_refused(make_proxy, value: str) -> None:
     proxy = await ui_proxy(make_proxy)
     resp = await proxy.get("/ui", headers={"Cookie": f"{cookie.NAME}={value}"}, allow_redirects=False)
     assert resp.status == 303 and resp.headers["Location"].startswith("/ui/signin")
-    good = cookie.issue(TOKEN, time.time())
+    good = cookie.issue(TOKEN, time.time(), 0)
     resp = await proxy.get("/ui", headers={"Cookie": f"{cookie.NAME}={good}"}, allow_redirects=False)
     assert resp.status == 200
 
 
 async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make_proxy) -> None:
     proxy = await ui_proxy(make_proxy)
-    resp = await proxy.post("/ui/signin", data={"token": "wrong", "next": "/ui"}, allow_redirects=False)
-    assert resp.status == 401 and "Set-Cookie" not in resp.headers
+    resp = await post_signin(proxy, "wrong")
+    assert resp.status == 401 and cookie.NAME not in resp.cookies
     assert "That is not the admin token." in await resp.text()
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": f"{session_path('s1')}?page=0"},
-                            allow_redirects=False)
+    forgive(proxy)
+    resp = await post_signin(proxy, next_path=f"{session_path('s1')}?page=0")
     assert resp.status == 303 and resp.headers["Location"] == f"{session_path('s1')}?page=0"
     [header] = resp.headers.getall("Set-Cookie")
     morsel = SimpleCookie(header)[cookie.NAME]
     assert (morsel["httponly"], morsel["samesite"], morsel["path"], morsel["max-age"], morsel["secure"]) == (
         True, "Strict", "/ui", str(cookie.LIFETIME), "")
     assert TOKEN not in header and TOKEN not in resp.headers["Location"]
-    assert cookie.valid(morsel.value, TOKEN, time.time())
+    assert cookie.valid(morsel.value, TOKEN, time.time(), 0)
     assert (await proxy.get("/ui", allow_redirects=False)).status == 200  # the client's jar sends it back
 
-    resp = await proxy.post("/ui/signout", allow_redirects=False)
+    resp = await sign_out(proxy)
     assert resp.status == 303 and resp.headers["Location"] == "/ui/signin"
     gone = SimpleCookie(resp.headers["Set-Cookie"])[cookie.NAME]
     assert (gone.value, gone["max-age"], gone["path"]) == ("", "0", "/ui")
@@ -155,7 +177,7 @@ async def test_sign_in_sets_a_strict_http_only_cookie_that_is_not_the_token(make
 ])
 async def test_after_sign_in_only_inspector_paths_on_this_origin(make_proxy, target: str, expected: str) -> None:
     proxy = await ui_proxy(make_proxy)
-    resp = await proxy.post("/ui/signin", data={"token": TOKEN, "next": target}, allow_redirects=False)
+    resp = await post_signin(proxy, next_path=target)
     assert resp.headers["Location"] == expected
 
 

@@ -25,7 +25,9 @@ from selenium.webdriver.support.ui import WebDriverWait
 from proxy.keys import store_key
 from proxy.store.base import SessionKey
 from tests.proxyfixtures import read_log
+from tests.test_admin import forgive
 from tests.test_ui import POISON, TENANT, TOKEN, agent_session, session_path, step, ui_proxy
+from tests.test_undo import view_of_ui
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -123,6 +125,7 @@ async def test_the_inspector_needs_the_admin_token(make_proxy, browser: Browser)
     assert await browser.count("table.sessions") == 0
     await browser.sign_in(base, "not-the-token")
     assert "That is not the admin token." in await browser.text("form.signin")
+    forgive(proxy)
     await browser.sign_in(base, TOKEN)
     assert browser.driver.current_url == base + "/ui"
     assert "No sessions yet." in await browser.text("main")
@@ -203,3 +206,43 @@ async def test_the_sessions_table_sorts_and_filters(make_proxy, fake, browser: B
     assert await browser.script(names) == ["beta-run", "alpha-run"]
     await browser.run((await browser.find(By.ID, "filter")).send_keys, "ALPHA")
     assert await browser.script(names) == ["alpha-run"]
+
+
+async def test_the_undo_button_retires_a_compaction_behind_the_sign_in_and_the_form_token(make_proxy, fake,
+                                                                                          browser: Browser) -> None:
+    proxy = await ui_proxy(make_proxy, min_retain_rounds=1)
+    messages = await agent_session(proxy, fake, "undo", 3)
+    whole = await view_of_ui(proxy, "undo")
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    assert (await (await proxy.post(f"/admin/sessions/{TENANT}/undo/compact", headers=admin)).json())[
+        "outcome"] == "ok"
+    key = SessionKey(TENANT, "undo")
+    seq = (await read_log(proxy.app[store_key], key))[-1].seq
+    base = base_url(proxy)
+    await browser.open(base + session_path("undo"))
+    assert "/ui/signin" in browser.driver.current_url and await browser.count("form.undo") == 0
+    await browser.sign_in(base, TOKEN)
+    await browser.open(base + session_path("undo"))
+    assert await browser.count("svg.timeline g.mark.outcome-ok") == 1
+    assert await browser.count(f"#e{seq} form.undo button") == 1
+
+    # A form whose token is not the page's (what another origin would have to forge) is refused.
+    await browser.script("document.querySelector('form.undo input[name=csrf_token]').value = 'forged'")
+    await browser.submit(f"#e{seq} form.undo button")
+    assert "The form is out of date or not from this inspector" in await browser.text("main")
+    assert (await read_log(proxy.app[store_key], key))[-1].seq == seq
+
+    await browser.open(base + session_path("undo"))
+    await browser.submit(f"#e{seq} form.undo button")
+    assert browser.driver.current_url == f"{base}{session_path('undo')}#e{seq + 1}"
+    assert "undone by entry" in await browser.text(f"#e{seq}.retired .badge.retired")
+    assert await browser.count("form.undo") == 0
+    assert await browser.count("svg.timeline g.mark.outcome-retired") == 1
+    assert f"the compaction at entry #{seq} is retired" in await browser.text(f"#e{seq + 1}")
+    assert await view_of_ui(proxy, "undo") == whole
+
+    messages.append({"role": "user", "content": "Where were we?"})
+    await step(proxy, messages, "undo")
+    assert fake.requests[-1]["messages"] == [*whole["messages"], {"role": "user", "content": "Where were we?"}]
+    logs = await browser.run(browser.driver.get_log, "browser")
+    assert not [entry for entry in logs if "Content Security Policy" in entry["message"]], logs

@@ -146,16 +146,19 @@ def test_origins_of_view_messages() -> None:
     assert origins(merged, m, CHAT, seqs)[0] == Origin("summary", 0)
 
 
-def test_cookie_is_signed_expires_and_never_holds_the_token() -> None:
-    value = cookie.issue("tok", 1000.0)
-    assert "tok" not in value.split(".")[1:3] and value.count(".") == 3
-    assert cookie.valid(value, "tok", 1000.0 + cookie.LIFETIME - 1)
-    assert not cookie.valid(value, "tok", 1000.0 + cookie.LIFETIME)
-    assert not cookie.valid(value, "other", 1000.0)
-    version, expires, nonce, signature = value.split(".")
-    assert not cookie.valid(f"{version}.{int(expires) + 10_000}.{nonce}.{signature}", "tok", 1000.0)
-    assert not cookie.valid(None, "tok", 0) and not cookie.valid("a.b.c.d", "tok", 0)
-    assert cookie.issue("tok", 1000.0) != value  # a fresh nonce each time
+def test_cookie_is_signed_expires_is_of_one_epoch_and_never_holds_the_token() -> None:
+    value = cookie.issue("tok", 1000.0, 3)
+    assert "tok" not in value.split(".")[1:4] and value.count(".") == 4
+    assert cookie.valid(value, "tok", 1000.0 + cookie.LIFETIME - 1, 3)
+    assert not cookie.valid(value, "tok", 1000.0 + cookie.LIFETIME, 3)
+    assert not cookie.valid(value, "other", 1000.0, 3)
+    assert not cookie.valid(value, "tok", 1000.0, 4) and not cookie.valid(value, "tok", 1000.0, 2)
+    version, expires, epoch, nonce, signature = value.split(".")
+    assert not cookie.valid(f"{version}.{int(expires) + 10_000}.{epoch}.{nonce}.{signature}", "tok", 1000.0, 3)
+    assert not cookie.valid(f"{version}.{expires}.4.{nonce}.{signature}", "tok", 1000.0, 4)
+    assert not cookie.valid(f"{version}.{expires}.{epoch}.{nonce}.{signature}\udcff", "tok", 1000.0, 3)
+    assert not cookie.valid(None, "tok", 0, 0) and not cookie.valid("v2.b.0.d.e", "tok", 0, 0)
+    assert cookie.issue("tok", 1000.0, 3) != value  # a fresh nonce each time
 
 
 def test_recent_compactions_are_bounded_and_keep_totals() -> None:

@@ -119,7 +119,7 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
     grows with those outputs only, which a batch bounds.
     """
     share = engine.settings.mask_batch_share
-    if state is None or share is None:
+    if state is None or share is None or state.undone:  # after an undo, only the trigger reduces the view again
         return None
     # A batch is at most a quarter of the room beside the tool definitions (and the leading system messages): with
     # 9k of tools in 16k, an eighth of the window was more than half that room, and summaries came before masking.

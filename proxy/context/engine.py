@@ -45,6 +45,8 @@ Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 DEFAULT_WINDOW = 128_000
+#: Why a compaction planned before an undo (``proxy.context.undo``) records nothing.
+UNDONE = "a compaction was undone since this one was planned"
 #: Share taken off a refused prompt's estimate to learn a window from a refusal that states none.
 REFUSAL_MARGIN = 0.05
 
@@ -291,7 +293,8 @@ class ContextEngine:
             _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window,
                                 room=prepared.threshold - self.unfreed(window, dialect, messages, hashes, tools))
             ahead = soft < prepared.estimate.tokens - freed
-        if allowed and ahead and self.background.running(key) is None:
+        # After an undo nothing is reduced ahead of need: the view compacts again only once it no longer fits.
+        if allowed and ahead and state is not None and not state.undone and self.background.running(key) is None:
             self.background.start(key, self.compact(key, list(messages), list(hashes), trigger="background",
                                                     model=model, complete=complete, threshold=soft, **options))
         if prepared.estimate.tokens <= prepared.threshold:
@@ -376,8 +379,12 @@ class ContextEngine:
             state = await self.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
             async with self.lock.held(key) as taken:
                 state = await self.history.state(key, refresh=True)
+                planned_at = state.next_seq  # an undo logged from here on overrules this compaction
                 if not taken:
                     return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, "lock busy"),
+                                         started), state
+                if trigger == "background" and state.undone:  # started before an undo that landed since
+                    return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, UNDONE),
                                          started), state
                 previous = active_checkpoint(state, hashes)
                 fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
@@ -408,10 +415,12 @@ class ContextEngine:
                     seqs=seqs, keys=keys,
                     fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
-                    state = await self._record(key, result.checkpoint, dialect, previous, hashes,
-                                               summarised=result.tier != "mask")
+                    state, recorded = await self._record(key, result.checkpoint, dialect, previous, hashes,
+                                                         planned_at, summarised=result.tier != "mask")
                     made = active_checkpoint(state, hashes)
-                    if trigger == "background" and made is not None:
+                    if not recorded:
+                        result = CompactionResult("skipped", None, 0, 0, UNDONE)
+                    elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
@@ -479,9 +488,15 @@ class ContextEngine:
         return budget if budget is not None else window // 10
 
     async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, previous: Checkpoint | None,
-                      hashes: Sequence[str], *, summarised: bool = True) -> ConversationState:
+                      hashes: Sequence[str], planned_at: int, *,
+                      summarised: bool = True) -> tuple[ConversationState, bool]:
         """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
-        has none to log).
+        has none to log); the state, and whether it was appended.
+
+        Not when an undo (``proxy.context.undo``) was logged since the
+        compaction read the log (``planned_at``): the undo is the newer
+        decision, and a compaction planned before it would adopt again what
+        it took back (a background summary folding the retired checkpoint's).
 
         A masking batch (``proxy.context.batches``) takes no lock: when one landed
         while this compaction ran, the checkpoint keeps what the batch masked
@@ -490,6 +505,8 @@ class ContextEngine:
         """
 
         def plan(state: ConversationState) -> list[NewFact]:
+            if state.last_retire >= planned_at:
+                return []
             current = active_checkpoint(state, hashes)
             final = checkpoint
             if (current is not None and current != previous and current.masked_until > final.masked_until
@@ -503,7 +520,8 @@ class ContextEngine:
                                         extra={"dialect": dialect.name}))
             return facts
 
-        return await self.history.append_planned(key, plan)
+        state = await self.history.append_planned(key, plan)
+        return state, state.last_retire < planned_at
 
     def observe(self, key: SessionKey, trigger: Trigger, result: CompactionResult,
                  started: float) -> CompactionResult:

@@ -70,10 +70,15 @@ CONFLICT_BACKOFF = 0.1
 RETRY_FIRST = 0.25
 RETRY_CAP = 5.0
 RETRY_FOR = 600.0
+#: Seconds a cached state serves a request's view without reading the log. Past that, the request first reads
+#: what other processes appended meanwhile (an undo from the CLI, a checkpoint another replica made): one read of
+#: the log's tail, only for a session this process has not read or written for a while, so an agent's
+#: back-to-back steps pay nothing and a step after a model call (seconds) pays one round trip.
+FRESH_FOR = 1.0
 #: Facts per read while catching up with the log.
 CATCH_UP_PAGE = 1000
 #: Kinds of the proxy's own facts that are keyed, so that an append retried after a lost acknowledgement skips them.
-KEYED_KINDS = frozenset({"summary", "checkpoint"})
+KEYED_KINDS = frozenset({"summary", "checkpoint", "retire"})
 
 
 @dataclass
@@ -111,6 +116,9 @@ class HistoryManager:
         self._writers: dict[SessionKey, _Writer] = {}
         self._retries: dict[SessionKey, asyncio.Task[None]] = {}
         self._closed = False
+        #: When (monotonic) this process last read or wrote each cached session's log; see ``current``.
+        self._synced: dict[SessionKey, float] = {}
+        self.fresh_for = FRESH_FOR
 
     async def state(self, key: SessionKey, *, refresh: bool = False) -> ConversationState:
         """The session's state, caught up with the log when ``refresh`` or not yet cached."""
@@ -121,10 +129,19 @@ class HistoryManager:
             state = self._states.get(key)
             if state is None or state.next_seq < fresh.next_seq:
                 state = fresh
+            self._synced[key] = time.monotonic()
         elif refresh:
             state = await self._catch_up(key, state)
+            self._synced[key] = time.monotonic()
         self._remember(key, state)
         return state
+
+    async def current(self, key: SessionKey) -> ConversationState:
+        """The session's state for a request's view: the cached one, caught up with the log first when this
+        process has not read or written the session for ``fresh_for`` seconds (``FRESH_FOR``)."""
+        synced = self._synced.get(key)
+        stale = synced is None or time.monotonic() - synced >= self.fresh_for
+        return await self.state(key, refresh=stale)
 
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)
@@ -168,12 +185,13 @@ class HistoryManager:
 
         The first read starts at the state's last fact, which the log must
         still hold, the same (same digest): otherwise the store lost its last
-        writes, and the state is reloaded from the whole log.
+        writes, and the state is reloaded from the whole log. That fact is
+        named before the read: an append of this process may fold more into
+        ``state`` while the read is on its way (a request's view catching up,
+        ``current``, beside another's append), which is no loss.
         """
         overlap = 1 if state.next_seq else 0
         while True:
-            # What the state held when the read was sent: a writer of this process may fold its own append
-            # into the same state while the read is out, and that is no sign of a lost tail.
             seen, tail = state.next_seq - 1, state.tail
             facts = await self.log.read(key, after=seen - overlap, limit=CATCH_UP_PAGE)
             if overlap:
@@ -200,7 +218,8 @@ class HistoryManager:
         self._states[key] = state
         self._states.move_to_end(key)
         while len(self._states) > self._max_sessions:
-            self._states.popitem(last=False)
+            dropped, _ = self._states.popitem(last=False)
+            self._synced.pop(dropped, None)
 
     async def sync(
         self,
@@ -304,6 +323,7 @@ class HistoryManager:
                     retries += 1
                     continue
                 self._applied(state, stored, expected)
+                self._synced[key] = time.monotonic()
                 return state, stored
 
     def _applied(self, state: ConversationState, stored: Sequence[StoredFact], expected: int) -> None:
@@ -360,7 +380,7 @@ class HistoryManager:
 
 
 def _keyed(facts: list[NewFact], anchor: int) -> list[NewFact]:
-    """``facts`` with a key on each of the proxy's summaries and checkpoints: its content and its planned seq."""
+    """``facts`` with a key on each of the proxy's summaries, checkpoints and retires: its content and planned seq."""
     return [replace(fact, key=fact_key(fact, anchor + i))
             if fact.source == "proxy" and fact.kind in KEYED_KINDS and fact.key is None else fact
             for i, fact in enumerate(facts)]

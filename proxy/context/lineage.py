@@ -22,12 +22,17 @@ index, so a message costs about 100 bytes of index on top of the lineage
 (states are cached for up to 10,000 sessions).
 
 Checkpoints are kept whatever the lineage does: ``checkpoint_for`` serves one
-to every conversation whose prefix hash it matches.
+to every conversation whose prefix hash it matches. A ``retire`` entry (an undo
+of a compaction: ``proxy.context.undo``) names a checkpoint entry by its seq;
+from then on that checkpoint and every later one (each was made from it, or
+carries its summary) serve nobody, and the one before it (or none) applies
+again. The log keeps every entry: retiring is a fact, not a deletion.
 """
 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,9 +81,14 @@ class ConversationState:
     hashes: list[str] = field(default_factory=list)
     prefixes: list[str] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    #: Every checkpoint of the session, oldest first (raw ``checkpoint`` payloads); each serves the lineages
-    #: whose prefix hash it matches.
+    #: Every live checkpoint of the session (not retired), oldest first (raw ``checkpoint`` payloads); each serves
+    #: the lineages whose prefix hash it matches.
     checkpoints: list[Mapping[str, Any]] = field(default_factory=list)
+    #: The seq of each entry of ``checkpoints``, and the seqs of the checkpoints a ``retire`` entry took back.
+    checkpoint_seqs: list[int] = field(default_factory=list)
+    retired: set[int] = field(default_factory=set)
+    #: Seq of the newest ``retire`` entry (-1: none): what a compaction planned before it must not overrule.
+    last_retire: int = -1
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -123,6 +133,30 @@ class ConversationState:
             payload = fact.extra.get("checkpoint")
             if isinstance(payload, Mapping):
                 self.checkpoints.append(payload)
+                self.checkpoint_seqs.append(fact.seq)
+        elif fact.kind == "retire":
+            self._retire(fact)
+
+    def _retire(self, fact: StoredFact) -> None:
+        """Take back the checkpoint the entry names and the live ones after it; naming no live one changes nothing."""
+        at = self.retiring(fact.extra.get("checkpoint_seq"))
+        if at is not None:
+            self.retired.update(self.checkpoint_seqs[at:])
+            del self.checkpoints[at:], self.checkpoint_seqs[at:]
+            self.last_retire = fact.seq
+
+    def retiring(self, checkpoint_seq: object) -> int | None:
+        """Where live checkpoint ``checkpoint_seq`` is in ``checkpoint_seqs`` (a retire takes it and all after it
+        back), or None when it is not a live checkpoint."""
+        if type(checkpoint_seq) is not int:
+            return None
+        at = bisect_left(self.checkpoint_seqs, checkpoint_seq)
+        return at if at < len(self.checkpoint_seqs) and self.checkpoint_seqs[at] == checkpoint_seq else None
+
+    @property
+    def undone(self) -> bool:
+        """Whether the newest reduction decision is an undo: no checkpoint was made since the last ``retire``."""
+        return self.last_retire > (self.checkpoint_seqs[-1] if self.checkpoint_seqs else -1)
 
     def _add_node(self, seq: int, digest: str) -> None:
         prefix = chain_hash(self.prefixes[-1] if self.prefixes else "", digest)
@@ -249,14 +283,24 @@ class ConversationState:
         prefix hashes come from the tree walk, computed only if a checkpoint
         needs them.
         """
+        found = self._applying(hashes)
+        return dict(self.checkpoints[found]) if found is not None else None
+
+    def checkpoint_seq_for(self, hashes: Sequence[str]) -> int | None:
+        """The seq of the entry ``checkpoint_for(hashes)`` comes from, or None."""
+        found = self._applying(hashes)
+        return self.checkpoint_seqs[found] if found is not None else None
+
+    def _applying(self, hashes: Sequence[str]) -> int | None:
         if not self.checkpoints:
             return None
         shared = len(hashes) if hashes is self.hashes else common_prefix(self.hashes, hashes)
         branch: list[str] | None = None
-        for payload in reversed(self.checkpoints):
+        for at in range(len(self.checkpoints) - 1, -1, -1):
+            payload = self.checkpoints[at]
             idx = covered(payload)
             if idx == 0:
-                return dict(payload)
+                return at
             if idx <= shared:
                 prefix = self.prefixes[idx - 1]
             else:
@@ -266,5 +310,5 @@ class ConversationState:
                     continue
                 prefix = branch[idx - shared - 1]
             if prefix == payload.get("prefix_hash"):
-                return dict(payload)
+                return at
         return None

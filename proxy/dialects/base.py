@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, ItemModel
-from proxy.errors import BadRequest
+from proxy.errors import BadRequest, openai_error
 from proxy.settings import Settings
 
 #: Values that cannot nest: an item made of them alone can always be written back.
@@ -99,6 +99,9 @@ class Dialect(ItemModel):
     items_field: str
     #: Path below the upstream base that the front door posts to.
     path: str
+    #: The door's path on the proxy (also below ``/s/{session}``): errors the proxy raises at it or under it
+    #: take this API's shape (``error_body``).
+    door: str
     #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
     anthropic: bool = False
     #: Whether requests may carry back a ``compaction`` item the proxy handed out (Codex's remote compaction).
@@ -116,6 +119,12 @@ class Dialect(ItemModel):
         """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
         base = settings.anthropic_base if self.anthropic else settings.upstream_base
         return base + (self.path if path is None else path)
+
+    def error_body(self, status: int, message: str, *, type: str, code: str | None,
+                   param: str | None) -> dict[str, Any]:
+        """An error the proxy raises itself at this door, in the shape this API's clients read; OpenAI's unless
+        the API has its own. ``type`` and ``code`` are the proxy's words (``proxy.errors``)."""
+        return openai_error(message, type=type, code=code, param=param)
 
     def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
         """Fields to add so a streamed answer reports its usage, when the client did not ask for it itself;
@@ -278,6 +287,30 @@ def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool 
         if check is not None:
             check(f"{field}[{index}]", item)
     return value
+
+
+#: Fields whose arrays hold typed parts: content blocks and parts, tool calls, reasoning summaries, tool outputs.
+_PART_FIELDS = ("content", "tool_calls", "summary", "output")
+
+
+def require_string_types(name: str, item: Item) -> None:
+    """Refuse an item whose ``type``, or the ``type`` of a part in it (at any depth of ``_PART_FIELDS``' arrays),
+    is there but not a string: the dialects look types up in sets, where an object or an array is a ``TypeError``.
+
+    Every item of every request passes here, a few lookups each: a loop, not recursion, for parts nested as deep
+    as JSON goes.
+    """
+    stack: list[tuple[tuple[str | int, ...], Item]] = [((), item)]
+    while stack:
+        path, value = stack.pop()
+        kind = value.get("type")
+        if kind is not None and not isinstance(kind, str):
+            where = name + "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)
+            raise BadRequest(f"{where}.type must be a string.", param=f"{where}.type")
+        for field in _PART_FIELDS:
+            parts = value.get(field)
+            if type(parts) is list:
+                stack.extend(((*path, field, i), part) for i, part in enumerate(parts) if type(part) is dict)
 
 
 def require_role(name: str, message: Item) -> None:

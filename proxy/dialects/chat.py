@@ -31,6 +31,7 @@ from proxy.dialects.base import (
     positive_int,
     require_items,
     require_role,
+    require_string_types,
     text_of,
 )
 from proxy.errors import BadRequest
@@ -112,6 +113,7 @@ def normalise(message: Item) -> dict[str, Any]:
 
 def _check_message(name: str, message: Item) -> None:
     require_role(name, message)
+    require_string_types(name, message)
     # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
     calls = message.get("tool_calls")
     if calls is not None and type(calls) is not list:
@@ -122,6 +124,7 @@ class ChatDialect(Dialect):
     name = "chat"
     items_field = "messages"
     path = "/chat/completions"
+    door = "/v1/chat/completions"
     bound_fields = ("max_completion_tokens", "max_tokens")
     summary_drops = frozenset({"n", "stop", "response_format", "logprobs", "top_logprobs", "prediction", "audio",
                                "modalities", "web_search_options"})

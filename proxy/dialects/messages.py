@@ -35,7 +35,16 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, Path, Role
-from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, require_role, text_of
+from proxy.dialects.base import (
+    Dialect,
+    ReplyReader,
+    Verdict,
+    positive_int,
+    require_items,
+    require_role,
+    require_string_types,
+    text_of,
+)
 from proxy.errors import BadRequest
 
 _TEXT = frozenset({"text"})
@@ -80,15 +89,23 @@ def _rewrites(edit: Any) -> bool:
 
 def _check_message(name: str, message: Item) -> None:
     require_role(name, message)
+    require_string_types(name, message)
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
         raise BadRequest(f"{name}.content must be a string or an array.", param=f"{name}.content")
+
+
+#: Anthropic's error ``type`` for a status (https://docs.claude.com/en/api/errors); other 4xx are
+#: ``invalid_request_error``, other 5xx ``api_error``.
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                413: "request_too_large", 429: "rate_limit_error"}
 
 
 class MessagesDialect(Dialect):
     name = "messages"
     items_field = "messages"
     path = "/v1/messages"
+    door = "/v1/messages"
     anthropic = True
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({"anthropic-version": "2023-06-01"})
     bound_fields = ("max_tokens",)
@@ -96,6 +113,12 @@ class MessagesDialect(Dialect):
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "messages", check=_check_message)
+
+    def error_body(self, status: int, message: str, *, type: str, code: str | None,
+                   param: str | None) -> dict[str, Any]:
+        # Anthropic's shape, with its error types: its SDKs and Claude Code read ``error.type`` and ``error.message``.
+        kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
 
     def role(self, item: Item) -> Role:
         role = item.get("role")

@@ -22,7 +22,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.context.items import Item, Path, Role
-from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, text_of
+from proxy.dialects.base import (
+    Dialect,
+    ReplyReader,
+    Verdict,
+    positive_int,
+    require_items,
+    require_string_types,
+    text_of,
+)
 from proxy.dialects.chat import canonical_arguments, prompt_cache_key
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "computer_call"})
@@ -62,6 +70,7 @@ class ResponsesDialect(Dialect):
     name = "responses"
     items_field = "input"
     path = "/responses"
+    door = "/v1/responses"
     carries_compaction_items = True
     bound_fields = ("max_output_tokens",)
     #: Besides the answer's form: ``previous_response_id`` and ``conversation`` would add the summary call to the
@@ -69,7 +78,7 @@ class ResponsesDialect(Dialect):
     summary_drops = frozenset({"previous_response_id", "conversation", "background", "top_logprobs"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "input", allow_string=True)
+        return require_items(payload, "input", allow_string=True, check=require_string_types)
 
     def role(self, item: Item) -> Role:
         kind = _type(item)

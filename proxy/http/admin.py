@@ -1,6 +1,9 @@
-"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now.
+"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now, undo a compaction.
 
-Access: ``Authorization: Bearer <--admin-token>``, compared in constant time.
+Access: ``Authorization: Bearer <--admin-token>``, compared in constant time;
+after a wrong one, the caller's address waits a growing delay before its next
+token is checked (``proxy.throttle``; 429 until then), the inspector's sign-in
+sharing the record.
 Without a configured token every admin path answers 404, as if the API did not
 exist, so a deployment that never turned it on exposes nothing to probe. The
 routes are registered always and the check is per request, and a catch-all
@@ -27,14 +30,15 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from proxy.context.undo import uncompact
 from proxy.dialects.base import Dialect, parse_json
-from proxy.errors import BadRequest, ProxyError, StoreError, Unauthorized
+from proxy.errors import BadRequest, ProxyError, StoreError, TooManyAttempts, Unauthorized
 from proxy.http.body import read_body
 from proxy.http.clients import open_route
-from proxy.keys import client_key, engine_key, metrics_key, settings_key, store_key
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key, throttle_key
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
 from proxy.sessions import logged_session_key
-from proxy.store.base import SessionKey
+from proxy.store.base import SessionKey, as_seq
 from proxy.summarycall import summary_completer
 
 logger = logging.getLogger(__name__)
@@ -53,16 +57,34 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get(base + "/log", admin_only(session_log))
     router.add_get(base + "/view", admin_only(session_view))
     router.add_post(base + "/compact", admin_only(compact_session))
+    router.add_post(base + "/uncompact", admin_only(uncompact_session))
     router.add_route("*", "/admin{tail:(/.*)?}", admin_only(unknown))
+
+
+def admin_token_matches(request: web.Request, presented: str) -> bool:
+    """Whether ``presented`` is the admin token, compared in constant time, unless the caller's address is still
+    waiting out a delay for earlier failures (``TooManyAttempts``, nothing compared); a failure makes it wait.
+    No token at all is no guess: False, and no delay."""
+    if not presented:
+        return False
+    throttle, address = request.app[throttle_key], request.remote or ""
+    if wait := throttle.wait(address):
+        raise TooManyAttempts(f"Too many wrong admin tokens from this address: try again in {wait:.1f} s.",
+                              retry_after=wait)
+    token = request.app[settings_key].admin_token or ""
+    if hmac.compare_digest(presented.encode(errors="surrogatepass"), token.encode()):
+        throttle.succeeded(address)
+        return True
+    throttle.failed(address)
+    return False
 
 
 def authorize(request: web.Request) -> None:
     """404 when the admin API is off, 401 unless the request carries the admin token as a bearer token."""
-    token = request.app[settings_key].admin_token
-    if not token:
+    if not request.app[settings_key].admin_token:
         raise web.HTTPNotFound()
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), token.encode()):
+    if not admin_token_matches(request, presented.strip() if scheme.lower() == "bearer" else ""):
         raise Unauthorized("Invalid or missing admin token.")
 
 
@@ -160,14 +182,19 @@ def _upstream_headers(request: web.Request, dialect: Dialect) -> CIMultiDict[str
     return headers
 
 
-async def _instructions(request: web.Request) -> str | None:
+async def _body(request: web.Request) -> dict[str, Any]:
+    """The optional JSON object an admin POST carries ({} for none)."""
     raw = await read_body(request, request.app[settings_key]) if request.body_exists else b""
     if not raw.strip():
-        return None
+        return {}
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise BadRequest("Request body must be a JSON object.", code="invalid_json")
-    instructions = body.get("instructions")
+    return body
+
+
+async def _instructions(request: web.Request) -> str | None:
+    instructions = (await _body(request)).get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest("'instructions' must be a string.", param="instructions")
     return instructions or None
@@ -191,3 +218,19 @@ async def compact_session(request: web.Request) -> web.Response:
     checkpoint = orjson.loads(result.checkpoint.to_json()) if result.checkpoint is not None else None
     return _json({"outcome": result.outcome, "checkpoint": checkpoint, "tokens_before": result.tokens_before,
                   "tokens_after": result.tokens_after, "detail": result.detail})
+
+
+async def uncompact_session(request: web.Request) -> web.Response:
+    """Undo a compaction: a ``retire`` entry takes back checkpoint ``{"checkpoint": seq}`` (default: the newest
+    live one) and the later ones, so the next view is the one it replaced (``proxy.context.undo``). 409 when
+    there is none to undo."""
+    key = _key(request)
+    raw = (await _body(request)).get("checkpoint")
+    seq = as_seq(raw)
+    if raw is not None and seq is None:
+        raise BadRequest("'checkpoint' must be the seq of a checkpoint entry.", param="checkpoint")
+    history = request.app[history_key]
+    if (await history.state(key, refresh=True)).next_seq == 0:
+        raise _not_found(key)
+    undone = await uncompact(history, key, seq)
+    return _json(undone.to_json())

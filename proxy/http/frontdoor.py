@@ -308,13 +308,15 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
     metrics.session_seen(key)
     # The request's items are logged together with the reply (one append per step, after the upstream
-    # answered); the view needs only the session's checkpoint, which the cached state has.
+    # answered); the view needs only the session's checkpoint, which the cached state has (caught up with the
+    # log when the session was quiet for a while: ``HistoryManager.current``).
     state: ConversationState | None = None
     try:
-        state = await history.state(key)  # the cached state; the log is read only for a session new here
+        state = await history.current(key)
     except StoreError as exc:
         metrics.store_errors.inc()
         logger.warning("store error while reading session %s: %s", key.session, exc)
+        state = history.cached(key)  # the store is down: the checkpoint this process knows still serves
     turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
     if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
         boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage

@@ -1,9 +1,11 @@
-"""One place where errors become OpenAI-shaped JSON.
+"""One place where errors become JSON, in the shape of the door the request came to.
 
-Clients (and the openai SDK's retry logic) read ``error.message`` and the
-status; an HTML error page or a bare 500 would surface as an opaque crash in
-the agent. aiohttp's own HTTP errors (404, 405, 413 from ``client_max_size``)
-are rendered the same way.
+Clients (and their SDKs' retry logic) read the error's message and the status;
+an HTML error page or a bare 500 would surface as an opaque crash in the agent.
+A request at or under a door's path (``Dialect.door``, also below
+``/s/{session}``) gets that API's shape (``Dialect.error_body``: Anthropic's on
+``/v1/messages``); every other path OpenAI's. aiohttp's own HTTP errors (404,
+405, 413 from ``client_max_size``) are rendered the same way.
 
 An error raised after the handler's own response has started (a stream whose
 status line went out) cannot become an error response: a second response
@@ -19,7 +21,8 @@ import logging
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.errors import ProxyError
+from proxy.dialects import DIALECTS, Dialect
+from proxy.errors import ProxyError, openai_error
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +34,19 @@ _CLOSING = frozenset({408})
 _started: web.RequestKey[web.StreamResponse] = web.RequestKey("started", web.StreamResponse)
 
 
-def error_response(status: int, message: str, *, type: str, code: str | None = None,
-                   param: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type, "param": param, "code": code}}
+def door_of(path: str) -> Dialect | None:
+    """The API whose door ``path`` is at or under, if any."""
+    if path.startswith("/s/"):
+        path = "/" + path.split("/", 3)[-1] if path.count("/") >= 3 else ""
+    return next((d for d in DIALECTS.values() if path == d.door or path.startswith(d.door + "/")), None)
+
+
+def error_response(status: int, message: str, *, type: str, code: str | None = None, param: str | None = None,
+                   path: str = "") -> web.Response:
+    """An error the proxy raises itself, in the shape of the door ``path`` belongs to (OpenAI's elsewhere)."""
+    door = door_of(path)
+    body = (door.error_body(status, message, type=type, code=code, param=param) if door is not None
+            else openai_error(message, type=type, code=code, param=param))
     return web.json_response(body, status=status)
 
 
@@ -42,17 +55,22 @@ async def remember_prepared(request: web.Request, response: web.StreamResponse) 
     request[_started] = response
 
 
-def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
+async def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
     """``error``, unless the handler's response already started: then that response, its connection closed.
 
     aiohttp finishes the returned response; on a closed transport that fails
     quietly, so nothing more reaches the client (no final chunk: the body reads
-    as truncated).
+    as truncated). A closing status (``_CLOSING``) is written whole here and the
+    connection closed at once: aiohttp would otherwise keep it open reading
+    (and dropping) the rest of the body, up to 10 s (its lingering close).
     """
     started: web.StreamResponse | None = request.get(_started)
     if started is None:
         if error.status in _CLOSING:
             error.force_close()
+            await error.prepare(request)
+            await error.write_eof()
+            request.protocol.force_close()
         return error
     logger.warning("%s %s failed after its response started (status %d); closing the connection",
                    request.method, request.path, started.status)
@@ -65,17 +83,25 @@ def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
-    except ProxyError as exc:
-        return _respond(request, error_response(exc.status, exc.message, type=exc.type, code=exc.code,
-                                                param=exc.param))
-    except web.HTTPException as exc:
+    except Exception as exc:
+        return await error_for(request, exc)
+
+
+async def error_for(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """What the client gets for ``exc``, raised while answering ``request`` (a redirect is raised on)."""
+    if isinstance(exc, ProxyError):
+        error = error_response(exc.status, exc.message, type=exc.type, code=exc.code, param=exc.param,
+                               path=request.path)
+        error.headers.update(exc.headers)
+        return await _respond(request, error)
+    if isinstance(exc, web.HTTPException):
         if exc.status < 400:
-            raise
+            raise exc
         code = "request_too_large" if exc.status == 413 else None
         message = exc.text if exc.status != 413 else "Request body is larger than this proxy accepts."
-        return _respond(request, error_response(exc.status, message or exc.reason,
-                                                type=_TYPES.get(exc.status, "invalid_request_error"), code=code))
-    except Exception:
-        logger.exception("unhandled error on %s %s", request.method, request.path)
-        return _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
-                                                code="internal_error"))
+        return await _respond(request, error_response(exc.status, message or exc.reason, path=request.path,
+                                                      type=_TYPES.get(exc.status, "invalid_request_error"),
+                                                      code=code))
+    logger.error("unhandled error on %s %s", request.method, request.path, exc_info=exc)
+    return await _respond(request, error_response(500, "Internal proxy error.", type="proxy_error",
+                                                  code="internal_error", path=request.path))

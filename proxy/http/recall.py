@@ -48,6 +48,7 @@ from proxy.http.relay import RelayTiming, event_data
 from proxy.keys import store_key
 from proxy.render import dialect_of
 from proxy.sse import EventTooLarge, SSESplitter, parse_event
+from proxy.store.base import as_seq
 
 if TYPE_CHECKING:
     from proxy.http.frontdoor import Turn
@@ -186,6 +187,8 @@ async def recalled(turn: Turn, arguments: Any, room: int, policy: ContextBudgetP
         entry = None
     if type(entry) is not int or entry < 0:
         return f"{NAME} needs an integer 'entry', the log entry a placeholder names."
+    if as_seq(entry) is None:  # past what a log holds
+        return f"Log entry {entry} holds no tool output of this conversation."
     try:
         facts = await turn.request.app[store_key].read(turn.key, after=entry - 1, limit=1)
     except StoreError:

@@ -20,10 +20,30 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-Kind = Literal["message", "rewind", "summary", "checkpoint"]
+Kind = Literal["message", "rewind", "summary", "checkpoint", "retire"]
 Source = Literal["client", "upstream", "proxy"]
 #: Tenants ``FactLog.tenants_of`` keeps per session id, the newest: the candidates a new credential may continue.
 TENANTS_KEPT = 16
+#: The largest seq a log can hold: both stores keep it as a signed 64-bit integer (SQLite's INTEGER).
+MAX_SEQ = 2**63 - 1
+_MAX_SEQ_DIGITS = len(str(MAX_SEQ))
+
+
+def as_seq(value: object) -> int | None:
+    """``value`` as a seq a log can hold (an ``int``, not a bool, 0 to ``MAX_SEQ``), or None. Every number from
+    outside (a URL, a tool call, a reference) goes through it where it is parsed, so none out of range reaches a
+    store."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    return value if 0 <= value <= MAX_SEQ else None
+
+
+def parse_seq(text: str) -> int | None:
+    """``as_seq`` of a decimal string of ASCII digits only: ``int()`` would take a sign, spaces, ``_`` and other
+    scripts' digits, and refuse ``'²'`` or 4,301 digits with a ``ValueError``."""
+    if not (text.isascii() and text.isdigit()) or len(text) > _MAX_SEQ_DIGITS:
+        return None
+    return as_seq(int(text))
 
 
 class SessionKey(NamedTuple):
@@ -136,6 +156,14 @@ class FactLog(abc.ABC):
         """The server secret that signs references (``proxy.secret``): random, made by the first call on a new
         store, the same for every later call, process and replica. Concurrent first calls agree: creating it is
         one atomic get-or-create. ``StoreUnavailable`` when the backend fails."""
+
+    @abc.abstractmethod
+    async def signin_epoch(self) -> int:
+        """The inspector's sign-in epoch (``proxy.ui.cookie``): 0 on a new store; only ``end_signins`` moves it."""
+
+    @abc.abstractmethod
+    async def end_signins(self) -> int:
+        """Move the sign-in epoch on by one, atomically (revoking every cookie issued before), and return it."""
 
     @abc.abstractmethod
     async def note_tenant(self, session: str, tenant: str, ts: float) -> None:

@@ -29,7 +29,7 @@ from proxy.constants import FACT_FORMAT
 from proxy.errors import StoreError, UnencodableFact
 from proxy.store.base import Kind, NewFact, Source, StoredFact
 
-_KINDS = frozenset({"message", "rewind", "summary", "checkpoint"})
+_KINDS = frozenset({"message", "rewind", "summary", "checkpoint", "retire"})
 _SOURCES = frozenset({"client", "upstream", "proxy"})
 
 

@@ -84,6 +84,7 @@ from proxy.constants import (
     KEY_PREFIX,
     META_SUFFIX,
     SECRET_KEY,
+    SIGNIN_EPOCH_KEY,
     fact_keys_key,
     link_key,
     lock_key,
@@ -324,6 +325,15 @@ class RedisFactLog(FactLog):
                 if value is not None:
                     return value if isinstance(value, bytes) else value.encode()
         raise StoreError(f"{SECRET_KEY} vanished twice right after it was set")
+
+    async def signin_epoch(self) -> int:
+        async with map_redis_errors("signin_epoch"):
+            value = await self.client.get(SIGNIN_EPOCH_KEY)
+        return int(value) if value is not None else 0
+
+    async def end_signins(self) -> int:
+        async with map_redis_errors("end_signins"):
+            return int(await self.client.incr(SIGNIN_EPOCH_KEY))
 
     async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
         async with map_redis_errors("note_tenant"):

@@ -140,6 +140,12 @@ def m006_fact_keys(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE UNIQUE INDEX facts_by_key ON facts (tenant, session, fact_key) WHERE fact_key IS NOT NULL")
 
 
+@migration
+def m007_signin_epoch(conn: sqlite3.Connection) -> None:
+    # One row at most: the inspector's sign-in epoch (``FactLog.signin_epoch``); no row reads as 0.
+    conn.execute("CREATE TABLE signin_epoch (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL)")
+
+
 @contextmanager
 def map_sqlite_errors(path: Path) -> Iterator[None]:
     """The one place driver and filesystem errors become ``StoreUnavailable``."""
@@ -308,6 +314,18 @@ def _secret(conn: sqlite3.Connection, candidate: str) -> bytes:
     return str(value).encode()
 
 
+def _signin_epoch(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM signin_epoch WHERE id = 1").fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def _end_signins(conn: sqlite3.Connection) -> int:
+    with immediate(conn):
+        conn.execute("INSERT INTO signin_epoch (id, value) VALUES (1, 1) "
+                     "ON CONFLICT (id) DO UPDATE SET value = value + 1")
+        return _signin_epoch(conn)
+
+
 def _note_tenant(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> None:
     # Rows are one per (session id, tenant) that ever held it; ``_tenants_of`` reads the newest only.
     with immediate(conn):
@@ -400,6 +418,12 @@ class SqliteFactLog(FactLog):
 
     async def secret(self) -> bytes:
         return await self._run(_secret, secrets.token_urlsafe(32))
+
+    async def signin_epoch(self) -> int:
+        return await self._run(_signin_epoch)
+
+    async def end_signins(self) -> int:
+        return await self._run(_end_signins)
 
     async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
         await self._run(_note_tenant, session, tenant, ts)

@@ -90,8 +90,9 @@ def _head(*cells: str) -> str:
 
 
 def entry_html(fact: StoredFact, *, tokens: int | None, mark: Mark | None, entry_url: str,
-               request_url: str | None = None) -> str:
-    """One log entry as an ``<li>``; ``request_url`` links an upstream reply to the request's view."""
+               request_url: str | None = None, undo: str = "") -> str:
+    """One log entry as an ``<li>``; ``request_url`` links an upstream reply to the request's view, ``undo`` (a
+    form) undoes a checkpoint that still applies."""
     seq = f'<a class="seq" href="{e(entry_url)}">#{fact.seq}</a>'
     when = f'<time datetime="{e(iso_time(fact.ts))}">{e(iso_time(fact.ts))}</time>'
     li = f'<li class="entry kind-{e(fact.kind)} source-{e(fact.source)}" id="e{fact.seq}">'
@@ -102,17 +103,11 @@ def entry_html(fact: StoredFact, *, tokens: int | None, mark: Mark | None, entry
             after = f" after entry #{e(origin)}" if origin is not None else " from the start"
         text = f"<b>rewind</b>: the conversation continues at message {e(fact.index)}{after}"
         return f"{li}{_head(seq, text, when)}</li>"
+    if fact.kind == "retire":
+        target = fact.extra.get("checkpoint_seq")
+        return f"{li}{_head(seq, f'<b>undo</b>: the compaction at entry #{e(target)} is retired', when)}</li>"
     if fact.kind == "checkpoint":
-        text = "checkpoint (unreadable)"
-        if mark is not None:
-            span = (f"messages {mark.first}–{mark.retain_start - 1}" if mark.retain_start - 1 > mark.first  # noqa: RUF001
-                    else f"message {mark.first}")
-            text = f"checkpoint: {span} summarised ({mark.tokens_before:,} → {mark.tokens_after:,} tokens)"
-        badge = ""
-        if mark is not None and mark.elided_from is not None:  # the model-free tier stood in for a summary
-            badge = (f'<span class="badge warn">no model summary: messages {mark.elided_from}–{mark.retain_start - 1}'  # noqa: RUF001
-                     " elided by the model-free tier</span>")
-        return f"{li}{_head(seq, f'<b>{e(text)}</b>', when)}{badge}</li>"
+        return _checkpoint_html(fact, seq, when, mark, undo)
     message = fact.message or {}
     count = f"{tokens:,} tokens" if tokens is not None else ""
     if fact.kind == "summary":
@@ -127,3 +122,19 @@ def entry_html(fact: StoredFact, *, tokens: int | None, mark: Mark | None, entry
     if request_url is not None:
         cells.append(f'<a class="req" href="{e(request_url)}">what the model saw</a>')
     return f"{li}{_head(*cells)}{message_html(message, entry_url=entry_url, limit=LOG_CHARS)}</li>"
+
+
+def _checkpoint_html(fact: StoredFact, seq: str, when: str, mark: Mark | None, undo: str) -> str:
+    text, badges, retired = "checkpoint (unreadable)", "", ""
+    if mark is not None:
+        span = (f"messages {mark.first}–{mark.retain_start - 1}" if mark.retain_start - 1 > mark.first  # noqa: RUF001
+                else f"message {mark.first}")
+        text = f"checkpoint: {span} summarised ({mark.tokens_before:,} → {mark.tokens_after:,} tokens)"
+        if mark.elided_from is not None:  # the model-free tier stood in for a summary
+            badges = (f'<span class="badge warn">no model summary: messages {mark.elided_from}–'  # noqa: RUF001
+                      f"{mark.retain_start - 1} elided by the model-free tier</span>")
+        if mark.retired_by is not None:
+            badges += f'<span class="badge retired">undone by entry #{mark.retired_by}</span>'
+            retired = " retired"
+    li = f'<li class="entry kind-checkpoint source-{e(fact.source)}{retired}" id="e{fact.seq}">'
+    return f"{li}{_head(seq, f'<b>{e(text)}</b>', when)}{badges}{undo}</li>"

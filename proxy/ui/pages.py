@@ -18,28 +18,32 @@ from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
 from proxy.render import dialect_of, fact_line, iso_time
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
-from proxy.ui import template
+from proxy.ui import csrf, template
 from proxy.ui.markup import e, entry_html, message_html, text_html
 from proxy.ui.plot import MarkLine, short, timeline_svg
 from proxy.ui.timeline import Point, Timeline
 
-SIGNOUT = ('<form class="signout" method="post" action="/ui/signout">'
-           '<button type="submit">Sign out</button></form>')
+
+def _signout(token: str) -> str:
+    return (f'<form class="signout" method="post" action="/ui/signout">{csrf.field(token)}'
+            '<button type="submit">Sign out</button></form>')
 
 
-def layout(title: str, body: str, *, signed_in: bool = True, live: dict[str, str] | None = None) -> str:
+def layout(title: str, body: str, *, csrf_token: str | None, live: dict[str, str] | None = None) -> str:
+    """The frame around ``body``; signed in (a sign-out form) when there is a ``csrf_token`` for its forms."""
     attrs = "".join(f' data-{name}="{e(value)}"' for name, value in (live or {}).items())
-    return template("page.html").substitute(title=e(title), nav=SIGNOUT if signed_in else "", main_attrs=attrs,
-                                            body=body)
+    nav = _signout(csrf_token) if csrf_token is not None else ""
+    return template("page.html").substitute(title=e(title), nav=nav, main_attrs=attrs, body=body)
 
 
-def signin_page(next_path: str, error: str = "") -> str:
+def signin_page(next_path: str, csrf_token: str, error: str = "") -> str:
     message = f'<p class="note warn">{e(error)}</p>' if error else ""
-    return layout("Sign in", template("signin.html").substitute(next=e(next_path), error=message), signed_in=False)
+    form = template("signin.html").substitute(next=e(next_path), error=message, csrf=csrf.field(csrf_token))
+    return layout("Sign in", form, csrf_token=None)
 
 
-def message_page(title: str, text: str) -> str:
-    return layout(title, f"<h1>{e(title)}</h1><p>{e(text)}</p>")
+def message_page(title: str, text: str, *, csrf_token: str | None) -> str:
+    return layout(title, f"<h1>{e(title)}</h1><p>{e(text)}</p>", csrf_token=csrf_token)
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class Links:
     def live(self) -> str:
         return self._url("/live")
 
+    def uncompact(self) -> str:
+        return self._url("/uncompact")
+
 
 @dataclass(frozen=True)
 class SessionRow:
@@ -84,7 +91,8 @@ def _meter(value: int | None, window: int) -> str:
     return f'<meter min="0" max="{window}" value="{min(value, window)}"></meter> {value:,} / {window:,}'
 
 
-def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, threshold: int, model: str) -> str:
+def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, threshold: int, model: str,
+                  csrf_token: str) -> str:
     head = "".join(f'<th data-type="{kind}"><button type="button">{e(name)}</button></th>' for name, kind in (
         ("tenant", "text"), ("session", "text"), ("entries", "num"), ("messages", "num"), ("checkpoints", "num"),
         ("compactions seen by this process", "text"), ("last activity", "num"), ("latest view", "num")))
@@ -106,7 +114,7 @@ def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, thresh
              "<code>?model=</code> picks the model whose window applies).</p>")
     table = (f'<input id="filter" type="search" placeholder="Filter by text" aria-label="Filter sessions">'
              f'<table class="sessions sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
-    return layout("Sessions", intro + (table if rows else "<p>No sessions yet.</p>"))
+    return layout("Sessions", intro + (table if rows else "<p>No sessions yet.</p>"), csrf_token=csrf_token)
 
 
 def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[MarkLine]:
@@ -120,10 +128,11 @@ def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[Ma
         what = "summarised"
         if m.elided_from is not None:  # the model-free tier stood in for (part of) the summary
             what = f"summarised, {m.elided_from}–{m.retain_start - 1} elided without a model summary"  # noqa: RUF001
-        lines.append(MarkLine(m.position, "ok" if m.elided_from is None else "fallback",
-                              f"{short(m.tokens_before)}→{short(m.tokens_after)}",
+        undone = f"; undone by entry #{m.retired_by}" if m.retired_by is not None else ""
+        outcome = "retired" if m.retired_by is not None else "ok" if m.elided_from is None else "fallback"
+        lines.append(MarkLine(m.position, outcome, f"{short(m.tokens_before)}→{short(m.tokens_after)}",
                               f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} {what}, "  # noqa: RUF001
-                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens"))
+                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens{undone}"))
     times = [p.ts for p in timeline.points]
     for ev in events:
         if ev.outcome not in ("ok", "fallback"):
@@ -144,7 +153,7 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
     for ev in events:
         totals[(ev.trigger, ev.outcome)] = totals.get((ev.trigger, ev.outcome), 0) + 1
     rows = (("Log", f"{t.next_seq:,} entries: {k['message']:,} messages, {k['rewind']:,} rewinds, "
-                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints"),
+                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints ({k['retire']:,} undone)"),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
             ("Compaction attempts seen by this process", _totals(totals)),
@@ -166,14 +175,24 @@ def timeline_html(t: Timeline, events: Sequence[CompactionEvent], links: Links, 
     return svg + (LEGEND if t.points else "")
 
 
-def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links) -> str:
+def undo_form(links: Links, seq: int, csrf_token: str) -> str:
+    """The button that undoes the compaction at entry ``seq`` (``proxy.context.undo``), a POST with the CSRF token."""
+    return (f'<form class="undo" method="post" action="{e(links.uncompact())}">{csrf.field(csrf_token)}'
+            f'<input type="hidden" name="checkpoint" value="{seq}">'
+            '<button type="submit" title="Retire this checkpoint and the later ones: the next request is built from '
+            'the one before it, or from the whole history">Undo this compaction</button></form>')
+
+
+def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links, csrf_token: str) -> str:
     marks = {m.seq: m for m in t.marks}
     out = []
     for fact in facts:
         tokens = t.counter.message_tokens(dialect_of(fact), dict(fact.message), fact.hash) if fact.message else None
         request = links.request(fact.seq) if fact.kind == "message" and fact.source == "upstream" else None
-        out.append(entry_html(fact, tokens=tokens, mark=marks.get(fact.seq), entry_url=links.entry(fact.seq),
-                              request_url=request))
+        mark = marks.get(fact.seq)
+        undo = undo_form(links, fact.seq, csrf_token) if mark is not None and mark.retired_by is None else ""
+        out.append(entry_html(fact, tokens=tokens, mark=mark, entry_url=links.entry(fact.seq), request_url=request,
+                              undo=undo))
     return "".join(out)
 
 
@@ -186,7 +205,7 @@ def _pager(page: int, pages: int, links: Links) -> str:
 
 
 def session_page(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], facts: Sequence[StoredFact], *,
-                 page: int, pages: int, links: Links, window: int, threshold: int) -> str:
+                 page: int, pages: int, links: Links, window: int, threshold: int, csrf_token: str) -> str:
     tail = page == pages - 1
     live = {"live": links.live(), "since": str(t.next_seq), "tail": "1" if tail else "0"}
     start = facts[0].seq if facts else 0
@@ -194,12 +213,12 @@ def session_page(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
             f'<section id="timeline">{timeline_html(t, events, links, window, threshold)}</section>'
             '<section id="request-panel" aria-live="polite"></section>'
             f'<section id="log-section"><h2>Log</h2>{_pager(page, pages, links)}'
-            f'<ol id="log" class="log" start="{start}">{log_items(facts, t, links)}</ol>'
+            f'<ol id="log" class="log" start="{start}">{log_items(facts, t, links, csrf_token)}</ol>'
             f"{_pager(page, pages, links)}</section>")
-    return layout(f"{key.session} ({key.tenant})", body, live=live)
+    return layout(f"{key.session} ({key.tenant})", body, live=live, csrf_token=csrf_token)
 
 
-def entry_page(key: SessionKey, fact: StoredFact, links: Links) -> str:
+def entry_page(key: SessionKey, fact: StoredFact, links: Links, *, csrf_token: str) -> str:
     message = fact.message or {}
     shown = (message_html(message, limit=None) if fact.kind == "message"
              else text_html(content_text(message.get("content")), label="text", limit=None, collapse=False))
@@ -207,9 +226,9 @@ def entry_page(key: SessionKey, fact: StoredFact, links: Links) -> str:
     body = (f'<p><a href="{e(links.session())}">← session {e(key.session)}</a></p>'
             f"<h1>Entry #{fact.seq}: {e(fact.kind)} from {e(fact.source)}</h1>{shown}"
             f"<details><summary>The entry as JSON</summary><pre>{e(raw)}</pre></details>")
-    return layout(f"Entry #{fact.seq} of {key.session}", body)
+    return layout(f"Entry #{fact.seq} of {key.session}", body, csrf_token=csrf_token)
 
 
-def request_page(key: SessionKey, seq: int, section: str, links: Links) -> str:
+def request_page(key: SessionKey, seq: int, section: str, links: Links, *, csrf_token: str) -> str:
     back = f'<p><a href="{e(links.session())}">← session {e(key.session)}</a></p>'
-    return layout(f"Request at entry #{seq} of {key.session}", back + section)
+    return layout(f"Request at entry #{seq} of {key.session}", back + section, csrf_token=csrf_token)

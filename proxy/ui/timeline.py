@@ -1,4 +1,5 @@
-"""A session's log folded for the inspector: one point per upstream request, one mark per checkpoint.
+"""A session's log folded for the inspector: one point per upstream request, one mark per checkpoint (retired
+once a ``retire`` entry undid it).
 
 A point is an upstream reply in the log (a ``message`` entry from the
 upstream): the request that produced it sent ``messages[:index]`` of the
@@ -17,10 +18,11 @@ Replay semantics are ``render.Lineage``'s; this module only follows it.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
@@ -67,6 +69,8 @@ class Mark:
     view_key: str
     #: Where the model-free tier's elided range starts (``Checkpoint.summarised_until``); None: nothing elided.
     elided_from: int | None = None
+    #: The ``retire`` entry that undid this compaction (``proxy.context.undo``); None: it still applies.
+    retired_by: int | None = None
 
 
 def usage_figures(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
@@ -117,6 +121,8 @@ class Timeline:
             self._follow(fast=fact.kind == "message")
         if fact.kind == "checkpoint":
             self._mark(fact)
+        elif fact.kind == "retire":
+            self._retire(fact)
         elif fact.kind == "message" and fact.source == "upstream":
             self._point(fact)
 
@@ -145,6 +151,17 @@ class Timeline:
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
                                checkpoint.view_key,
                                checkpoint.summary_end if checkpoint.elision else None))
+
+    def _retire(self, fact: StoredFact) -> None:
+        """Mark the compaction the entry undid, and the later ones still live, as retired (as the engine's fold,
+        ``ConversationState``, does)."""
+        target = fact.extra.get("checkpoint_seq")
+        at = bisect.bisect_left(self.marks, target, key=lambda m: m.seq) if type(target) is int else len(self.marks)
+        if at == len(self.marks) or self.marks[at].seq != target or self.marks[at].retired_by is not None:
+            return
+        for i in range(at, len(self.marks)):
+            if self.marks[i].retired_by is None:
+                self.marks[i] = replace(self.marks[i], retired_by=fact.seq)
 
     def _point(self, fact: StoredFact) -> None:
         index = len(self.lineage.messages) - 1

@@ -1,0 +1,70 @@
+"""Undoing a compaction: a ``retire`` entry appended to the log takes a checkpoint back.
+
+Nothing is deleted: the checkpoint and its summary stay in the log, and the
+``retire`` entry after them names the checkpoint's seq (``extra.checkpoint_seq``).
+Folded (``ConversationState``), the checkpoint and every later one no longer
+serve any lineage (a later checkpoint was made from it: a masking one carries
+its summary, a rolling summary folds it), so the next view is built from the
+live checkpoint before it, or from the whole history, exactly as it was before
+that compaction. By default the newest live checkpoint is undone; undoing again
+takes back the one before, as a stack.
+
+An undo is the newest decision about the session's reductions, so it
+overrules what was planned before it and is not made again unasked: a
+compaction that was running when the undo landed appends nothing
+(``ContextEngine._record``), and until a request passes the compaction trigger
+again neither a background summary nor a masking batch starts
+(``ConversationState.undone``). The view then compacts again only when it no
+longer fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.context.history import HistoryManager
+from proxy.context.lineage import ConversationState
+from proxy.errors import NothingToUndo
+from proxy.store.base import NewFact, SessionKey
+
+
+@dataclass(frozen=True, slots=True)
+class Undone:
+    """What an undo did: the checkpoint entries it retired (the one named, then the later ones), the ``retire``
+    entry, and the checkpoint the current lineage's view uses now (None: the whole history)."""
+
+    retired: tuple[int, ...]
+    entry: int
+    now: int | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"retired": list(self.retired), "entry": self.entry, "checkpoint": self.now}
+
+
+def retire_fact(state: ConversationState, checkpoint_seq: int | None) -> NewFact:
+    """The entry that retires checkpoint ``checkpoint_seq`` (None: the newest live one); ``NothingToUndo`` when
+    that is no live checkpoint."""
+    if checkpoint_seq is None:
+        if not state.checkpoint_seqs:
+            raise NothingToUndo("The session has no compaction left to undo.")
+        checkpoint_seq = state.checkpoint_seqs[-1]
+    elif checkpoint_seq in state.retired:
+        raise NothingToUndo(f"The compaction at entry #{checkpoint_seq} is undone already.", param="checkpoint")
+    elif checkpoint_seq not in state.checkpoint_seqs:
+        raise NothingToUndo(f"Entry #{checkpoint_seq} is not a checkpoint of this session.", param="checkpoint")
+    return NewFact(kind="retire", index=None, source="proxy", extra={"checkpoint_seq": checkpoint_seq})
+
+
+async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: int | None = None) -> Undone:
+    """Retire a checkpoint of ``key``'s session (``retire_fact``); the append is planned on the log as it is, so
+    two undos at once take back two checkpoints, never one twice. ``StoreError`` when the store fails."""
+    retired: list[int] = []
+
+    def plan(state: ConversationState) -> list[NewFact]:
+        fact = retire_fact(state, checkpoint_seq)
+        at = state.retiring(fact.extra["checkpoint_seq"])
+        retired[:] = state.checkpoint_seqs[at:] if at is not None else []
+        return [fact]
+
+    state = await history.append_planned(key, plan)
+    return Undone(tuple(retired), state.last_retire, state.checkpoint_seq_for(state.hashes))
