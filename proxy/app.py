@@ -32,12 +32,14 @@ from proxy.keys import (
     history_key,
     links_key,
     metrics_key,
+    savings_key,
     secret_key,
     settings_key,
     store_key,
     timelines_key,
 )
 from proxy.metrics import Metrics
+from proxy.savings import SavingsCache
 from proxy.secret import ServerSecret
 from proxy.settings import Settings
 from proxy.store import open_store
@@ -106,6 +108,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app.on_response_prepare.append(remember_prepared)
     app[compactions_key] = RecentCompactions(clock=time.time)
     app[timelines_key] = TimelineCache()
+    app[savings_key] = SavingsCache()
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 
