@@ -1,4 +1,4 @@
-"""The ``ctxproxy`` command: ``serve``, ``check`` and, for people, ``sessions list|log|view``.
+"""The ``ctxproxy`` command: ``serve``, ``run``, ``check`` and, for people, ``sessions list|log|view|show``.
 
 The ``sessions`` commands read the store directly (no proxy needs to run) and
 stream: a log is fetched and printed one page at a time. Rendering lives in
@@ -22,6 +22,7 @@ from proxy import render
 from proxy.errors import StoreError
 from proxy.launch.command import run
 from proxy.logs import default_log_config
+from proxy.savings import SavingsCache, saved_text
 from proxy.serveflags import serve_options, settings_from, store_option
 from proxy.settings import Settings, default_store_url
 from proxy.store import FactLog, SessionKey, open_store
@@ -189,6 +190,27 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
             raise click.ClickException(f"no session {session!r} under tenant {key.tenant!r}")
         view = render.build_view(engine, lineage, model or settings.summary_model or "")
         click.echo(orjson.dumps(view.to_json()).decode() if as_json else render.render_view(view, key))
+
+    _run(work)
+
+
+@sessions.command("show")
+@click.argument("session")
+@_tenant_option
+@store_option
+@_json_option
+def sessions_show(session: str, tenant: str | None, store: str | None, as_json: bool) -> None:
+    """What SESSION saved: its requests, the tokens the client sent against those the model saw, cached, dollars."""
+
+    async def work() -> None:
+        async with _opened(store) as log:
+            key = await _resolve(log, session, tenant)
+            totals = await SavingsCache().totals(log, key)
+        if as_json:
+            click.echo(orjson.dumps({"tenant": key.tenant, "session": key.session, **totals.to_json()}).decode())
+        else:
+            click.echo(f"# Session {key.session} (tenant {key.tenant})\n{totals.replies:,} requests: "
+                       f"{saved_text(totals)}.")
 
     _run(work)
 
