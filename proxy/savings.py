@@ -63,7 +63,7 @@ class UsageTotals:
     client_tokens: int = 0
     model_tokens: int = 0
     saved_tokens: int = 0
-    #: None until a request of a priced model saved something.
+    #: None while no request was of a model the bundled map prices.
     cost_saved: float | None = None
     #: The seq and the figures of the last entry counted: every item of one reply carries its reply's figures.
     _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
