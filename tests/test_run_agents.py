@@ -115,12 +115,16 @@ async def metric_values(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses) -> str:
+    """The fake upstream served on loopback: its root URL."""
+    upstream: TestServer = await aiohttp_server(fake.app())
+    return str(upstream.make_url("")).rstrip("/")
+
+
 async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and_says_what_it_saved(
         aiohttp_server: Any, tmp_path: Path) -> None:
     fake = FakeMessages(Script(steps=STEPS), window=7_000)
-    upstream: TestServer = await aiohttp_server(fake.app())
-    root = str(upstream.make_url("")).rstrip("/")
-    store = f"sqlite:///{tmp_path}/facts.db"
+    root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -148,9 +152,7 @@ async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and
 async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metrics(
         aiohttp_server: Any, tmp_path: Path) -> None:
     fake = FakeResponses(Script(steps=STEPS), window=12_000)
-    upstream: TestServer = await aiohttp_server(fake.app())
-    root = str(upstream.make_url("")).rstrip("/")
-    store = f"sqlite:///{tmp_path}/facts.db"
+    root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
     proxy: TestServer = await aiohttp_server(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root,
                                                                  store=store, context_window=12_000)))
     proxy_url = str(proxy.make_url("")).rstrip("/")
