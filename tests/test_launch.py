@@ -82,7 +82,7 @@ def test_codex_gets_an_overlay_of_the_users_codex_home_their_config_repointed_th
     written = tomllib.loads((overlay / "config.toml").read_text())
     expected = tomllib.loads(config)
     expected["model_providers"]["ctxproxy-test"]["base_url"] = f"{PROXY}/s/{SESSION}/v1"
-    expected["model_auto_compact_token_limit"] = 1_000_000_000
+    expected["model_auto_compact_token_limit"] = expected["model_context_window"] = 1_000_000_000
     assert written == expected
     assert (overlay / "auth.json").resolve() == (user / "auth.json").resolve()
     assert (overlay / "sessions").resolve() == (user / "sessions").resolve()

@@ -10,7 +10,8 @@ are read, never written:
 - Codex CLI: a ``CODEX_HOME`` overlay. Its ``config.toml`` is the user's with the
   provider's ``base_url`` (a custom ``model_provider``) or ``openai_base_url`` (the
   built-in one) set to the proxy and ``model_auto_compact_token_limit`` raised out
-  of reach; every other entry of the user's ``CODEX_HOME`` (``auth.json``, sessions,
+  of reach, ``model_context_window`` with it (Codex caps the limit at 90 % of that
+  window); every other entry of the user's ``CODEX_HOME`` (``auth.json``, sessions,
   history) is a symlink to the user's own, so the login is theirs and what Codex
   records lands where it always does.
 - opencode: ``OPENCODE_CONFIG_CONTENT``, the inline config opencode merges over
@@ -134,8 +135,8 @@ def codex(t: Target) -> dict[str, str]:
         config = _deep_merge(config, {"model_providers": {provider: {"base_url": base_url}}})
     else:
         config["openai_base_url"] = base_url
-    if not t.keep_compaction:
-        config["model_auto_compact_token_limit"] = OUT_OF_REACH
+    if not t.keep_compaction:  # Codex caps the limit at 90 % of the window it believes: both go out of reach
+        config["model_auto_compact_token_limit"] = config["model_context_window"] = OUT_OF_REACH
     home = overlay(user, t.workdir / "codex-home", {"config.toml": tomli_w.dumps(config).encode()})
     return {"CODEX_HOME": str(home)}
 
