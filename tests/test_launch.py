@@ -216,3 +216,15 @@ async def test_sigterm_to_the_launcher_reaches_the_agent(aiohttp_server: Any, tm
 
     assert proc.returncode == 7, err.decode()
     assert closing_line(err)["requests"] == "1"
+
+
+def test_keep_agent_compaction_leaves_every_agents_own_switch_alone(tmp_path: Path) -> None:
+    kept = {agent: print_env(tmp_path, agent, "--keep-agent-compaction") for agent in
+            ("claude", "codex", "opencode", "pi", "aider", "qwen", "gemini")}
+    assert "DISABLE_AUTO_COMPACT" not in kept["claude"] and "AIDER_MAX_CHAT_HISTORY_TOKENS" not in kept["aider"]
+    codex = tomllib.loads((Path(kept["codex"]["CODEX_HOME"]) / "config.toml").read_text())
+    assert "model_auto_compact_token_limit" not in codex and "model_context_window" not in codex
+    assert "compaction" not in orjson.loads(kept["opencode"]["OPENCODE_CONFIG_CONTENT"])
+    assert not (Path(kept["pi"]["PI_CODING_AGENT_DIR"]) / "settings.json").exists()
+    assert "context" not in orjson.loads(Path(kept["qwen"]["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_bytes())
+    assert "model" not in orjson.loads(Path(kept["gemini"]["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).read_bytes())
