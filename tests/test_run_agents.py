@@ -8,7 +8,7 @@ so the proxy must compact, and ends with the launcher's one line, whose
 figures are checked against the fake's own count of what it was sent (the
 usage it reported), litellm's price for the model, the session's log
 (``ctxproxy sessions show``), and, where the proxy is one the test serves
-(``--proxy``), its ``/metrics``.
+(``--proxy``: Codex, and Claude Code once of its two runs), its ``/metrics``.
 """
 
 from __future__ import annotations
@@ -115,16 +115,40 @@ async def metric_values(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
+async def check_metrics(proxy_url: str, route: str, figures: dict[str, Any], totals: UsageTotals) -> None:
+    """The proxy served this one run: its counters are the exit line's figures."""
+    metrics = await metric_values(proxy_url)
+    assert metrics[("ctxproxy_tokens_saved_total", ())] == int(figures["saved"])
+    assert metrics[("ctxproxy_cost_saved_dollars_total", ())] == pytest.approx(totals.cost_saved)
+    assert metrics[("ctxproxy_requests_total", (("route", route), ("status", "200")))] == int(figures["requests"])
+    assert metrics[("ctxproxy_upstream_prompt_tokens_total", ())] == int(figures["model"])
+    assert metrics[("ctxproxy_upstream_cached_tokens_total", ())] == int(figures["cached"])
+    made = sum(v for (name, labels), v in metrics.items() if name == "ctxproxy_compactions_total"
+               and dict(labels)["outcome"] in ("ok", "fallback"))
+    assert made == int(figures["compactions"])
+
+
+async def serve_proxy(aiohttp_server: Any, root: str, store: str, window: int) -> str:
+    """A proxy the test serves (for ``--proxy``) in front of the fake at ``root``: its root URL."""
+    proxy: TestServer = await aiohttp_server(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root,
+                                                                 store=store, context_window=window)))
+    return str(proxy.make_url("")).rstrip("/")
+
+
 async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses) -> str:
     """The fake upstream served on loopback: its root URL."""
     upstream: TestServer = await aiohttp_server(fake.app())
     return str(upstream.make_url("")).rstrip("/")
 
 
+@pytest.mark.parametrize("proxy", ["embedded", "running"])
 async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and_says_what_it_saved(
-        aiohttp_server: Any, tmp_path: Path) -> None:
+        aiohttp_server: Any, tmp_path: Path, proxy: str) -> None:
     fake = FakeMessages(Script(steps=STEPS), window=7_000)
     root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
+    proxy_url = await serve_proxy(aiohttp_server, root, store, 7_000) if proxy == "running" else None
+    where = ["--proxy", proxy_url] if proxy_url is not None else [
+        "--anthropic-upstream", root, "--upstream", root + "/v1", "--context-window", "7000"]
     home, work = tmp_path / "home", tmp_path / "work"
     home.mkdir()
     work.mkdir()
@@ -132,9 +156,8 @@ async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
 
     run = await ctxproxy_run(
-        ["--anthropic-upstream", root, "--upstream", root + "/v1", "--store", store, "--context-window", "7000",
-         "--session", "claude-run", "claude", "--", "-p", "--tools", "Bash", "--allowedTools", "Bash",
-         "--max-turns", str(STEPS + 5), "--output-format", "json", PROMPT], env, work)
+        [*where, "--store", store, "--session", "claude-run", "claude", "--", "-p", "--tools", "Bash",
+         "--allowedTools", "Bash", "--max-turns", str(STEPS + 5), "--output-format", "json", PROMPT], env, work)
 
     assert run.returncode == 0, run.stderr
     result = orjson.loads(run.stdout.strip().splitlines()[-1])
@@ -142,10 +165,12 @@ async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and
     assert all(t.path == "/v1/messages" for t in fake.turns())
     figures = run.figures()
     assert figures["session"] == "claude-run"
-    assert figures["inspector"].startswith("http://127.0.0.1:8787/ui/sessions/")
+    assert figures["inspector"].startswith(f"{proxy_url or 'http://127.0.0.1:8787'}/ui/sessions/")
     assert figures["inspector"].endswith("/claude-run")
     totals, checkpoints = await session_totals(store, "claude-run")
     check_figures(figures, totals, checkpoints, fake.turns(), CLAUDE_MODEL)
+    if proxy_url is not None:
+        await check_metrics(proxy_url, "messages", figures, totals)
     assert not (home / ".claude" / "settings.json").exists(), "nothing written into the agent's own config"
 
 
@@ -153,9 +178,7 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
         aiohttp_server: Any, tmp_path: Path) -> None:
     fake = FakeResponses(Script(steps=STEPS), window=12_000)
     root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
-    proxy: TestServer = await aiohttp_server(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root,
-                                                                 store=store, context_window=12_000)))
-    proxy_url = str(proxy.make_url("")).rstrip("/")
+    proxy_url = await serve_proxy(aiohttp_server, root, store, 12_000)
     home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
     for path in (home, work, codex_home):
         path.mkdir()
@@ -182,13 +205,4 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     totals, checkpoints = await session_totals(store, session)
     check_figures(figures, totals, checkpoints, fake.turns(), CODEX_MODEL)
 
-    metrics = await metric_values(proxy_url)
-    assert metrics[("ctxproxy_tokens_saved_total", ())] == int(figures["saved"])
-    assert metrics[("ctxproxy_cost_saved_dollars_total", ())] == pytest.approx(totals.cost_saved)
-    assert metrics[("ctxproxy_requests_total", (("route", "responses"), ("status", "200")))] == int(
-        figures["requests"])
-    assert metrics[("ctxproxy_upstream_prompt_tokens_total", ())] == int(figures["model"])
-    assert metrics[("ctxproxy_upstream_cached_tokens_total", ())] == int(figures["cached"])
-    made = sum(v for (name, labels), v in metrics.items() if name == "ctxproxy_compactions_total"
-               and dict(labels)["outcome"] in ("ok", "fallback"))
-    assert made == int(figures["compactions"])
+    await check_metrics(proxy_url, "responses", figures, totals)
