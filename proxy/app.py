@@ -32,6 +32,7 @@ from proxy.keys import (
     history_key,
     links_key,
     metrics_key,
+    savings_key,
     secret_key,
     settings_key,
     store_key,
@@ -39,6 +40,7 @@ from proxy.keys import (
     timelines_key,
 )
 from proxy.metrics import Metrics
+from proxy.savings import SavingsCache
 from proxy.secret import ServerSecret
 from proxy.settings import Settings
 from proxy.store import open_store
@@ -109,6 +111,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
     app[compactions_key] = RecentCompactions(clock=time.time)
     app[timelines_key] = TimelineCache()
     app[throttle_key] = FailureThrottle()
+    app[savings_key] = SavingsCache()
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 

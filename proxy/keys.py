@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from proxy.context.history import HistoryManager
     from proxy.http.continuity import Links
     from proxy.metrics import Metrics
+    from proxy.savings import SavingsCache
     from proxy.secret import ServerSecret
     from proxy.settings import Settings
     from proxy.store.base import FactLog
@@ -29,3 +30,4 @@ timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")
 secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")
 links_key: web.AppKey[Links] = web.AppKey("links")
 throttle_key: web.AppKey[FailureThrottle] = web.AppKey("throttle")
+savings_key: web.AppKey[SavingsCache] = web.AppKey("savings")

@@ -126,6 +126,10 @@ class Metrics:
         self.upstream_cached_tokens = Counter("ctxproxy_upstream_cached_tokens",
                                               "Prompt tokens the upstream reported as read from its prompt cache.",
                                               registry=r)
+        self.tokens_saved = Counter("ctxproxy_tokens_saved", "Tokens compaction took out of the requests clients "
+                                    "sent, by the proxy's own count (proxy.savings).", registry=r)
+        self.cost_saved = Counter("ctxproxy_cost_saved_dollars", "Those tokens at the model's input price from "
+                                  "litellm's bundled map (models it prices only).", registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -149,6 +153,13 @@ class Metrics:
             self.upstream_prompt_tokens.inc(prompt_tokens)
         if cached_tokens is not None and cached_tokens > 0:
             self.upstream_cached_tokens.inc(cached_tokens)
+
+    def request_saved(self, tokens: int, dollars: float | None) -> None:
+        """Count what one logged request saved (``dollars`` None: the model has no price in the bundled map)."""
+        if tokens > 0:
+            self.tokens_saved.inc(tokens)
+        if dollars is not None and dollars > 0:
+            self.cost_saved.inc(dollars)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
         new = key not in self._seen

@@ -30,7 +30,8 @@ from proxy.context.lineage import ConversationState
 from proxy.context.prepared import PreparedView
 from proxy.context.tokens import TokenCounter
 from proxy.context.undo import Undone
-from proxy.dialects import CHAT, DIALECTS, Dialect
+from proxy.dialects import CHAT, Dialect
+from proxy.savings import UsageTotals, dialect_of
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 from proxy.types import Message
 
@@ -84,38 +85,6 @@ def _plain(obj: object) -> object:
     if isinstance(obj, Mapping):
         return dict(obj)
     raise TypeError(f"cannot serialise {type(obj).__name__}")
-
-
-def dialect_of(fact: StoredFact) -> Dialect:
-    """The API an entry came through; entries written before dialects existed are Chat Completions."""
-    return DIALECTS.get(str(fact.extra.get("dialect", CHAT.name)), CHAT)
-
-
-@dataclass
-class UsageTotals:
-    """What the upstream reported over a session's logged replies (every branch): for the admin API's view."""
-
-    replies: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    #: The seq and the figures of the last entry counted: every item of one reply carries its reply's usage.
-    _last: tuple[int, Any, Any] = (-2, None, None)
-
-    def add(self, fact: StoredFact) -> None:
-        usage = fact.extra.get("usage")
-        if fact.kind != "message" or fact.source != "upstream" or not isinstance(usage, Mapping):
-            return
-        same_reply = self._last == (fact.seq - 1, usage, fact.extra.get("view"))
-        self._last = (fact.seq, usage, fact.extra.get("view"))
-        if same_reply:
-            return
-        dialect = dialect_of(fact)
-        self.replies += 1
-        self.prompt_tokens += dialect.prompt_tokens(usage) or 0
-        self.cached_tokens += dialect.cached_tokens(usage) or 0
-
-    def to_json(self) -> dict[str, int]:
-        return {"replies": self.replies, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens}
 
 
 @dataclass

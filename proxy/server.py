@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from http import HTTPStatus
 from typing import Any
 
@@ -63,9 +64,9 @@ class _Server(web.Server):
 class _Runner(web.AppRunner):
     """``AppRunner`` serving through ``_Server``; the keyword arguments are the ones ``run`` passes."""
 
-    def __init__(self, app: web.Application, settings: Settings) -> None:
+    def __init__(self, app: web.Application, settings: Settings, *, handle_signals: bool = True) -> None:
         self._handler_args: dict[str, Any] = {"keepalive_timeout": settings.client_timeout, "access_log": None}
-        super().__init__(app, handle_signals=True, handler_cancellation=True, **self._handler_args)
+        super().__init__(app, handle_signals=handle_signals, handler_cancellation=True, **self._handler_args)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()  # starts the app
@@ -82,6 +83,21 @@ async def _serve(app: web.Application, settings: Settings, reuse_port: bool) -> 
         await asyncio.Event().wait()  # until SIGINT or SIGTERM raises GracefulExit out of the loop
     finally:
         await runner.cleanup()  # in-flight requests get aiohttp's graceful shutdown (60 s)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application, settings: Settings) -> AsyncIterator[str]:
+    """``app`` served on a free loopback port while the block runs, its root URL yielded; signals are left to
+    the caller (``ctxproxy run`` passes them to the agent)."""
+    runner = _Runner(app, settings, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        yield f"http://{host}:{port}"
+    finally:
+        await runner.cleanup()
 
 
 def run(app: web.Application, settings: Settings, *, reuse_port: bool = False) -> None:

@@ -183,8 +183,11 @@ async def test_view_is_what_the_next_request_sends_upstream(make_proxy, fake: Fa
     assert set(view) == {"messages", "estimate", "checkpoint", "usage"}
     assert view["checkpoint"] == checkpoints[-1].extra["checkpoint"]
     replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
-    assert view["usage"] == {"replies": len(replies), "cached_tokens": 0,
-                             "prompt_tokens": sum(f.extra["usage"]["prompt_tokens"] for f in replies)}
+    usage = view["usage"]
+    prompt = sum(f.extra["usage"]["prompt_tokens"] for f in replies)
+    assert {k: usage[k] for k in ("replies", "cached_tokens", "prompt_tokens", "model_tokens")} == {
+        "replies": len(replies), "cached_tokens": 0, "prompt_tokens": prompt, "model_tokens": prompt}
+    assert usage["saved_tokens"] > 0 and usage["client_tokens"] == prompt + usage["saved_tokens"]
     assert "FACT-Kestrel5" in orjson.dumps(view["messages"]).decode()
 
     resp = await chat(proxy, replay(facts), "viewed")  # the client resends exactly what the log holds
@@ -199,7 +202,9 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
     reply = (await resp.json())["choices"][0]["message"]
     view = await (await proxy.get(f"/admin/sessions/{TENANT}/plain/view", headers=ADMIN)).json()
     assert view == {"messages": [{"role": "user", "content": "hello"}, reply], "estimate": view["estimate"],
-                    "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": 8, "cached_tokens": 0}}
+                    "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": 8, "cached_tokens": 0,
+                                                  "client_tokens": 8, "model_tokens": 8, "saved_tokens": 0,
+                                                  "cost_saved": 0.0}}
     assert view["estimate"] > 0
 
 

@@ -91,6 +91,11 @@ class Estimate:
     usage: int | None
     tokenizer: int | None
 
+    @property
+    def local(self) -> int:
+        """The proxy's own count, the upstream's usage left out: two views compare by it on the same scale."""
+        return max(figure for figure in (self.chars, self.tokenizer, 0) if figure is not None)
+
 
 class ContextBudgetPolicy:
     """Threshold and estimate for one model window. Holds no per-session state."""
@@ -181,7 +186,7 @@ class ContextBudgetPolicy:
         (``current``), the target shrinks by that ratio: the next threshold
         check believes the upstream.
         """
-        local = max(figure for figure in (current.chars, current.tokenizer, 1) if figure is not None)
+        local = max(1, current.local)
         scale = max(1.0, current.tokens / local)
         tools_part = self.tools_tokens(tools)
         fixed = tools_part + head

@@ -1,4 +1,4 @@
-"""Context window per model, from the model map litellm ships as a plain JSON file.
+"""Context window and input price per model, from the model map litellm ships as a plain JSON file.
 
 litellm is a dependency for its data, not its code: importing it costs seconds,
 so the map is located with ``importlib.util.find_spec`` (which does not import a
@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+
+T = TypeVar("T")
 
 MODEL_MAP_FILE = "model_prices_and_context_window_backup.json"
 
@@ -56,20 +58,36 @@ def _window_of(entry: Any) -> int | None:
     return None
 
 
-def context_window_for(model: str, model_map: Mapping[str, Any] | None = None) -> int | None:
-    """Input window of ``model`` in tokens, or ``None`` when the map does not know it.
+def _price_of(entry: Any) -> float | None:
+    if not isinstance(entry, dict):
+        return None
+    value = entry.get("input_cost_per_token")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
 
-    Tries the exact name, then the name with leading provider segments stripped
-    one at a time (``openrouter/openai/gpt-4o`` → ``openai/gpt-4o`` → ``gpt-4o``),
-    because clients name models with whatever routing prefix their gateway uses
-    while the map lists most under the bare name.
+
+def _lookup(model: str, pick: Callable[[Any], T | None], model_map: Mapping[str, Any] | None) -> T | None:
+    """The first figure ``pick`` finds for ``model``: the exact name, then with routing prefixes stripped.
+
+    Clients name models with whatever routing prefix their gateway uses
+    (``openrouter/openai/gpt-4o`` → ``openai/gpt-4o`` → ``gpt-4o``) while the
+    map lists most under the bare name.
     """
     entries = bundled_model_map() if model_map is None else model_map
     name = model.strip()
     while name:
-        window = _window_of(entries.get(name))
-        if window is not None:
-            return window
+        found = pick(entries.get(name))
+        if found is not None:
+            return found
         _, slash, rest = name.partition("/")
         name = rest if slash else ""
     return None
+
+
+def context_window_for(model: str, model_map: Mapping[str, Any] | None = None) -> int | None:
+    """Input window of ``model`` in tokens, or ``None`` when the map does not know it."""
+    return _lookup(model, _window_of, model_map)
+
+
+def input_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> float | None:
+    """Dollars per uncached input token of ``model`` (the map's ``input_cost_per_token``), or ``None``."""
+    return _lookup(model, _price_of, model_map)

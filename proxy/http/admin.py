@@ -1,4 +1,5 @@
-"""The admin API under ``/admin/``: list sessions, stream a log, show the next view, compact now, undo a compaction.
+"""The admin API under ``/admin/``: list sessions and what they saved, stream a log, show the next view, compact now,
+undo a compaction.
 
 Access: ``Authorization: Bearer <--admin-token>``, compared in constant time;
 after a wrong one, the caller's address waits a growing delay before its next
@@ -35,8 +36,18 @@ from proxy.dialects.base import Dialect, parse_json
 from proxy.errors import BadRequest, ProxyError, StoreError, TooManyAttempts, Unauthorized
 from proxy.http.body import read_body
 from proxy.http.clients import open_route
-from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, store_key, throttle_key
+from proxy.keys import (
+    client_key,
+    engine_key,
+    history_key,
+    metrics_key,
+    savings_key,
+    settings_key,
+    store_key,
+    throttle_key,
+)
 from proxy.render import build_view, fact_line, info_json, pages, replay, session_infos
+from proxy.savings import UsageTotals
 from proxy.sessions import logged_session_key
 from proxy.store.base import SessionKey, as_seq
 from proxy.summarycall import summary_completer
@@ -52,6 +63,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/admin/sessions", admin_only(list_sessions))
+    router.add_get("/admin/savings", admin_only(savings))
     # A sub-agent's session id holds one '/': as %2F, or as it is, since each route ends in a fixed word.
     base = "/admin/sessions/{tenant}/{session:.+}"
     router.add_get(base + "/log", admin_only(session_log))
@@ -129,6 +141,17 @@ async def unknown(request: web.Request) -> web.StreamResponse:
 
 async def list_sessions(request: web.Request) -> web.Response:
     return _json([info_json(info) for info in await session_infos(request.app[store_key])])
+
+
+async def savings(request: web.Request) -> web.Response:
+    """What each session saved (``proxy.savings``) and the total over them, most recently updated first."""
+    store, cache = request.app[store_key], request.app[savings_key]
+    rows, total = [], UsageTotals()
+    for info in await session_infos(store):
+        totals = await cache.of(store, info)
+        total.merge(totals)
+        rows.append({"tenant": info.tenant, "session": info.session, **totals.to_json()})
+    return _json({"sessions": rows, "total": total.to_json()})
 
 
 async def session_log(request: web.Request) -> web.StreamResponse:

@@ -46,6 +46,7 @@ from proxy.http.relay import (
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow
+from proxy.savings import dollars_saved
 from proxy.sessions import agent_of, credential, explicit_session, fingerprint_session, tenant_of, valid_session
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
@@ -147,7 +148,9 @@ class Turn:
                     self.engine.learn_success(self.parsed.model, prompt)
             if not reply:
                 return
-            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info}
+            tokens = self.request_tokens(view)
+            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens,
+                                     "model": self.parsed.model}
             if usage is not None:
                 extra["usage"] = usage
             if not complete:
@@ -158,11 +161,23 @@ class Turn:
                 await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
                                    upstream_from=len(items), extra_upstream=extra,
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra)
+                saved = max(0, tokens["client"] - tokens["view"])
+                self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved))
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
 
         return sink
+
+    def request_tokens(self, view: PreparedView) -> dict[str, int]:
+        """The proxy's count of what the client sent and of the view sent instead (``proxy.savings``); the
+        client's whole request is counted only when the view differs (its items' counts are cached by hash)."""
+        if not view.changed:
+            return {"client": view.estimate.local, "view": view.estimate.local}
+        policy = self.engine.policy(self.engine.window_for(self.parsed.model or ""))
+        whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.tools,
+                                source=(self.parsed.items, self.hashes))
+        return {"client": whole.local, "view": view.estimate.local}
 
     def headers(self, view: PreparedView, started: float) -> dict[str, str]:
         overhead = (time.perf_counter() - started - self.timing.upstream) * 1000

@@ -46,7 +46,7 @@ from proxy.dialects.base import Dialect
 from proxy.errors import StoreError
 from proxy.http.relay import RelayTiming, event_data
 from proxy.keys import store_key
-from proxy.render import dialect_of
+from proxy.savings import dialect_of
 from proxy.sse import EventTooLarge, SSESplitter, parse_event
 from proxy.store.base import as_seq
 

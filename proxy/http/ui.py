@@ -34,7 +34,16 @@ from proxy.errors import BadRequest, NothingToUndo, TooManyAttempts
 from proxy.http.admin import admin_token_matches
 from proxy.http.clients import open_route
 from proxy.http.middleware import error_for, error_response
-from proxy.keys import compactions_key, engine_key, history_key, metrics_key, settings_key, store_key, timelines_key
+from proxy.keys import (
+    compactions_key,
+    engine_key,
+    history_key,
+    metrics_key,
+    savings_key,
+    settings_key,
+    store_key,
+    timelines_key,
+)
 from proxy.render import session_infos
 from proxy.sessions import logged_session_key
 from proxy.store.base import FactLog, SessionInfo, SessionKey, parse_seq
@@ -231,8 +240,9 @@ async def sessions(request: web.Request) -> web.Response:
     app = request.app
     store, compactions = app[store_key], app[compactions_key]
     infos = await session_infos(store)
+    savings = app[savings_key]
     rows = [pages.SessionRow(info, await _latest_view(store, info),
-                             compactions.totals(SessionKey(info.tenant, info.session)))
+                             compactions.totals(SessionKey(info.tenant, info.session)), await savings.of(store, info))
             for info in infos[:MAX_SESSIONS]]
     window, threshold = _window(request)
     return _html(pages.sessions_page(rows, total=len(infos), window=window, threshold=threshold,

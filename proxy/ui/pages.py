@@ -16,7 +16,8 @@ import orjson
 
 from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
-from proxy.render import dialect_of, fact_line, iso_time
+from proxy.render import fact_line, iso_time
+from proxy.savings import UsageTotals, dialect_of, saved_text
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
 from proxy.ui import csrf, template
 from proxy.ui.markup import e, entry_html, message_html, text_html
@@ -79,10 +80,19 @@ class SessionRow:
     info: SessionInfo
     latest: int | None
     totals: dict[tuple[str, str], int]
+    savings: UsageTotals
 
 
 def _totals(totals: dict[tuple[str, str], int]) -> str:
     return ", ".join(f"{trigger} {outcome}: {n}" for (trigger, outcome), n in sorted(totals.items())) or "—"
+
+
+def _saved_cells(t: UsageTotals) -> str:
+    """Client sent, model saw, saved (with its price where the model has one): tokens over the session's requests."""
+    dollars = f" (${t.cost_saved:,.2f})" if t.cost_saved is not None else ""
+    return (f'<td data-sort="{t.client_tokens}">{t.client_tokens:,}</td>'
+            f'<td data-sort="{t.model_tokens}">{t.model_tokens:,}</td>'
+            f'<td data-sort="{t.saved_tokens}">{t.saved_tokens:,}{e(dollars)}</td>')
 
 
 def _meter(value: int | None, window: int) -> str:
@@ -95,7 +105,8 @@ def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, thresh
                   csrf_token: str) -> str:
     head = "".join(f'<th data-type="{kind}"><button type="button">{e(name)}</button></th>' for name, kind in (
         ("tenant", "text"), ("session", "text"), ("entries", "num"), ("messages", "num"), ("checkpoints", "num"),
-        ("compactions seen by this process", "text"), ("last activity", "num"), ("latest view", "num")))
+        ("compactions seen by this process", "text"), ("last activity", "num"), ("latest view", "num"),
+        ("client sent", "num"), ("model saw", "num"), ("saved", "num")))
     body = []
     for row in rows:
         i = row.info
@@ -105,13 +116,18 @@ def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, thresh
             f'<td data-sort="{i.entries}">{i.entries:,}</td><td data-sort="{i.messages}">{i.messages:,}</td>'
             f'<td data-sort="{i.checkpoints}">{i.checkpoints:,}</td><td>{e(_totals(row.totals))}</td>'
             f'<td data-sort="{i.updated_at}">{e(iso_time(i.updated_at))}</td>'
-            f'<td data-sort="{row.latest if row.latest is not None else -1}">{_meter(row.latest, window)}</td></tr>')
+            f'<td data-sort="{row.latest if row.latest is not None else -1}">{_meter(row.latest, window)}</td>'
+            f"{_saved_cells(row.savings)}</tr>")
     shown = f"{total:,} session{'s' if total != 1 else ''}"
     if total > len(rows):
         shown += f"; the {len(rows):,} most recently active shown"
+    overall = UsageTotals()
+    for row in rows:
+        overall.merge(row.savings)
     intro = (f"<h1>Sessions</h1><p>{e(shown)}. The latest view is the upstream's prompt tokens for the session's "
              f"last request, against a {window:,}-token window (compaction above {threshold:,}; "
-             "<code>?model=</code> picks the model whose window applies).</p>")
+             "<code>?model=</code> picks the model whose window applies).</p>"
+             f'<p class="saved">Over the sessions shown: {e(saved_text(overall))}.</p>')
     table = (f'<input id="filter" type="search" placeholder="Filter by text" aria-label="Filter sessions">'
              f'<table class="sessions sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>')
     return layout("Sessions", intro + (table if rows else "<p>No sessions yet.</p>"), csrf_token=csrf_token)
@@ -156,6 +172,7 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
                     f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints ({k['retire']:,} undone)"),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
+            ("Saved", saved_text(t.lineage.usage)),
             ("Compaction attempts seen by this process", _totals(totals)),
             ("Last activity", iso_time(t.updated_at)))
     items = "".join(f"<dt>{e(name)}</dt><dd>{e(value)}</dd>" for name, value in rows)

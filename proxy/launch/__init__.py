@@ -1,0 +1,1 @@
+"""``ctxproxy run AGENT``: an agent started through an embedded (or running) proxy."""

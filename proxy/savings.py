@@ -1,0 +1,156 @@
+"""What the proxy saved: per request, folded per session from its log, and the dollars at the model's price.
+
+Each upstream reply the proxy logs carries ``tokens: {"client": C, "view": V}``
+and ``model``: the proxy's own count (``Estimate.local``) of the request the
+client sent and of the view that went upstream instead, both by the same
+estimator, so ``C - V`` is what compaction took out of that request whatever
+the upstream's tokenizer. Per request:
+
+- saved = ``C - V`` (never below 0);
+- the model saw the upstream's ``usage`` prompt tokens where it reported them, else ``V``;
+- the client sent what the model saw plus what was saved;
+- dollars saved = saved times the model's ``input_cost_per_token`` in litellm's bundled
+  map: the uncached list price, so an upper bound where the client's own history would
+  have been read from a prompt cache. A model the map does not know adds tokens only.
+
+The log is append-only, so ``SavingsCache`` folds a session once and then only
+what was appended since.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.context.window import input_price_for
+from proxy.dialects import CHAT, DIALECTS, Dialect
+from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
+
+#: Sessions whose folds ``SavingsCache`` keeps (a few hundred bytes each).
+MAX_CACHED = 10_000
+PAGE = 500
+
+
+def dialect_of(fact: StoredFact) -> Dialect:
+    """The API an entry came through; entries written before dialects existed are Chat Completions."""
+    return DIALECTS.get(str(fact.extra.get("dialect", CHAT.name)), CHAT)
+
+
+def request_tokens(fact: StoredFact) -> tuple[int, int] | None:
+    """(client, view) of the request an upstream reply answered, when the proxy recorded them."""
+    tokens = fact.extra.get("tokens")
+    if not isinstance(tokens, Mapping):
+        return None
+    client, view = tokens.get("client"), tokens.get("view")
+    return (client, view) if isinstance(client, int) and isinstance(view, int) else None
+
+
+def dollars_saved(model: str | None, saved: int) -> float | None:
+    """``saved`` tokens at ``model``'s input price, or None for a model the bundled map has no price for."""
+    price = input_price_for(model) if model else None
+    return saved * price if price is not None else None
+
+
+@dataclass
+class UsageTotals:
+    """A session's requests (its logged replies, every branch): what the upstream reported and what was saved."""
+
+    replies: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    client_tokens: int = 0
+    model_tokens: int = 0
+    saved_tokens: int = 0
+    #: None while no request was of a model the bundled map prices.
+    cost_saved: float | None = None
+    #: The seq and the figures of the last entry counted: every item of one reply carries its reply's figures.
+    _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
+
+    def add(self, fact: StoredFact) -> None:
+        usage, tokens = fact.extra.get("usage"), request_tokens(fact)
+        usage = usage if isinstance(usage, Mapping) else None
+        if fact.kind != "message" or fact.source != "upstream" or (usage is None and tokens is None):
+            return
+        figures = (usage, fact.extra.get("view"), tokens)
+        same_reply = self._last == (fact.seq - 1, *figures)
+        self._last = (fact.seq, *figures)
+        if same_reply:
+            return
+        dialect = dialect_of(fact)
+        self.replies += 1
+        prompt = dialect.prompt_tokens(usage) if usage is not None else None
+        self.prompt_tokens += prompt or 0
+        self.cached_tokens += (dialect.cached_tokens(usage) if usage is not None else None) or 0
+        if tokens is None:  # logged before the proxy recorded its counts: the upstream's figures only
+            self.model_tokens += prompt or 0
+            self.client_tokens += prompt or 0
+            return
+        client, view = tokens
+        saved = max(0, client - view)
+        seen = prompt if prompt is not None else view
+        self.model_tokens += seen
+        self.client_tokens += seen + saved
+        self.saved_tokens += saved
+        model = fact.extra.get("model")
+        dollars = dollars_saved(model if isinstance(model, str) else None, saved)
+        if dollars is not None:
+            self.cost_saved = (self.cost_saved or 0.0) + dollars
+
+    def merge(self, other: UsageTotals) -> None:
+        """Add another session's totals (for a total over sessions)."""
+        for name in ("replies", "prompt_tokens", "cached_tokens", "client_tokens", "model_tokens", "saved_tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        if other.cost_saved is not None:
+            self.cost_saved = (self.cost_saved or 0.0) + other.cost_saved
+
+    def to_json(self) -> dict[str, Any]:
+        return {"replies": self.replies, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "client_tokens": self.client_tokens, "model_tokens": self.model_tokens,
+                "saved_tokens": self.saved_tokens, "cost_saved": self.cost_saved}
+
+
+def saved_text(totals: UsageTotals) -> str:
+    """One line for people: sent against seen, cached, saved and its price (tokens only for an unpriced model)."""
+    text = (f"{totals.client_tokens:,} tokens sent by the client, {totals.model_tokens:,} seen by the model "
+            f"({totals.cached_tokens:,} cached), {totals.saved_tokens:,} saved")
+    return text + (f", about ${totals.cost_saved:,.2f}" if totals.cost_saved is not None else "")
+
+
+@dataclass
+class _Fold:
+    next_seq: int = 0
+    last_id: str = ""
+    totals: UsageTotals = field(default_factory=UsageTotals)
+
+
+class SavingsCache:
+    """Per-session totals, each caught up with its log on use; a log that lost the last entry folded is refolded."""
+
+    def __init__(self, size: int = MAX_CACHED) -> None:
+        self.size = size
+        self._folds: OrderedDict[SessionKey, _Fold] = OrderedDict()
+
+    async def totals(self, store: FactLog, key: SessionKey, entries: int | None = None) -> UsageTotals:
+        """``entries``: the log's length when the caller knows it (``SessionInfo.entries``): nothing new is read."""
+        fold = self._folds.pop(key, None) or _Fold()
+        if fold.next_seq > 0 and (entries is None or entries != fold.next_seq):
+            last = await store.read(key, after=fold.next_seq - 2, limit=1)
+            if not last or last[0].id != fold.last_id:
+                fold = _Fold()
+        while entries is None or fold.next_seq < entries:
+            facts = await store.read(key, after=fold.next_seq - 1, limit=PAGE)
+            for fact in facts:
+                fold.totals.add(fact)
+            if facts:
+                fold.next_seq, fold.last_id = facts[-1].seq + 1, facts[-1].id
+            if len(facts) < PAGE:
+                break
+        self._folds[key] = fold
+        while len(self._folds) > self.size:
+            self._folds.popitem(last=False)
+        return fold.totals
+
+    async def of(self, store: FactLog, info: SessionInfo) -> UsageTotals:
+        return await self.totals(store, SessionKey(info.tenant, info.session), info.entries)

@@ -1,0 +1,208 @@
+"""``ctxproxy run claude`` and ``ctxproxy run codex`` end to end: the pinned real agents, the fake upstreams.
+
+``ctxproxy run`` is a child process (``python -m proxy run …``, this worktree's
+package), as a user starts it; the agents are found on PATH
+(tests/clients/node_modules/.bin) and get nothing but what the launcher sets
+and a private HOME. Each run takes 25 tool steps in a window they do not fit,
+so the proxy must compact, and ends with the launcher's one line, whose
+figures are checked against the fake's own count of what it was sent (the
+usage it reported), litellm's price for the model, the session's log
+(``ctxproxy sessions show``), and, where the proxy is one the test serves
+(``--proxy``: Codex, and Claude Code once of its two runs), its ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp.test_utils import TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.app import create_app
+from proxy.savings import SavingsCache, UsageTotals
+from proxy.settings import Settings
+from proxy.store import open_store
+from tests.agents import BIN, CODEX_MODEL, TIMEOUT, base_env, codex_config
+from tests.fakemessages import FakeMessages
+from tests.fakeresponses import FakeResponses
+from tests.fakescript import Script, final_text
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = 25
+PROMPT = "Run the scripted shell steps one at a time, then say that you are done."
+CLAUDE_MODEL = "claude-opus-5-5"  # Claude Code's default
+EXIT_LINE = re.compile(
+    r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests, (?P<compactions>[\d,]+) compactions, "
+    r"(?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by the model \((?P<cached>[\d,]+) "
+    r"cached\), (?P<saved>[\d,]+) saved(?:, about \$(?P<dollars>[\d,.]+))?; inspector (?P<inspector>\S+)")
+
+
+@dataclass
+class Launched:
+    returncode: int | None
+    stdout: str
+    stderr: str
+
+    def figures(self) -> dict[str, Any]:
+        lines = self.stderr.strip().splitlines()
+        assert lines, "no exit line"
+        found = EXIT_LINE.fullmatch(lines[-1])
+        assert found is not None, lines[-1]
+        return {k: (v.replace(",", "") if k not in ("session", "inspector") else v) if v is not None else None
+                for k, v in found.groupdict().items()}
+
+
+async def ctxproxy_run(args: list[str], env: dict[str, str], cwd: Path) -> Launched:
+    """``python -m proxy run ARGS`` with this worktree's package, stdin closed, bounded by the agents' timeout."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "run", *args, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**env, "PYTHONPATH": str(ROOT), "PATH": f"{BIN}:{env['PATH']}"})
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 3 * TIMEOUT)
+    except TimeoutError:
+        proc.kill()
+        out, err = await proc.communicate()
+        return Launched(None, out.decode(errors="replace"), err.decode(errors="replace"))
+    return Launched(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
+async def session_totals(store_url: str, session: str) -> tuple[UsageTotals, int]:
+    """What ``ctxproxy sessions show`` folds from the log, and the checkpoints the session has."""
+    store = await open_store(store_url)
+    try:
+        infos = [i async for i in store.sessions()]
+        assert [i.session for i in infos] == [session]
+        return await SavingsCache().of(store, infos[0]), infos[0].checkpoints
+    finally:
+        await store.aclose()
+
+
+def litellm_price(model: str) -> float:
+    """litellm's own answer, from its bundled map (offline)."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    return float(litellm.model_cost[model]["input_cost_per_token"])
+
+
+def check_figures(figures: dict[str, Any], totals: UsageTotals, checkpoints: int, turns: list[Any],
+                  model: str) -> None:
+    """The exit line is the log's fold; the model saw what the fake counted; the dollars are litellm's price."""
+    assert int(figures["requests"]) == totals.replies == STEPS + 1
+    assert int(figures["compactions"]) == checkpoints >= 1, "the proxy compacted"
+    assert (int(figures["client"]), int(figures["model"]), int(figures["cached"]), int(figures["saved"])) == (
+        totals.client_tokens, totals.model_tokens, totals.cached_tokens, totals.saved_tokens)
+    assert totals.model_tokens == sum(t.tokens for t in turns), "usage as the upstream reported it"
+    assert totals.saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.saved_tokens
+    assert totals.cost_saved == pytest.approx(totals.saved_tokens * litellm_price(model))
+    assert figures["dollars"] == f"{totals.cost_saved:,.2f}".replace(",", "")
+
+
+async def metric_values(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with aiohttp.ClientSession() as client, client.get(url + "/metrics") as resp:
+        text = await resp.text()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+async def check_metrics(proxy_url: str, route: str, figures: dict[str, Any], totals: UsageTotals) -> None:
+    """The proxy served this one run: its counters are the exit line's figures."""
+    metrics = await metric_values(proxy_url)
+    assert metrics[("ctxproxy_tokens_saved_total", ())] == int(figures["saved"])
+    assert metrics[("ctxproxy_cost_saved_dollars_total", ())] == pytest.approx(totals.cost_saved)
+    assert metrics[("ctxproxy_requests_total", (("route", route), ("status", "200")))] == int(figures["requests"])
+    assert metrics[("ctxproxy_upstream_prompt_tokens_total", ())] == int(figures["model"])
+    assert metrics[("ctxproxy_upstream_cached_tokens_total", ())] == int(figures["cached"])
+    made = sum(v for (name, labels), v in metrics.items() if name == "ctxproxy_compactions_total"
+               and dict(labels)["outcome"] in ("ok", "fallback"))
+    assert made == int(figures["compactions"])
+
+
+async def serve_proxy(aiohttp_server: Any, root: str, store: str, window: int) -> str:
+    """A proxy the test serves (for ``--proxy``) in front of the fake at ``root``: its root URL."""
+    proxy: TestServer = await aiohttp_server(create_app(Settings(upstream=root + "/v1", anthropic_upstream=root,
+                                                                 store=store, context_window=window)))
+    return str(proxy.make_url("")).rstrip("/")
+
+
+async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses) -> str:
+    """The fake upstream served on loopback: its root URL."""
+    upstream: TestServer = await aiohttp_server(fake.app())
+    return str(upstream.make_url("")).rstrip("/")
+
+
+@pytest.mark.parametrize("proxy", ["embedded", "running"])
+async def test_ctxproxy_run_claude_finishes_in_a_window_the_run_does_not_fit_and_says_what_it_saved(
+        aiohttp_server: Any, tmp_path: Path, proxy: str) -> None:
+    fake = FakeMessages(Script(steps=STEPS), window=7_000)
+    root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
+    proxy_url = await serve_proxy(aiohttp_server, root, store, 7_000) if proxy == "running" else None
+    where = ["--proxy", proxy_url] if proxy_url is not None else [
+        "--anthropic-upstream", root, "--upstream", root + "/v1", "--context-window", "7000"]
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {**base_env(home), "ANTHROPIC_API_KEY": "sk-ant-ctxproxy-test",
+           "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
+
+    run = await ctxproxy_run(
+        [*where, "--store", store, "--session", "claude-run", "claude", "--", "-p", "--tools", "Bash",
+         "--allowedTools", "Bash", "--max-turns", str(STEPS + 5), "--output-format", "json", PROMPT], env, work)
+
+    assert run.returncode == 0, run.stderr
+    result = orjson.loads(run.stdout.strip().splitlines()[-1])
+    assert (result["is_error"], result["result"], result["num_turns"]) == (False, final_text(STEPS), STEPS + 1)
+    assert all(t.path == "/v1/messages" for t in fake.turns())
+    figures = run.figures()
+    assert figures["session"] == "claude-run"
+    assert figures["inspector"].startswith(f"{proxy_url or 'http://127.0.0.1:8787'}/ui/sessions/")
+    assert figures["inspector"].endswith("/claude-run")
+    totals, checkpoints = await session_totals(store, "claude-run")
+    check_figures(figures, totals, checkpoints, fake.turns(), CLAUDE_MODEL)
+    if proxy_url is not None:
+        await check_metrics(proxy_url, "messages", figures, totals)
+    assert not (home / ".claude" / "settings.json").exists(), "nothing written into the agent's own config"
+
+
+async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metrics(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    fake = FakeResponses(Script(steps=STEPS), window=12_000)
+    root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
+    proxy_url = await serve_proxy(aiohttp_server, root, store, 12_000)
+    home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
+    for path in (home, work, codex_home):
+        path.mkdir()
+    # The user's own Codex setup: a provider straight at the upstream, and a login the overlay must keep.
+    user_config = codex_config(root + "/v1")
+    (codex_home / "config.toml").write_text(user_config)
+    (codex_home / "auth.json").write_text('{"OPENAI_API_KEY": null}')
+    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test"}
+
+    run = await ctxproxy_run(["--proxy", proxy_url, "--store", store, "codex", "--", "exec", "--skip-git-repo-check",
+                              "-C", str(work), "--json", PROMPT], env, work)
+
+    assert run.returncode == 0, run.stderr
+    events = [orjson.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    answers = [e["item"]["text"] for e in events
+               if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
+    assert answers[-1:] == [final_text(STEPS)]
+    assert {t.path for t in fake.turns()} == {"/v1/responses"}
+    assert (codex_home / "config.toml").read_text() == user_config, "the user's config is untouched"
+    figures = run.figures()
+    session = figures["session"]
+    assert session.startswith("codex-")
+    assert figures["inspector"].startswith(proxy_url + "/ui/sessions/")
+    totals, checkpoints = await session_totals(store, session)
+    check_figures(figures, totals, checkpoints, fake.turns(), CODEX_MODEL)
+
+    await check_metrics(proxy_url, "responses", figures, totals)

@@ -1,0 +1,145 @@
+"""What the proxy saved, folded from a log whose figures are known: per session, incrementally, in dollars."""
+
+from __future__ import annotations
+
+import asyncio
+from html import escape as html_escape
+from typing import Any
+
+import orjson
+import pytest
+from click.testing import CliRunner
+
+from proxy.cli import main
+from proxy.context.window import input_price_for
+from proxy.dialects import CHAT
+from proxy.keys import engine_key, store_key
+from proxy.savings import SavingsCache, UsageTotals, saved_text
+from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
+from tests.fakeupstream import is_summary_request
+from tests.proxyfixtures import read_log, replay
+from tests.test_run_agents import litellm_price
+from tests.test_ui import TENANT, TOKEN, TOOLS, agent_session, page, session_path, sign_in, ui_proxy
+
+KEY = SessionKey("t", "s")
+
+
+def reply(n: int, client: int, view: int, usage: dict[str, Any] | None, model: str = "gpt-4o",
+          dialect: str = "chat") -> NewFact:
+    extra: dict[str, Any] = {"dialect": dialect, "view": {"key": f"v{n}"}, "tokens": {"client": client,
+                                                                                      "view": view}, "model": model}
+    if usage is not None:
+        extra["usage"] = usage
+    return NewFact("message", n, "upstream", {"role": "assistant", "content": f"r{n}"}, f"h{n}", extra)
+
+
+def question(n: int) -> NewFact:
+    return NewFact("message", n, "client", {"role": "user", "content": f"q{n}"}, f"q{n}")
+
+
+def fold(*facts: NewFact) -> UsageTotals:
+    totals = UsageTotals()
+    for seq, fact in enumerate(facts):
+        totals.add(StoredFact(str(seq), seq, fact.kind, fact.index, fact.source, fact.message, 0.0, fact.hash,
+                              dict(fact.extra)))
+    return totals
+
+
+def test_usage_where_reported_the_view_where_not_and_the_saved_part_at_the_models_price() -> None:
+    totals = fold(question(0), reply(1, 1_000, 1_000, {"prompt_tokens": 1_100}),
+                  question(2), reply(3, 5_000, 2_000, {"prompt_tokens": 2_200,
+                                                       "prompt_tokens_details": {"cached_tokens": 1_024}}),
+                  question(4), reply(5, 6_000, 2_500, None))
+    saved = 3_000 + 3_500
+    assert totals.to_json() == {"replies": 3, "prompt_tokens": 3_300, "cached_tokens": 1_024,
+                                "model_tokens": 1_100 + 2_200 + 2_500, "saved_tokens": saved,
+                                "client_tokens": 1_100 + 2_200 + 2_500 + saved,
+                                "cost_saved": pytest.approx(saved * litellm_price("gpt-4o"))}
+    assert saved_text(totals) == ("12,300 tokens sent by the client, 5,800 seen by the model (1,024 cached), "
+                                  f"6,500 saved, about ${saved * litellm_price('gpt-4o'):,.2f}")
+
+
+def test_an_unknown_model_shows_tokens_only() -> None:
+    totals = fold(reply(0, 9_000, 3_000, {"prompt_tokens": 3_000}, model="house-model-7"))
+    assert input_price_for("house-model-7") is None
+    assert (totals.saved_tokens, totals.cost_saved) == (6_000, None)
+    assert saved_text(totals).endswith("6,000 saved")
+
+
+def test_the_items_of_one_reply_count_once_and_anthropic_usage_adds_its_cache_parts() -> None:
+    usage = {"input_tokens": 10, "cache_read_input_tokens": 900, "cache_creation_input_tokens": 90}
+    one = reply(1, 2_000, 1_000, usage, model="claude-opus-5-5", dialect="messages")
+    totals = fold(question(0), one, NewFact("message", 2, "upstream", {"role": "assistant", "content": "more"}, "x",
+                                            dict(one.extra)))
+    assert (totals.replies, totals.model_tokens, totals.cached_tokens, totals.saved_tokens) == (1, 1_000, 900, 1_000)
+    assert totals.cost_saved == pytest.approx(1_000 * litellm_price("claude-opus-5-5"))
+
+
+def test_a_reply_logged_before_the_counts_were_recorded_counts_the_upstreams_figures() -> None:
+    old = NewFact("message", 1, "upstream", {"role": "assistant", "content": "r"}, "h",
+                  {"dialect": "chat", "usage": {"prompt_tokens": 70}})
+    totals = fold(old)
+    assert (totals.replies, totals.client_tokens, totals.model_tokens, totals.saved_tokens) == (1, 70, 70, 0)
+
+
+async def test_the_cache_folds_only_what_was_appended_since(store: FactLog) -> None:
+    await store.append(KEY, 0, [question(0), reply(1, 3_000, 1_000, {"prompt_tokens": 1_000})], 1.0)
+    cache = SavingsCache()
+    assert (await cache.totals(store, KEY)).saved_tokens == 2_000
+    await store.append(KEY, 2, [question(2), reply(3, 4_000, 1_500, {"prompt_tokens": 1_500})], 2.0)
+    [info] = [i async for i in store.sessions()]
+    totals = await cache.of(store, info)
+    assert (totals.replies, totals.saved_tokens, totals.model_tokens) == (2, 4_500, 2_500)
+
+
+# -- through the proxy: recorded per request, shown by the admin API, the CLI, the inspector and /metrics ---------
+
+
+async def test_every_surface_shows_what_the_log_says_was_saved(make_proxy, fake, store_url: str) -> None:
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    await sign_in(proxy)
+    fake.cached_tokens = 512
+    await agent_session(proxy, fake, "s1", 10)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "s1"))
+    assert any(f.kind == "checkpoint" for f in facts), "the session compacted"
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+
+    # Each reply records the proxy's count of what the client sent and of the view that went instead.
+    policy = proxy.app[engine_key].policy(4000)
+    last = replies[-1]
+    assert last.extra["tokens"] == {
+        "client": policy.estimate(CHAT, replay(facts)[: last.index], tools=TOOLS).local,
+        "view": policy.estimate(CHAT, fake.requests[-1]["messages"], tools=TOOLS).local}
+    assert last.extra["model"] == "gpt-4o"
+    totals = UsageTotals()
+    for fact in facts:
+        totals.add(fact)
+    assert totals.replies == len(replies) == 20 and totals.saved_tokens > 0
+    reported = [sum(len(orjson.dumps(m)) for m in r["messages"]) // 4 for r in fake.requests  # the fake's usage
+                if not is_summary_request(r["messages"])]
+    assert (totals.model_tokens, totals.cached_tokens) == (sum(reported), sum(min(p, 512) for p in reported))
+    expected = totals.to_json()
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    listed = await (await proxy.get("/admin/savings", headers=admin)).json()
+    assert listed == {"sessions": [{"tenant": TENANT, "session": "s1", **expected}], "total": expected}
+    view = await (await proxy.get(f"/admin/sessions/{TENANT}/s1/view", headers=admin)).json()
+    assert view["usage"] == expected
+
+    shown = await asyncio.to_thread(CliRunner().invoke, main, ["sessions", "show", "s1", "--json", "--store",
+                                                               store_url])
+    assert orjson.loads(shown.output) == {"tenant": TENANT, "session": "s1", **expected}
+    text = await asyncio.to_thread(CliRunner().invoke, main, ["sessions", "show", "s1", "--store", store_url])
+    assert text.output == f"# Session s1 (tenant {TENANT})\n20 requests: {saved_text(totals)}.\n"
+
+    html = await page(proxy, "/ui")
+    assert (f'<td data-sort="{totals.client_tokens}">{totals.client_tokens:,}</td>'
+            f'<td data-sort="{totals.model_tokens}">{totals.model_tokens:,}</td>'
+            f'<td data-sort="{totals.saved_tokens}">{totals.saved_tokens:,} (${totals.cost_saved:,.2f})</td>') in html
+    assert f"Over the sessions shown: {html_escape(saved_text(totals))}." in html
+    assert f"<dt>Saved</dt><dd>{html_escape(saved_text(totals))}</dd>" in await page(proxy, session_path("s1"))
+
+    metrics = (await (await proxy.get("/metrics")).text()).splitlines()
+    assert f"ctxproxy_tokens_saved_total {float(totals.saved_tokens)}" in metrics
+    cost = next(line for line in metrics if line.startswith("ctxproxy_cost_saved_dollars_total "))
+    assert float(cost.split()[1]) == pytest.approx(totals.cost_saved)
