@@ -230,7 +230,8 @@ class AgentRun:
     async def start(cls, make_proxy: Any, fake: FakeUpstream) -> AgentRun:
         fake.window = WINDOW
         run = cls(await make_proxy(admin_token=Secret(TOKEN), context_window=WINDOW, precompact_threshold=0.6,
-                                   keep_tool_outputs=1_000), fake)  # masking off: the summary path
+                                   keep_tool_outputs=1_000, keep_tool_output_share=1.0),
+                  fake)  # masking off: the summary path
         while True:  # steps until a manual compaction has something to summarise, before any background one
             await run.step()
             resp = await run.proxy.post(f"/admin/sessions/{AGENT_TENANT}/bg/compact", headers=ADMIN)
