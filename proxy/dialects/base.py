@@ -77,6 +77,8 @@ class ReplyReader(abc.ABC):
     finished: bool = False
     #: Whether any reply content arrived: an empty stream logs nothing.
     received: bool = False
+    #: The reply's id, when the API gives one (``Dialect.reply_id``).
+    reply_id: str | None = None
 
     @abc.abstractmethod
     def feed(self, event: str, data: Any) -> Verdict:
@@ -125,6 +127,11 @@ class Dialect(ItemModel):
         """An error the proxy raises itself at this door, in the shape this API's clients read; OpenAI's unless
         the API has its own. ``type`` and ``code`` are the proxy's words (``proxy.errors``)."""
         return openai_error(message, type=type, code=code, param=param)
+
+    def reply_id(self, body: Mapping[str, Any]) -> str | None:
+        """The id of a non-streamed answer, when the API names one that a later request may continue from
+        (the Responses API's ``previous_response_id``); it is logged with the reply."""
+        return None
 
     def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
         """Fields to add so a streamed answer reports its usage, when the client did not ask for it itself;

@@ -165,6 +165,10 @@ class ResponsesDialect(Dialect):
     def reader(self, *, hide_usage: bool = False) -> ReplyReader:
         return ResponsesReader()
 
+    def reply_id(self, body: Mapping[str, Any]) -> str | None:
+        value = body.get("id")
+        return value if isinstance(value, str) else None
+
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         value = usage.get("input_tokens")
         return value if isinstance(value, int) else None
@@ -261,6 +265,7 @@ class ResponsesReader(ReplyReader):
         elif kind in TERMINAL_EVENTS:
             response = data.get("response")
             if isinstance(response, Mapping):
+                self.reply_id = DIALECT.reply_id(response)
                 items, usage, finished = DIALECT.reply_from_body(response)
                 self._final, self.usage, self.finished, self._status = items, usage, finished, response.get("status")
                 self.received = self.received or bool(items)

@@ -132,7 +132,7 @@ class Turn:
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
 
-        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
+        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None) -> None:
             if usage is not None:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
@@ -145,12 +145,16 @@ class Turn:
                 extra["usage"] = usage
             if not complete:
                 extra["partial"] = True
+            if reply_id is not None:
+                extra["response_id"] = reply_id
+            previous = self.parsed.payload.get("previous_response_id")
             try:
                 for item in reply:  # an unwritable reply is refused here, never kept for a retry
                     check_encodable(item, extra)
                 await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
                                    upstream_from=len(items), extra_upstream=extra,
-                                   extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra)
+                                   extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
+                                   after_response=previous if isinstance(previous, str) else None)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
