@@ -22,7 +22,6 @@ from proxy.dialects.base import (
     Verdict,
     positive_int,
     require_items,
-    require_string_types,
     text_of,
 )
 from proxy.dialects.chat import canonical_arguments, prompt_cache_key
@@ -72,7 +71,7 @@ class ResponsesDialect(Dialect):
     summary_drops = frozenset({"previous_response_id", "conversation", "background", "top_logprobs"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "input", allow_string=True, check=require_string_types)
+        return require_items(payload, "input", allow_string=True)
 
     def role(self, item: Item) -> Role:
         kind = _type(item)

@@ -28,7 +28,7 @@ from proxy.context.lineage import ConversationState
 from proxy.context.prepared import PreparedView
 from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
-from proxy.dialects.base import Dialect, ParsedRequest, with_fields
+from proxy.dialects.base import Dialect, ParsedRequest, require_string_types, with_fields
 from proxy.errors import ProxyError, StoreError
 from proxy.http import clientcompaction, continuity, recall
 from proxy.http.body import read_body
@@ -283,6 +283,8 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
         system = parsed.payload.get("system", parsed.payload.get("instructions"))
+        for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
+            require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
         session = fingerprint_session(dialect, parsed.items, system)
     agent = agent_of(request.headers)
     return f"{session}/{agent}" if agent is not None else session
