@@ -30,6 +30,7 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.errors import BadRequest, TooManyAttempts
 from proxy.http.admin import admin_token_matches
@@ -110,7 +111,10 @@ async def _signed_in(request: web.Request, token: str) -> bool:
 
 async def _forged(request: web.Request, token: str, access: Access) -> str | None:
     """Why this POST is refused as cross-site (``csrf.check``), or None; the sign-in form binds to ``PRESIGN``."""
-    form = await request.post()  # aiohttp keeps it: the handler's own ``post()`` reads the same
+    try:
+        form = await request.post()  # aiohttp keeps it: the handler's own ``post()`` reads the same
+    except (ValueError, LookupError, HttpProcessingError):  # no boundary, bad bytes or charset, a broken part
+        raise BadRequest("The form cannot be read.", code="invalid_body") from None
     binding = request.cookies.get(csrf.PRESIGN if access == "open" else cookie.NAME)
     return csrf.check(admin_token=token, binding=binding, presented=form.get(csrf.FIELD),
                       origin=request.headers.get("Origin"), fetch_site=request.headers.get("Sec-Fetch-Site"),
