@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import platform
 import random
+import re
 import statistics
 import tempfile
 import time
@@ -101,7 +102,9 @@ async def measure(entries: int) -> dict[str, float]:
         await store.aclose()
         settings = Settings(store=url, admin_token=Secret(TOKEN), context_window=128_000)
         async with TestClient(TestServer(create_app(settings))) as client:
-            resp = await client.post("/ui/signin", data={"token": TOKEN}, allow_redirects=False)
+            form = re.search(r'name="csrf_token" value="([^"]+)"', await (await client.get("/ui/signin")).text())
+            resp = await client.post("/ui/signin", data={"token": TOKEN, "csrf_token": form[1] if form else ""},
+                                     allow_redirects=False)
             if resp.status != 303:
                 raise SystemExit("sign-in failed")
             cold, warm = [], []

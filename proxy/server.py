@@ -1,4 +1,4 @@
-"""Serving the app: what ``web.run_app`` does, with aiohttp's own protocol errors in the door's error shape.
+"""Serving the app: what ``web.run_app`` does, with aiohttp's own protocol errors in OpenAI's shape.
 
 aiohttp answers a request it cannot parse (a control character or an
 oversized line in the head, a malformed chunked body…) itself, before any
@@ -7,7 +7,7 @@ log line that quotes them too, and those bytes may hold a key. ``run_app`` has
 no hook for that answer, so ``run`` does what it does (an ``AppRunner``, one
 ``TCPSite``, SIGINT and SIGTERM for a graceful stop, then every task
 cancelled and the loop closed) with a runner whose connections are handled by
-``_RequestHandler``: its ``handle_error`` answers in the door's error shape,
+``_RequestHandler``: its ``handle_error`` answers in OpenAI's error shape,
 quotes nothing, and logs the error's class and status only.
 """
 
@@ -23,7 +23,6 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_request import BaseRequest
 
-from proxy.http.middleware import error_response
 from proxy.settings import Settings
 
 
@@ -37,8 +36,7 @@ def event_loop() -> asyncio.AbstractEventLoop:
 
 
 class _RequestHandler(web.RequestHandler):
-    """aiohttp's connection handler, but errors it answers itself are in the door's shape and quote no request
-    bytes."""
+    """aiohttp's connection handler, but errors it answers itself are OpenAI-shaped and quote no request bytes."""
 
     def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -50,8 +48,10 @@ class _RequestHandler(web.RequestHandler):
         # A bad method on a connection's first request is mostly TLS or a scanner on the HTTP port (aiohttp's view).
         log = self.logger.debug if isinstance(exc, BadHttpMethod) and self._request_count == 1 else self.logger.info
         log("refused a request from %s that is not valid HTTP: %s (%d)", request.remote, name, status)
-        response = error_response(status, f"The request is not valid HTTP ({name}).", code="invalid_http_request",
-                                  type="invalid_request_error" if status < 500 else "proxy_error", path=request.path)
+        body = {"error": {"message": f"The request is not valid HTTP ({name}).",
+                          "type": "invalid_request_error" if status < 500 else "proxy_error",
+                          "param": None, "code": "invalid_http_request"}}
+        response = web.json_response(body, status=status)
         response.force_close()
         return response
 

@@ -77,3 +77,4 @@ def test_a_path_belongs_to_the_door_it_is_at_or_under() -> None:
         MESSAGES, MESSAGES, MESSAGES, CHAT, RESPONSES, RESPONSES]
     for path in ("/v1/messagesx", "/v1/models", "/admin/sessions", "/ui", "/s/", "/s/a", "/", ""):
         assert door_of(path) is None, path
+

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,9 @@ def bodies(kind: Any) -> list[tuple[str, dict[str, Any]]]:
         ("/v1/messages", {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [
             {"type": "tool_result", "tool_use_id": "t", "content": [part]}]}]}),
         ("/v1/messages/count_tokens", {"model": "m", "messages": [{"role": "user", "content": [part]}]}),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "system", "content": "s"}, {
+            "role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "user", "content": [
+                {"type": "text", "text": "x", "content": [{"type": "text", "content": [part]}]}]}]}),
     ]
 
 
@@ -45,8 +49,8 @@ async def test_a_type_that_is_not_a_string_is_a_400_at_every_door(aiohttp_client
     closed = f"http://127.0.0.1:{_closed_port()}"  # nothing may go upstream
     proxy = await aiohttp_client(create_app(Settings(upstream=closed + "/v1", anthropic_upstream=closed,
                                                      store=f"sqlite:///{tmp_path}/f.db")))
-    for path, body in bodies(kind):
-        resp = await proxy.post(path, data=orjson.dumps(body), headers={"X-Session-Id": "hostile"})
+    for (path, body), headers in itertools.product(bodies(kind), ({"X-Session-Id": "hostile"}, {})):
+        resp = await proxy.post(path, data=orjson.dumps(body), headers=headers)  # no session: it is fingerprinted
         assert resp.status == 400, (path, body, await resp.text())
         text = await resp.text()
         assert "type must be a string" in text, text

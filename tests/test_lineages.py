@@ -17,8 +17,10 @@ import orjson
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey, StoredFact
+from tests.fakeresponses import FakeResponses
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import ProxyFactory, read_log, replay, same_conversation
+from tests.scripted import KEY, rig
 from tests.test_compaction_e2e import prose
 
 API_KEY = "sk-lineages"
@@ -126,3 +128,60 @@ async def test_two_lineages_alternating_cost_one_entry_per_switch(make_proxy: Pr
     # keeps serving its lineage across the switches.
     assert kinds == {"message": sent, "rewind": 11, "checkpoint": 2}
     assert same_conversation(replay(facts), lineages[1][:-1])
+
+
+# -- previous_response_id: the request sends only what is new; the log continues the lineage it extends -------------
+
+
+def user_item(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+async def test_a_previous_response_id_request_continues_the_lineage_of_that_response(
+        aiohttp_server: Any, aiohttp_client: Any, tmp_path: Any) -> None:
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeResponses())
+    headers = {"Authorization": f"Bearer {KEY}", "session_id": "stateful"}
+
+    async def turn(items: list[dict[str, Any]], previous: str | None, stream: bool) -> tuple[str, list[Any]]:
+        body = {"model": "gpt-5.5", "input": items, "store": True, "stream": stream,
+                **({"previous_response_id": previous} if previous else {})}
+        resp = await proxy.post("/v1/responses", data=orjson.dumps(body), headers=headers)
+        assert resp.status == 200, await resp.text()
+        if not stream:
+            answer = await resp.json()
+            return answer["id"], answer["output"]
+        events = [orjson.loads(line[6:]) for line in (await resp.read()).split(b"\n") if line.startswith(b"data: ")]
+        done = next(e["response"] for e in events if e["type"] == "response.completed")
+        return done["id"], done["output"]
+
+    first, second, third, aside = (user_item(t) for t in ("Start.", "Go on.", "And then?", "Or rather this."))
+    id1, out1 = await turn([first], None, False)
+    id2, out2 = await turn([second], id1, True)
+    _, out3 = await turn([third], id2, False)
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), "stateful"))
+    assert [f.kind for f in facts] == ["message"] * (3 + len(out1) + len(out2) + len(out3)), "no rewind at all"
+    assert replay(facts) == [first, *out1, second, *out2, third, *out3]
+    assert [f.index for f in facts] == list(range(len(facts)))
+
+    # From the first response again (a user who went back): one rewind to its last item, nothing logged twice.
+    _, out4 = await turn([aside], id1, False)
+    logged = len(await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), "stateful")))
+    await turn([aside], id1, False)  # the same step retried, answered the same: all of it is the log's already
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), "stateful"))
+    assert len(facts) == logged
+    rewinds = [f for f in facts if f.kind == "rewind"]
+    last_of_first = max(f.seq for f in facts if f.extra.get("response_id") == id1)
+    assert [(r.index, r.extra["from_seq"]) for r in rewinds] == [(1 + len(out1), last_of_first)]
+    assert replay(facts) == [first, *out1, aside, *out4]
+    assert all(f.extra.get("response_id") for f in facts if f.source == "upstream")
+
+
+async def test_a_previous_response_id_the_log_does_not_know_starts_a_lineage(
+        aiohttp_server: Any, aiohttp_client: Any, tmp_path: Any) -> None:
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeResponses())
+    body = {"model": "gpt-5.5", "input": [user_item("Go on.")], "previous_response_id": "resp_from_before"}
+    resp = await proxy.post("/v1/responses", data=orjson.dumps(body),
+                            headers={"Authorization": f"Bearer {KEY}", "session_id": "stateful"})
+    assert resp.status == 200
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), "stateful"))
+    assert [(f.kind, f.index) for f in facts] == [("message", 0), ("message", 1)]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+from aiohttp import web
 from selenium import webdriver
 from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
@@ -246,3 +247,28 @@ async def test_the_undo_button_retires_a_compaction_behind_the_sign_in_and_the_f
     assert fake.requests[-1]["messages"] == [*whole["messages"], {"role": "user", "content": "Where were we?"}]
     logs = await browser.run(browser.driver.get_log, "browser")
     assert not [entry for entry in logs if "Content Security Policy" in entry["message"]], logs
+
+
+async def test_a_page_on_another_port_cannot_sign_you_out(make_proxy, browser: Browser, aiohttp_server) -> None:
+    """The attack SameSite lets through (a site ignores ports): a form on another port posting to the inspector."""
+    proxy = await ui_proxy(make_proxy)
+    base = base_url(proxy)
+
+    async def attacker(request: web.Request) -> web.Response:
+        form = (f'<form class="evil" method="post" action="{base}/ui/signout">'
+                '<input type="hidden" name="csrf_token" value="guessed"><button type="submit">Win</button></form>')
+        return web.Response(text=f"<!doctype html><html><body>{form}</body></html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", attacker)
+    elsewhere = await aiohttp_server(app)
+    await browser.sign_in(base, TOKEN)
+    assert browser.driver.current_url == base + "/ui"
+    await browser.open(str(elsewhere.make_url("/")))
+    await browser.submit("form.evil button")
+    assert "Cross-origin form posts are refused." in await browser.text("main")
+    await browser.open(base + "/ui")
+    assert browser.driver.current_url == base + "/ui", "still signed in"
+    await browser.submit("form.signout button")  # the inspector's own form still works
+    await browser.open(base + "/ui")
+    assert browser.driver.current_url == base + "/ui/signin?next=%2Fui"

@@ -120,3 +120,19 @@ async def test_a_wrong_admin_api_token_delays_the_sign_in_too(make_proxy) -> Non
     assert (await proxy.get("/admin/sessions")).status == 401  # no token: no guess, and not refused for waiting
     assert (await post_signin(proxy)).status == 429
     assert (await proxy.get("/admin/sessions", headers={"Authorization": f"Bearer {TOKEN}"})).status == 429
+
+
+@pytest.mark.parametrize(("content_type", "body"), [
+    ("multipart/form-data", b"xx"), ("multipart/form-data; boundary=zz", b"--zz\r\nbad\r\n"),
+    ("application/x-www-form-urlencoded", b"%ff%fe=\xff"), ("application/x-www-form-urlencoded; charset=bogus", b"a=b"),
+], ids=["no-boundary", "broken-part", "not-utf8", "unknown-charset"])
+async def test_a_form_that_cannot_be_read_is_a_400(make_proxy, content_type: str, body: bytes) -> None:
+    proxy = await ui_proxy(make_proxy)
+    for signed in (False, True):
+        if signed:
+            await sign_in(proxy)
+        path = "/ui/signout" if signed else "/ui/signin"
+        resp = await proxy.post(path, data=body, headers={"Content-Type": content_type}, allow_redirects=False)
+        assert resp.status == 400, (path, await resp.text())
+        assert (await resp.json())["error"]["code"] == "invalid_body"
+    assert await signed_in(proxy)

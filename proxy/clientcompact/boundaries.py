@@ -95,7 +95,8 @@ def compaction_reference(item: Any) -> str | None:
 
     A ``compaction`` item without one gives ``""``, which no reference verifies: it is refused like a forged one.
     """
-    if not isinstance(item, dict) or item.get("type") not in texts.CODEX_COMPACTION_TYPES:
+    kind = item.get("type") if isinstance(item, dict) else None
+    if type(kind) is not str or kind not in texts.CODEX_COMPACTION_TYPES:  # a type that is not one: refused later
         return None
     content = item.get("encrypted_content")
     return content if isinstance(content, str) else ""

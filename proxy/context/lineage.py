@@ -95,6 +95,9 @@ class ConversationState:
     _node_hashes: list[str | None] = field(default_factory=list)
     _node_prefixes: list[str | None] = field(default_factory=list)
     _by_prefix: dict[str, int] = field(default_factory=dict)
+    #: The last message logged from each upstream reply that has an id (``response_id``: the Responses API's,
+    #: which a ``previous_response_id`` request continues).
+    _by_response: dict[str, int] = field(default_factory=dict)
     #: (seq of the reply, its ``usage``, the view it measured), newest last.
     _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None]] = field(default_factory=list)
 
@@ -117,7 +120,9 @@ class ConversationState:
         self.tail = fact.digest
         if fact.kind == "message" and fact.hash is not None:
             self._add_node(fact.seq, fact.hash)
-            usage = fact.extra.get("usage")
+            usage, reply = fact.extra.get("usage"), fact.extra.get("response_id")
+            if fact.source == "upstream" and isinstance(reply, str):
+                self._by_response[reply] = fact.seq
             if fact.source == "upstream" and isinstance(usage, Mapping):
                 view = fact.extra.get("view")
                 self._usages = [*self._usages[1 - USAGES_KEPT:], (fact.seq, usage,
@@ -234,6 +239,14 @@ class ConversationState:
 
     def seq_of_prefix(self, prefix: str) -> int:
         return self._by_prefix[prefix]
+
+    def after_response(self, response_id: str) -> int | None:
+        """Seq of the last message logged from the upstream reply ``response_id``, if the log has it."""
+        return self._by_response.get(response_id)
+
+    def position(self, seq: int) -> int:
+        """Position in its conversation of message ``seq`` (0 for the first)."""
+        return self._depths[seq]
 
     def entries_for(self, hashes: Sequence[str], end: int) -> tuple[Sequence[int], Sequence[str]]:
         """Seqs and prefix hashes of ``hashes[:end]``'s messages, for as far as the log holds them.

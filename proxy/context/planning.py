@@ -31,6 +31,7 @@ def plan_sync(
     extra_upstream: Mapping[str, Any],
     extra_client: Mapping[str, Any] | None = None,
     extra_rewind: Mapping[str, Any] | None = None,
+    after: int | None = None,
 ) -> list[NewFact]:
     """The facts that make the log's head ``messages``: maybe a rewind, then only what the log lacks.
 
@@ -41,11 +42,21 @@ def plan_sync(
     client message whose hash matches a reply kept in ``pending`` is logged as
     that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their
     dialect), ``extra_rewind`` with a rewind (what the client did: e.g. compact its history itself).
+
+    ``after``: ``messages`` are not a whole conversation but what follows message ``after`` (a Responses
+    request with ``previous_response_id`` sends only what is new): they continue the lineage that ends there,
+    and what the log already holds after it (a retry) is recognised the same way.
     """
-    keep, base = state.locate(hashes)
+    offset = 0
+    if after is None:
+        keep, base = state.locate(hashes)
+    else:
+        branch = state.known_prefixes(hashes, 0, base=after)
+        keep, base = len(branch), state.seq_of_prefix(branch[-1]) if branch else after
+        offset = state.position(after) + 1
     facts: list[NewFact] = []
     if base != state.head:
-        facts.append(rewind(keep, base, "client", extra_rewind))
+        facts.append(rewind(offset + keep, base, "client", extra_rewind))
     for i in range(keep, len(messages)):
         digest = hashes[i]
         source: Source = "client"
@@ -55,7 +66,8 @@ def plan_sync(
             source, extra = "upstream", extra_upstream
         elif digest in pending:
             source, message, extra = "upstream", pending[digest].message, pending[digest].extra
-        facts.append(NewFact(kind="message", index=i, source=source, message=message, hash=digest, extra=extra))
+        facts.append(NewFact(kind="message", index=offset + i, source=source, message=message, hash=digest,
+                             extra=extra))
     return facts
 
 

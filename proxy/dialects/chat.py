@@ -31,7 +31,6 @@ from proxy.dialects.base import (
     positive_int,
     require_items,
     require_role,
-    require_string_types,
     text_of,
 )
 from proxy.errors import BadRequest
@@ -113,7 +112,6 @@ def normalise(message: Item) -> dict[str, Any]:
 
 def _check_message(name: str, message: Item) -> None:
     require_role(name, message)
-    require_string_types(name, message)
     # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
     calls = message.get("tool_calls")
     if calls is not None and type(calls) is not list:

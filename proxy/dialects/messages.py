@@ -42,7 +42,6 @@ from proxy.dialects.base import (
     positive_int,
     require_items,
     require_role,
-    require_string_types,
     text_of,
 )
 from proxy.errors import BadRequest
@@ -89,7 +88,6 @@ def _rewrites(edit: Any) -> bool:
 
 def _check_message(name: str, message: Item) -> None:
     require_role(name, message)
-    require_string_types(name, message)
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
         raise BadRequest(f"{name}.content must be a string or an array.", param=f"{name}.content")

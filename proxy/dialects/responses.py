@@ -28,7 +28,6 @@ from proxy.dialects.base import (
     Verdict,
     positive_int,
     require_items,
-    require_string_types,
     text_of,
 )
 from proxy.dialects.chat import canonical_arguments, prompt_cache_key
@@ -78,7 +77,7 @@ class ResponsesDialect(Dialect):
     summary_drops = frozenset({"previous_response_id", "conversation", "background", "top_logprobs"})
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "input", allow_string=True, check=require_string_types)
+        return require_items(payload, "input", allow_string=True)
 
     def role(self, item: Item) -> Role:
         kind = _type(item)
@@ -170,6 +169,10 @@ class ResponsesDialect(Dialect):
 
     def reader(self, *, hide_usage: bool = False) -> ReplyReader:
         return ResponsesReader()
+
+    def reply_id(self, body: Mapping[str, Any]) -> str | None:
+        value = body.get("id")
+        return value if isinstance(value, str) else None
 
     def prompt_tokens(self, usage: Mapping[str, Any]) -> int | None:
         value = usage.get("input_tokens")
@@ -278,6 +281,7 @@ class ResponsesReader(ReplyReader):
         elif kind in TERMINAL_EVENTS:
             response = data.get("response")
             if isinstance(response, Mapping):
+                self.reply_id = DIALECT.reply_id(response)
                 items, usage, finished = DIALECT.reply_from_body(response)
                 self._final, self.usage, self.finished, self._status = items, usage, finished, response.get("status")
                 self.received = self.received or bool(items)

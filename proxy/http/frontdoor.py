@@ -28,7 +28,7 @@ from proxy.context.lineage import ConversationState
 from proxy.context.prepared import PreparedView
 from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
-from proxy.dialects.base import Dialect, ParsedRequest, with_fields
+from proxy.dialects.base import Dialect, ParsedRequest, require_string_types, with_fields
 from proxy.errors import ProxyError, StoreError
 from proxy.http import clientcompaction, continuity, recall
 from proxy.http.body import read_body
@@ -140,7 +140,7 @@ class Turn:
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
 
-        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool) -> None:
+        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None) -> None:
             if usage is not None:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
@@ -155,12 +155,16 @@ class Turn:
                 extra["usage"] = usage
             if not complete:
                 extra["partial"] = True
+            if reply_id is not None:
+                extra["response_id"] = reply_id
+            previous = self.parsed.payload.get("previous_response_id")
             try:
                 for item in reply:  # an unwritable reply is refused here, never kept for a retry
                     check_encodable(item, extra)
                 await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
                                    upstream_from=len(items), extra_upstream=extra,
-                                   extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra)
+                                   extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
+                                   after_response=previous if isinstance(previous, str) else None)
                 saved = max(0, tokens["client"] - tokens["view"])
                 self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved))
             except StoreError as exc:
@@ -308,6 +312,8 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
         system = parsed.payload.get("system", parsed.payload.get("instructions"))
+        for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
+            require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
         session = fingerprint_session(dialect, parsed.items, system)
     agent = agent_of(request.headers)
     return f"{session}/{agent}" if agent is not None else session

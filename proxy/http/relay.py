@@ -37,8 +37,9 @@ logger = logging.getLogger(__name__)
 #: Bytes read at most to tell an event stream sent under another content type from a body (whitespace only).
 SNIFF_BYTES = 4096
 
-#: Called once with the reply's items (none: nothing to log), its usage, and whether it is complete.
-ReplySink = Callable[[list[Item], dict[str, Any] | None, bool], Awaitable[None]]
+#: Called once with the reply's items (none: nothing to log), its usage, whether it is complete, and its id
+#: (``Dialect.reply_id``).
+ReplySink = Callable[[list[Item], dict[str, Any] | None, bool, str | None], Awaitable[None]]
 
 
 @dataclass
@@ -155,7 +156,7 @@ async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: 
         if isinstance(parsed, dict):
             items, usage, _ = dialect.reply_from_body(parsed)
             if items:
-                await sink(items, usage, True)
+                await sink(items, usage, True, dialect.reply_id(parsed))
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     return web.Response(status=resp.status, headers=headers, body=body)
@@ -196,7 +197,8 @@ class _StreamRelay:
             return
         self.logged = True
         reader = self.reader
-        await self.sink(reader.items() if reader.received else [], reader.usage, complete and reader.finished)
+        await self.sink(reader.items() if reader.received else [], reader.usage, complete and reader.finished,
+                        reader.reply_id)
 
 
 async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],

@@ -9,7 +9,10 @@ in constant time; the answer sets an HttpOnly, SameSite=Strict cookie on
 never the token, and no token ever travels in a URL. Against CSRF: the cookie
 is SameSite=Strict, and every POST under ``/ui`` (sign in, sign out, and any
 later form) passes ``proxy.ui.csrf.check`` in ``guard`` before its handler: an
-Origin check and a token in the form, bound to the cookie (403 otherwise).
+Origin check and a token in the form, bound to the cookie (403 otherwise). A
+wrong token makes the caller's address wait before its next one is compared
+(``admin_token_matches``, shared with the admin API), and signing out revokes
+every cookie issued before (``proxy.ui.cookie``: the store's sign-in epoch).
 
 Every response carries a Content-Security-Policy that allows script and style
 only from ``/ui/static/`` (no inline script), ``nosniff`` and
@@ -28,6 +31,7 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from proxy.context.undo import uncompact
 from proxy.errors import BadRequest, NothingToUndo, TooManyAttempts
@@ -119,7 +123,10 @@ async def _signed_in(request: web.Request, token: str) -> bool:
 
 async def _forged(request: web.Request, token: str, access: Access) -> str | None:
     """Why this POST is refused as cross-site (``csrf.check``), or None; the sign-in form binds to ``PRESIGN``."""
-    form = await request.post()  # aiohttp keeps it: the handler's own ``post()`` reads the same
+    try:
+        form = await request.post()  # aiohttp keeps it: the handler's own ``post()`` reads the same
+    except (ValueError, LookupError, HttpProcessingError):  # no boundary, bad bytes or charset, a broken part
+        raise BadRequest("The form cannot be read.", code="invalid_body") from None
     binding = request.cookies.get(csrf.PRESIGN if access == "open" else cookie.NAME)
     return csrf.check(admin_token=token, binding=binding, presented=form.get(csrf.FIELD),
                       origin=request.headers.get("Origin"), fetch_site=request.headers.get("Sec-Fetch-Site"),
