@@ -180,7 +180,8 @@ async def test_a_compaction_block_is_logged_and_comes_back_byte_identical(
     proxy compacts (the client no longer asks the upstream to) the kept tail carries it as it was."""
     fake = FakeMessages(Script(steps=20))
     # A window the proxy's estimate (text only, no signatures) passes one step after the upstream compacted.
-    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=1200)
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=1200,
+                      keep_tool_output_share=1.0)  # the summary path: its tail is what keeps the block
     client = claude(proxy)
     management = {"edits": [CLEAR_THINKING, COMPACT]}
     while not any(b["type"] == "compaction" for m in client.messages for b in m["content"] if isinstance(b, dict)):
