@@ -20,7 +20,7 @@ from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
-from proxy.http import admin, counts, health, passthrough, ui
+from proxy.http import admin, counts, gemini, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
 from proxy.http.continuity import Links
 from proxy.http.frontdoor import compact_endpoint, front_door
@@ -100,7 +100,7 @@ def engine_settings(settings: Settings) -> EngineSettings:
 
 def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
     app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[error_middleware, client_key_middleware])
+                          middlewares=[error_middleware, gemini.gemini_errors, client_key_middleware])
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
     app.on_response_prepare.append(remember_prepared)
@@ -122,6 +122,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
         app.router.add_post(prefix + "/v1/messages", messages)
         app.router.add_post(prefix + "/v1/messages/count_tokens", counts.count_tokens)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
+    gemini.add_routes(app.router)
     admin.add_routes(app.router)
     ui.add_routes(app.router)
     return app

@@ -54,6 +54,9 @@ def _store_option(f: Any) -> Any:
                    "[default: https://api.openai.com/v1]")
 @click.option("--anthropic-upstream", envvar="CTXPROXY_ANTHROPIC_UPSTREAM", default=None, show_envvar=True,
               help="Where /v1/messages (Anthropic Messages API) goes [default: https://api.anthropic.com]")
+@click.option("--gemini-upstream", envvar="CTXPROXY_GEMINI_UPSTREAM", default=None, show_envvar=True,
+              help="Where /v1beta/models/... (Gemini API) goes, without the version "
+                   "[default: https://generativelanguage.googleapis.com]")
 @_store_option
 @click.option("--context-window", envvar="CTXPROXY_CONTEXT_WINDOW", type=int, default=None, show_envvar=True,
               help="Tokens [default: the model's input window from the bundled model map, else 128000]")
@@ -79,6 +82,9 @@ def _store_option(f: Any) -> Any:
               help="Key the proxy uses upstream instead of the client's [default: unset]")
 @click.option("--anthropic-upstream-key", envvar="CTXPROXY_ANTHROPIC_UPSTREAM_KEY", default=None,
               show_envvar=True, help="Key the proxy sends the Anthropic upstream (x-api-key) instead of the client's "
+                                     "[default: unset]")
+@click.option("--gemini-upstream-key", envvar="CTXPROXY_GEMINI_UPSTREAM_KEY", default=None,
+              show_envvar=True, help="Key the proxy sends the Gemini upstream (x-goog-api-key) instead of the client's "
                                      "[default: unset]")
 @click.option("--client-keys", envvar="CTXPROXY_CLIENT_KEYS", default=None, show_envvar=True,
               help="Comma-separated keys a client must present, 401 otherwise [default: unset, any key]")

@@ -28,7 +28,7 @@ from proxy.keys import client_key, metrics_key
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
 
-def _view(turn: Turn) -> PreparedView:
+def view_of(turn: Turn) -> PreparedView:
     window = turn.engine.window_for(turn.parsed.model)
     return turn.engine.view(turn.parsed.items, turn.hashes, turn.state, dialect=turn.dialect, window=window,
                             tools=turn.parsed.tools, max_output=turn.max_output)
@@ -59,7 +59,7 @@ def counted(route: str) -> Callable[[Handler], Handler]:
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn = await open_turn(request, RESPONSES)
-    view = _view(turn)
+    view = view_of(turn)
     return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens},
                              headers=turn.headers(view, started))
 
@@ -68,7 +68,7 @@ async def input_tokens(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn = await open_turn(request, MESSAGES)
-    view = _view(turn)
+    view = view_of(turn)
     headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
     url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
     async with map_upstream_errors(), request.app[client_key].post(

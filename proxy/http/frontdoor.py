@@ -225,12 +225,13 @@ class Turn:
 async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow | RecallCall:
     """One upstream attempt: the response to give the client, the upstream's too-long refusal, or a recall call."""
     settings, dialect, request = turn.settings, turn.dialect, turn.request
-    headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic)
-    url = dialect.upstream_url(settings)
+    headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic,
+                              gemini=dialect.gemini)
+    url, query = dialect.upstream_target(settings, turn.parsed, request.rel_url.query)
     async with map_upstream_errors():
         turn.timing.wait_started()
         async with request.app[client_key].post(url, data=turn.upstream_body(view), headers=headers,
-                                                params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
+                                                params=query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
             streaming, head = await answers_stream(resp, turn.timing, turn.parsed.stream)
@@ -278,7 +279,8 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         hint = dialect.session_hint(parsed.payload)
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
-        system = parsed.payload.get("system", parsed.payload.get("instructions"))
+        payload = parsed.payload
+        system = payload.get("system", payload.get("instructions", payload.get("systemInstruction")))
         session = fingerprint_session(dialect, parsed.items, system)
     agent = agent_of(request.headers)
     return f"{session}/{agent}" if agent is not None else session
@@ -288,7 +290,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
     app = request.app
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
-    parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
+    parsed = dialect.parse(await read_body(request, settings), request.match_info)  # the client key is checked
     own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)

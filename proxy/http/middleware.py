@@ -42,6 +42,12 @@ async def remember_prepared(request: web.Request, response: web.StreamResponse) 
     request[_started] = response
 
 
+def started(request: web.Request) -> bool:
+    """Whether the handler's own response has started: an error past that point is ``error_middleware``'s to
+    handle (by closing the connection), not a door's to render."""
+    return request.get(_started) is not None
+
+
 def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
     """``error``, unless the handler's response already started: then that response, its connection closed.
 
