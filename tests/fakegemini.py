@@ -1,18 +1,19 @@
 """A fake Gemini API upstream for the real Gemini CLI: a real aiohttp server.
 
 ``POST /{version}/models/{model}:streamGenerateContent`` (``?alt=sse``: server-sent events; without it a JSON
-array of the same chunks) and ``:generateContent`` answer each turn of ``script`` with a ``run_shell_command``
-``functionCall`` whose ``command`` runs the step (its part signed with a ``thoughtSignature`` the fake issued, and
-with an ``id`` unless ``call_ids`` is off), or the final text; the text of a reply arrives in several chunks, and
-the last chunk carries ``finishReason`` and ``usageMetadata`` (``promptTokenCount`` counted with the proxy's
-tokenizer; ``cachedContentTokenCount``: the prefix shared with the previous turn). It checks what Gemini 3 checks:
-the first function call of each model turn since the last user text carries a signature it issued (older turns
-are not checked), and refuses a prompt over ``window`` with the API's 400 "The input token count (N) exceeds the
-maximum number of tokens allowed (M).". ``:countTokens`` answers ``{"totalTokens": N}``. A request whose
-``systemInstruction`` is the proxy's summariser prompt, or whose last user turn starts with it, gets a summary
-(``summary_style`` as the other fakes); Gemini CLI's own compression (``STATE_SNAPSHOT_SYSTEM``) gets a
-``<state_snapshot>`` and is recorded as ``client_compaction``; a helper call asking for JSON (its next-speaker
-check) gets ``{"reasoning": …, "next_speaker": "user"}``. Everything it receives is in ``requests``.
+array of the same chunks) and ``:generateContent`` answer each turn of ``script`` with a thought part, a text and
+a ``run_shell_command`` ``functionCall`` whose ``command`` runs the step (its part signed with a
+``thoughtSignature`` the fake issued, and with an ``id`` unless ``call_ids`` is off), or the final text. The text
+of a reply arrives in several chunks, and the last chunk carries ``finishReason`` and ``usageMetadata``
+(``promptTokenCount`` counted with the proxy's tokenizer; ``cachedContentTokenCount``: the prefix shared with the
+previous turn). It checks what Gemini 3 checks: the first function call of each model turn since the last user
+text carries a signature it issued (older turns are not checked), and refuses a prompt over ``window`` with the
+API's 400 "The input token count (N) exceeds the maximum number of tokens allowed (M).". ``:countTokens``
+answers ``{"totalTokens": N}``. A request whose ``systemInstruction`` is the proxy's summariser prompt, or whose
+last user turn starts with it, gets a summary (``summary_style`` as the other fakes); Gemini CLI's own compression
+(``STATE_SNAPSHOT_SYSTEM``) gets a ``<state_snapshot>`` and is recorded as ``client_compaction``; a helper call
+asking for JSON (its next-speaker check) gets ``{"reasoning": …, "next_speaker": "user"}``. Everything it
+receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ class FakeGemini(Recorder):
                                                         "description": f"Run step {step}"}}
         if self.call_ids:
             call["id"] = f"call{next(self._ids):06d}"
-        return [{"text": f"Running step {step}."}, {"functionCall": call, "thoughtSignature": self._sign(str(step))}]
+        return [{"text": f"Step {step} comes next.", "thought": True}, {"text": f"Running step {step}."},
+                {"functionCall": call, "thoughtSignature": self._sign(str(step))}]
 
     def _sign(self, text: str) -> str:
         digest = hashlib.sha256(f"{next(self._ids)}:{text}".encode()).digest()
@@ -193,6 +195,20 @@ class FakeGemini(Recorder):
             await resp.write(b"]")
         await resp.write_eof()
         return resp
+
+
+def kept_reply(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model entry Gemini CLI keeps from a reply's chunks: thought parts dropped, adjacent texts joined."""
+    parts: list[dict[str, Any]] = []
+    for chunk in chunks:
+        for part in chunk["candidates"][0]["content"]["parts"]:
+            if part.get("thought"):
+                continue
+            if parts and set(parts[-1]) == {"text"} and set(part) == {"text"}:
+                parts[-1] = {"text": parts[-1]["text"] + part["text"]}
+            else:
+                parts.append(dict(part))
+    return {"role": "model", "parts": parts}
 
 
 def split_text(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:

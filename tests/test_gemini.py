@@ -24,7 +24,7 @@ from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
 from proxy.store.base import FactLog, SessionKey
-from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, parts_of
+from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
 from tests.fakescript import STEP, Script, final_text, parse_sse
 from tests.proxyfixtures import read_log, replay
 
@@ -57,21 +57,13 @@ def chunks_of(raw: bytes, sse: bool) -> list[dict[str, Any]]:
 
 
 def kept(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The model entry Gemini CLI keeps from a reply's chunks."""
-    parts: list[dict[str, Any]] = []
-    for chunk in chunks:
-        for part in chunk["candidates"][0]["content"]["parts"]:
-            if part.get("thought"):
-                continue
-            part = dict(part)
-            if "functionCall" in part and part["functionCall"].get("id"):
-                call = part["functionCall"]
-                part["functionCall"] = {**call, "id": f"{call['name']}__{call['id']}"}
-            if parts and set(parts[-1]) == {"text"} and set(part) == {"text"}:
-                parts[-1] = {"text": parts[-1]["text"] + part["text"]}
-            else:
-                parts.append(part)
-    return {"role": "model", "parts": parts}
+    """The model entry Gemini CLI keeps, with the call ids renamed as it renames them when it manages context."""
+    entry = kept_reply(chunks)
+    for part in entry["parts"]:
+        call = part.get("functionCall")
+        if call is not None and call.get("id"):
+            part["functionCall"] = {**call, "id": f"{call['name']}__{call['id']}"}
+    return entry
 
 
 @dataclass
