@@ -279,8 +279,9 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         hint = dialect.session_hint(parsed.payload)
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
-        payload = parsed.payload
-        system = payload.get("system", payload.get("instructions", payload.get("systemInstruction")))
+        # Gemini's systemInstruction stays out: Gemini CLI's own compression calls send its history under another
+        # one, and they belong to the session of that history.
+        system = parsed.payload.get("system", parsed.payload.get("instructions"))
         session = fingerprint_session(dialect, parsed.items, system)
     agent = agent_of(request.headers)
     return f"{session}/{agent}" if agent is not None else session
