@@ -89,8 +89,10 @@ class FakeGemini(Recorder):
         return error(404, f"Method not found: {request.method} {request.path}", "NOT_FOUND")
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json(loads=orjson.loads)
         method = request.match_info["method"]
+        if method not in ("generateContent", "streamGenerateContent", "countTokens"):
+            return await self.other(request)
+        body = await request.json(loads=orjson.loads)
         contents: list[dict[str, Any]] = body.get("contents") or []
         if method == "countTokens":
             tokens = sum(self.count(body)[1])

@@ -157,11 +157,16 @@ async def test_the_proxy_key_replaces_the_clients_and_other_paths_pass_through(
     other = await parts.client.get("/v1beta/cachedContents?pageSize=2&key=mine", headers={"x-goog-api-key": KEY})
     assert other.status == 404
     assert (await other.json())["error"]["status"] == "NOT_FOUND"
-    turn, passed = parts.fake.requests
-    for recorded in (turn, passed):
+    embed = await parts.client.post("/s/e/v1alpha/models/gemini-embedding-001:batchEmbedContents",
+                                    headers={"x-goog-api-key": KEY}, json={"requests": []})
+    assert embed.status == 404 and embed.headers[HEADER_SESSION] == "e"
+    turn, passed, embedded = parts.fake.requests
+    for recorded in (turn, passed, embedded):
         assert recorded.headers["x-goog-api-key"] == "server-side-key"
         assert "Authorization" not in recorded.headers and "key" not in recorded.query
     assert (turn.query, passed.path, passed.query) == ({"x": "1"}, "/v1beta/cachedContents", {"pageSize": "2"})
+    assert (embedded.kind, embedded.path) == ("other", "/v1alpha/models/gemini-embedding-001:batchEmbedContents")
+    assert orjson.loads(embedded.body) == {"requests": []}
 
 
 def long_history(rounds: int) -> list[dict[str, Any]]:
