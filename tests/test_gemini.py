@@ -142,6 +142,9 @@ async def test_generate_content_and_count_tokens(aiohttp_server, aiohttp_client,
     assert counted.status == 200
     assert (await counted.json())["totalTokens"] > 0
     assert [r.kind for r in parts.fake.requests] == ["turn"], "counted by the proxy, not the upstream"
+    other_form = await parts.client.post(f"/s/run-1/v1beta/models/{MODEL}:countTokens", headers={"x-goog-api-key": KEY},
+                                         json={"generateContentRequest": {"model": f"models/{MODEL}", **body}})
+    assert other_form.status == 200 and parts.fake.requests[-1].kind == "count_tokens"
     metrics = await (await parts.client.get("/metrics")).text()
     assert 'ctxproxy_requests_total{route="gemini",status="200"} 2.0' in metrics
 

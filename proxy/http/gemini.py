@@ -2,7 +2,8 @@
 
 ``:generateContent`` and ``:streamGenerateContent`` (with ``alt=sse`` or as a JSON array) go through the front
 door every API shares (``proxy.http.frontdoor``) with the Gemini dialect; ``:countTokens`` is answered here over
-the view (``{"totalTokens": N}``), as ``/v1/responses/input_tokens`` is; every other method, and every other path
+the view (``{"totalTokens": N}``), as ``/v1/responses/input_tokens`` is (in its other form, a
+``generateContentRequest``, it passes through); every other method, and every other path
 under ``/v1beta`` or ``/v1alpha``, passes through to ``--gemini-upstream`` with the client's query and headers
 (``--gemini-upstream-key`` in place of the client's key).
 
@@ -21,9 +22,11 @@ import time
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy.dialects.base import parse_json
 from proxy.dialects.gemini import DIALECT as GEMINI
 from proxy.dialects.gemini import METHODS
 from proxy.errors import ProxyError
+from proxy.http.body import read_body
 from proxy.http.counts import counted, view_of
 from proxy.http.frontdoor import front_door, open_turn
 from proxy.http.middleware import started
@@ -55,6 +58,9 @@ _turns = front_door(GEMINI)
 async def door(request: web.Request) -> web.StreamResponse:
     method = request.match_info["method"]
     if method == "countTokens":
+        payload = parse_json(await read_body(request, request.app[settings_key]))
+        if isinstance(payload, dict) and "contents" not in payload and "generateContentRequest" in payload:
+            return await passthrough(request)  # the other form of the request: the upstream counts it
         return await count_tokens(request)
     if method not in METHODS:
         return await passthrough(request)
