@@ -252,3 +252,28 @@ async def test_an_unreachable_upstream_is_a_gemini_shaped_502(aiohttp_client, tm
                              json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
     assert resp.status == 502
     assert (await resp.json())["error"]["status"] == "UNAVAILABLE"
+
+
+WRONG_TYPES = [
+    {"contents": [{"role": "user", "parts": ["text", 3, None]}]},
+    {"contents": [{"role": "model", "parts": [{"functionCall": "ls"}, {"functionCall": {"name": 3, "id": 4}}]},
+                  {"role": "user", "parts": [{"functionResponse": {"name": None, "response": [1]}}]}]},
+    {"contents": [{"parts": [{"text": 5, "thought": "yes", "thoughtSignature": 7}]}]},
+    {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": "fast", "tools": "all",
+     "systemInstruction": 12},
+    {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": "many"},
+     "tools": [{"functionDeclarations": "none"}, 3]},
+    {"contents": [{"role": "tool", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]}]},
+]
+
+
+@pytest.mark.parametrize("body", WRONG_TYPES)
+async def test_well_formed_json_with_wrong_types_never_gets_a_proxy_500(aiohttp_server, aiohttp_client,
+                                                                       tmp_path: Path, body: dict[str, Any]) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)))
+    for path in (STREAM + "?alt=sse", f"/v1beta/models/{MODEL}:generateContent", f"/v1beta/models/{MODEL}:countTokens"):
+        resp = await parts.client.post(path, json=body, headers={"x-goog-api-key": KEY})
+        text = await resp.text()
+        assert resp.status < 500 or "Internal proxy error" not in text, (path, resp.status, text)
+        if resp.status == 400 and not parts.fake.requests:
+            assert set(orjson.loads(text)["error"]) == {"code", "message", "status"}
