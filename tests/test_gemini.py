@@ -10,6 +10,7 @@ output names the step) and sends the whole history back each turn.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION
+from proxy.http.recall import NAME as RECALL
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
@@ -277,3 +279,39 @@ async def test_well_formed_json_with_wrong_types_never_gets_a_proxy_500(aiohttp_
         assert resp.status < 500 or "Internal proxy error" not in text, (path, resp.status, text)
         if resp.status == 400 and not parts.fake.requests:
             assert set(orjson.loads(text)["error"]) == {"code", "message", "status"}
+
+
+class RecallingGemini(FakeGemini):
+    """Gemini CLI's fake, which answers one turn with a signed call to the recall tool when told to."""
+
+    recall: int | None = None
+
+    def _turn_output(self, body: dict[str, Any], contents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.recall is None:
+            return super()._turn_output(body, contents)
+        entry, self.recall = self.recall, None
+        declared = [d["name"] for tool in body["tools"] for d in tool.get("functionDeclarations") or []]
+        assert RECALL in declared
+        return [{"functionCall": {"name": RECALL, "args": {"entry": entry}}, "thoughtSignature": self._sign("r")}]
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+async def test_recall_through_the_gemini_door(aiohttp_server, aiohttp_client, tmp_path: Path, sse: bool) -> None:
+    fake = RecallingGemini(Script(steps=40), call_ids=False)
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=16_000, recall_tool=True)
+    body = {"contents": long_history(30), "tools": TOOLS}
+    headers = {"x-goog-api-key": KEY, "X-Session-Id": "recall"}
+    assert (await parts.client.post(f"/v1beta/models/{MODEL}:generateContent", json=body, headers=headers)).status \
+        == 200
+    masked = orjson.dumps(fake.turns()[-1].body["contents"]).decode()
+    fake.recall = int(re.search(r"log entry (\d+); call ctxproxy_recall", masked)[1])  # type: ignore[index]
+    path = STREAM + "?alt=sse" if sse else f"/v1beta/models/{MODEL}:generateContent"
+    resp = await parts.client.post(path, json=body, headers=headers)
+    raw = await resp.read()
+
+    assert resp.status == 200 and RECALL.encode() not in raw, "the client never sees the recall call"
+    assert [t.status for t in fake.turns()] == [200, 200, 200], "signatures and pairing as Gemini checks them"
+    answered = fake.turns()[-1].body["contents"]
+    response = answered[-1]["parts"][0]["functionResponse"]
+    assert response["name"] == RECALL and "lorem ipsum" in response["response"]["output"]
+    assert answered[-2]["parts"][0]["functionCall"]["name"] == RECALL
