@@ -315,3 +315,22 @@ async def test_recall_through_the_gemini_door(aiohttp_server, aiohttp_client, tm
     response = answered[-1]["parts"][0]["functionResponse"]
     assert response["name"] == RECALL and "lorem ipsum" in response["response"]["output"]
     assert answered[-2]["parts"][0]["functionCall"]["name"] == RECALL
+
+
+@pytest.mark.parametrize(("style", "outcome"), [("prose", "summary"), ("refusal", "fallback"), ("error", "fallback")])
+async def test_a_summary_model_that_misbehaves_never_stops_a_gemini_run(aiohttp_server, aiohttp_client,
+                                                                       tmp_path: Path, style: str,
+                                                                       outcome: str) -> None:
+    """``prose``: no headings, still a summary; a refusal or a 500: the model-free tier stands in."""
+    fake = FakeGemini(Script(steps=14))
+    fake.summary_style = style
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=4_000, min_retain_rounds=1)
+    agent = GeminiClient(parts.client, padding=" lorem ipsum" * 150)
+    assert await agent.run("Run the steps.", 14) == final_text(14)
+    assert [r.kind for r in fake.requests if r.kind == "summary"], "summaries were asked for, at the Gemini API"
+    assert all(t.status == 200 and (t.tokens or 0) <= 4_000 for t in fake.turns())
+    facts = await log_of(parts.store, agent.answers[0].headers[HEADER_SESSION])
+    made = [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"]
+    assert made, "the proxy compacted"
+    fallbacks = [c for c in made if c.get("elision")]
+    assert bool(fallbacks) == (outcome == "fallback")
