@@ -56,11 +56,6 @@ class GeminiRequest(ParsedRequest):
     def model(self) -> str | None:
         return self.model_name or None
 
-    @property
-    def tools(self) -> list[Any] | None:
-        tools = self.payload.get("tools")
-        return tools if isinstance(tools, list) else None
-
 
 def _parts(item: Item) -> list[dict[str, Any]]:
     parts = item.get("parts")
