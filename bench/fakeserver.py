@@ -1,4 +1,4 @@
-"""A fast fake upstream for benchmarks, in three APIs: fixed answers, no parsing beyond what is needed.
+"""A fast fake upstream for benchmarks, in four APIs: fixed answers, no parsing beyond what is needed.
 
 Run: ``python3 -m bench.fakeserver --port N`` (prints ``ready`` on stdout once listening).
 
@@ -20,6 +20,10 @@ event stream. A proxy may hold back a stream's preamble (``response.created``,
 error can still be retried unseen; the first write therefore ends with the
 first such event (``response.output_item.added``, ``content_block_start``), and
 time to first byte means the same thing direct and through such a proxy.
+
+``POST /v1beta/models/{model}:generateContent`` (Gemini API; serve it as the
+Gemini upstream) answers one response object; ``:streamGenerateContent``
+(``alt=sse``) its chunks, the first flushed alone, the last with ``finishReason``.
 """
 
 from __future__ import annotations
@@ -169,6 +173,37 @@ async def messages(request: web.Request) -> web.StreamResponse:
     return await _answer(request, MESSAGE, MESSAGES_FIRST, MESSAGES_REST)
 
 
+#: The Gemini model turn every answer carries, as Gemini CLI sends it back (the streamed texts joined).
+GEMINI_REPLY = {"role": "model", "parts": [{"text": REPLY["content"]}]}
+_GEMINI_USAGE = {"promptTokenCount": 1000, "candidatesTokenCount": 12, "totalTokenCount": 1012}
+
+
+def _gemini_chunk(text: str, last: bool) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"role": "model", "parts": [{"text": text}]}, "index": 0}
+    chunk: dict[str, Any] = {"candidates": [candidate], "modelVersion": "bench-model", "responseId": "resp_bench"}
+    if last:
+        candidate["finishReason"] = "STOP"
+        chunk["usageMetadata"] = _GEMINI_USAGE
+    return chunk
+
+
+GEMINI_RESPONSE = orjson.dumps(_gemini_chunk(REPLY["content"], True))
+GEMINI_FIRST = _event(_gemini_chunk(_words[0], False))
+GEMINI_REST = b"".join(_event(_gemini_chunk(" " + w, i == len(_words) - 2)) for i, w in enumerate(_words[1:]))
+
+
+async def gemini(request: web.Request) -> web.StreamResponse:
+    await request.read()
+    if not request.match_info["call"].endswith(":streamGenerateContent"):
+        return web.Response(body=GEMINI_RESPONSE, content_type="application/json")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(GEMINI_FIRST)
+    await resp.write(GEMINI_REST)
+    await resp.write_eof()
+    return resp
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -178,6 +213,7 @@ def make_app() -> web.Application:
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1beta/models/{call}", gemini)
     app.router.add_get("/healthz", healthz)
     return app
 

@@ -23,10 +23,12 @@ Workloads (per store; "direct" and "proxy" always alternate so both see the same
   The first request of the session (the proxy logs all ~300 messages) is reported apart, as "cold".
 - ``stream``: ``stream: true`` small requests; latency is time to the first body byte.
 
-Routes (``--routes``, default all three): ``small``, ``large`` and ``stream`` run the same
+Routes (``--routes``, default all four): ``small``, ``large`` and ``stream`` run the same
 conversations through each front door, written in its API (``bench/routes.py``): ``chat``
-(``/v1/chat/completions``), ``responses`` (``/v1/responses``, Codex's shape) and ``messages``
-(``/v1/messages``, Claude Code's shape; the fake upstream doubles as ``--anthropic-upstream``).
+(``/v1/chat/completions``), ``responses`` (``/v1/responses``, Codex's shape), ``messages``
+(``/v1/messages``, Claude Code's shape; the fake upstream doubles as ``--anthropic-upstream``)
+and ``gemini`` (``/v1beta/models/…:generateContent``, Gemini CLI's shape; it doubles as
+``--gemini-upstream``).
 Routes alternate request by request, so the comparison between doors is as fair as the one
 between direct and proxy; ``concurrent`` runs on the chat route. Before measuring, each door is
 checked to be a front door (``check_front_door``) and every proxied answer must carry
@@ -381,7 +383,7 @@ class Bench:
         """One request each way, in alternating order."""
         order = ((self.direct, res.direct, False), (self.proxy, res.proxy, True))
         for base, sink, door in order if i % 2 == 0 else reversed(order):
-            elapsed = await timed(self.http, base + route.path, body, session, ttfb=ttfb, door=door)
+            elapsed = await timed(self.http, route.url(base, ttfb), body, session, ttfb=ttfb, door=door)
             if record:
                 sink.append(elapsed)
 
@@ -555,6 +557,7 @@ ROUTE_TEXT = {
     "chat": "`/v1/chat/completions` (chat)",
     "responses": "`/v1/responses` (responses, written as Codex writes them)",
     "messages": "`/v1/messages` (messages, written as Claude Code writes them)",
+    "gemini": "`/v1beta/models/…:generateContent` (gemini, written as Gemini CLI writes them)",
 }
 
 
@@ -646,8 +649,9 @@ async def bench_store(store: str, store_url: str, upstream: str, workdir: Path, 
     port = free_port()
     args = [*wrapper, sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--store", store_url,
             "--port", str(port), "--host", "127.0.0.1", "--context-window", str(CONTEXT_WINDOW)]
-    if any(route.system_field for route in routes):  # the Messages door's upstream: the same fake, without /v1
-        args += ["--anthropic-upstream", upstream.removesuffix("/v1")]
+    if any(route.system_field for route in routes):  # the Messages and Gemini doors' upstream: the same fake
+        root = upstream.removesuffix("/v1")
+        args += ["--anthropic-upstream", root, "--gemini-upstream", root]
     proxy = spawn(f"proxy-{store}", args, workdir)
     results: list[Result] = []
     try:

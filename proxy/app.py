@@ -20,7 +20,7 @@ from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
-from proxy.http import admin, counts, health, passthrough, ui
+from proxy.http import admin, counts, gemini, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
 from proxy.http.continuity import Links
 from proxy.http.frontdoor import compact_endpoint, front_door
@@ -128,6 +128,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.App
         app.router.add_post(prefix + "/v1/messages", messages)
         app.router.add_post(prefix + "/v1/messages/count_tokens", counts.count_tokens)
         app.router.add_route("*", prefix + "/v1/{tail:.*}", passthrough.passthrough)
+    gemini.add_routes(app.router)
     admin.add_routes(app.router)
     ui.add_routes(app.router)
     return app

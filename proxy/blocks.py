@@ -68,6 +68,22 @@ def _part_block(part: Any, default: BlockKind) -> Block:
     return Block("other", f"[{kind or 'part'}]")
 
 
+def _gemini_block(part: Any) -> Block:
+    if not isinstance(part, Mapping):
+        return Block("other", "[part]")
+    if isinstance(part.get("text"), str):
+        return Block("reasoning" if part.get("thought") is True else "text", part["text"])
+    call, response = part.get("functionCall"), part.get("functionResponse")
+    if isinstance(call, Mapping):
+        return Block("call", _arguments(call.get("args")), str(call.get("name")))
+    if isinstance(response, Mapping):
+        body = response.get("response")
+        output = body.get("output") if isinstance(body, Mapping) else None
+        return Block("result", output if isinstance(output, str) else orjson.dumps(body).decode(),
+                     str(response.get("name") or ""))
+    return Block("other", f"[{next(iter(part), 'part')}]")
+
+
 def message_blocks(message: Mapping[str, Any]) -> list[Block]:
     """What a person reads of a logged message, whatever API sent it; every reader of message text goes here.
 
@@ -75,7 +91,8 @@ def message_blocks(message: Mapping[str, Any]) -> list[Block]:
     ``function_call``, ``tool`` results), Anthropic messages (content blocks:
     ``text``, ``tool_use``, ``tool_result``, ``thinking``, ``compaction``) and Responses items
     (``function_call``, ``function_call_output``, ``reasoning``; messages as
-    Chat). Anything else is named, never dropped silently.
+    Chat), Gemini contents (``parts``: ``text``, ``thought``, ``functionCall``,
+    ``functionResponse``). Anything else is named, never dropped silently.
     """
     item = message.get("type")
     if item in ("function_call", "custom_tool_call"):
@@ -89,6 +106,8 @@ def message_blocks(message: Mapping[str, Any]) -> list[Block]:
         return [Block("reasoning", "\n".join(texts) or "[reasoning]")]
     if "role" not in message and isinstance(item, str) and item != "message":
         return [Block("other", f"[{item}]")]
+    if isinstance(message.get("parts"), list) and "content" not in message:
+        return [_gemini_block(part) for part in message["parts"]]
     role = message.get("role")
     default: BlockKind = "result" if role in ("tool", "function") else "text"
     tag = str(message.get("tool_call_id") or message.get("name") or "") if default == "result" else ""

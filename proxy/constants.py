@@ -62,7 +62,7 @@ HEADER_OVERHEAD = "X-Ctxproxy-Overhead-Ms"
 HEADER_TURN_METADATA = "x-codex-turn-metadata"
 
 #: Headers a client's key may come in, in the order ``proxy.sessions.credential`` reads them.
-CREDENTIAL_HEADERS = ("Authorization", "api-key", "x-api-key")
+CREDENTIAL_HEADERS = ("Authorization", "api-key", "x-api-key", "x-goog-api-key")
 
 #: Session headers that real clients already send, after X-Session-Id, in priority order.
 FOREIGN_SESSION_HEADERS = (

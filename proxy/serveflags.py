@@ -44,6 +44,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                       "[default: https://api.openai.com/v1]"),
     click.option("--anthropic-upstream", envvar="CTXPROXY_ANTHROPIC_UPSTREAM", default=None, show_envvar=True,
                  help="Where /v1/messages (Anthropic Messages API) goes [default: https://api.anthropic.com]"),
+    click.option("--gemini-upstream", envvar="CTXPROXY_GEMINI_UPSTREAM", default=None, show_envvar=True,
+                 help="Where /v1beta/models/... (Gemini API) goes, without the version "
+                      "[default: https://generativelanguage.googleapis.com]"),
     store_option,
     click.option("--context-window", envvar="CTXPROXY_CONTEXT_WINDOW", type=int, default=None, show_envvar=True,
                  help="Tokens [default: the model's input window from the bundled model map, else 128000]"),
@@ -69,6 +72,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  help="Key the proxy uses upstream instead of the client's [default: unset]"),
     click.option("--anthropic-upstream-key", envvar="CTXPROXY_ANTHROPIC_UPSTREAM_KEY", default=None,
                  show_envvar=True, help="Key the proxy sends the Anthropic upstream (x-api-key) instead of the "
+                                        "client's [default: unset]"),
+    click.option("--gemini-upstream-key", envvar="CTXPROXY_GEMINI_UPSTREAM_KEY", default=None,
+                 show_envvar=True, help="Key the proxy sends the Gemini upstream (x-goog-api-key) instead of the "
                                         "client's [default: unset]"),
     click.option("--client-keys", envvar="CTXPROXY_CLIENT_KEYS", default=None, show_envvar=True,
                  help="Comma-separated keys a client must present, 401 otherwise [default: unset, any key]"),
@@ -105,8 +111,7 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  min_open=True), default=None, show_envvar=True,
                  help="Share of the window the kept tool outputs may take whole, and at most half the room the tool "
                       "definitions leave under the threshold; past it the older ones are masked too, so masking comes "
-                      "before a summary (1: only --keep-tool-outputs counts; 0.25 is the measured option, issue 19) "
-                      "[default: 1]"),
+                      "before a summary (1: only --keep-tool-outputs counts) [default: 0.25]"),
     click.option("--keep-user-words", envvar="CTXPROXY_KEEP_USER_WORDS", type=click.IntRange(min=0), default=None,
                  show_envvar=True, help="Tokens of the user's own messages carried verbatim into a summary; over it "
                                         "the oldest long ones are clipped [default: 10% of the window]"),

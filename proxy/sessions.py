@@ -38,12 +38,12 @@ _TENANT_SALT = b"ctxproxy-tenant-v1\x00"
 
 
 def credential(headers: Mapping[str, str]) -> str | None:
-    """The caller's key from ``Authorization: Bearer``, ``api-key`` or ``x-api-key``."""
+    """The caller's key from ``Authorization: Bearer``, ``api-key``, ``x-api-key`` or ``x-goog-api-key`` (Gemini)."""
     auth = headers.get("Authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else auth.strip()
-    return headers.get("api-key") or headers.get("x-api-key") or None
+    return headers.get("api-key") or headers.get("x-api-key") or headers.get("x-goog-api-key") or None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -44,6 +44,8 @@ class Settings:
     upstream: str = "https://api.openai.com/v1"
     #: Where Anthropic Messages requests (``/v1/messages…``) go; no ``/v1``: the path carries it.
     anthropic_upstream: str = "https://api.anthropic.com"
+    #: Where Gemini API requests (``/v1beta/models/…``) go; no version: the path carries it.
+    gemini_upstream: str = "https://generativelanguage.googleapis.com"
     store: str = field(default_factory=default_store_url)
     #: None: the model's input window from the bundled model map, else 128000.
     context_window: int | None = None
@@ -60,6 +62,8 @@ class Settings:
     upstream_key: Secret | None = None
     #: ``--upstream-key``'s counterpart for the Anthropic upstream (sent as ``x-api-key``).
     anthropic_upstream_key: Secret | None = None
+    #: ``--upstream-key``'s counterpart for the Gemini upstream (sent as ``x-goog-api-key``).
+    gemini_upstream_key: Secret | None = None
     client_keys: tuple[Secret, ...] = ()
     #: Signs the references the proxy hands out (Codex ``compaction`` items); None: generated at the first start
     #: and kept in the store (``proxy.secret``).
@@ -140,6 +144,10 @@ class Settings:
         return self.anthropic_upstream.rstrip("/")
 
     @property
+    def gemini_base(self) -> str:
+        return self.gemini_upstream.rstrip("/")
+
+    @property
     def adds_fields(self) -> bool:
         """Whether requests to ``--upstream`` may carry fields the client did not send (``--add-fields``)."""
         if self.add_fields == "auto":
@@ -156,7 +164,7 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _coerce(f.name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for name in ("admin_token", "upstream_key", "anthropic_upstream_key", "secret"):
+        for name in ("admin_token", "upstream_key", "anthropic_upstream_key", "gemini_upstream_key", "secret"):
             if isinstance(values.get(name), str):
                 values[name] = Secret(values[name])
         if isinstance(values.get("client_keys"), str):

@@ -95,7 +95,8 @@ def summary_request(dialect: Dialect, request: ClientRequest, model: str, prompt
     out.update(request.fields)
     items = request.parsed.items
     out[dialect.items_field] = [*items[:leading_system_count(dialect, items)], dialect.with_summary(None, prompt)]
-    out["model"] = model
+    if dialect.model_field is not None:
+        out[dialect.model_field] = model
     out.update(dialect.summary_fields(payload, model, bound))
     return out
 
@@ -103,14 +104,14 @@ def summary_request(dialect: Dialect, request: ClientRequest, model: str, prompt
 def summary_completer(client: aiohttp.ClientSession, settings: Settings, incoming: Mapping[str, str],
                       model: str, dialect: Dialect, shape: ClientRequest | None = None) -> Complete:
     """The summary call as ``incoming``'s caller: shaped like ``shape`` when given, else the canonical call."""
-    headers = request_headers(incoming, settings, identity=True, anthropic=dialect.anthropic)
+    headers = request_headers(incoming, settings, identity=True, anthropic=dialect.anthropic, gemini=dialect.gemini)
     for name, value in dialect.required_headers.items():
         headers.setdefault(name, value)
     headers["Content-Type"] = "application/json"
     if shape is None:
         headers.popall("Accept", None)  # the canonical call is never streamed; the client's own Accept goes as sent
-    url = dialect.upstream_url(settings)
-    query = shape.query if shape is not None else {}
+    url, query = dialect.summary_target(settings, model, shape.parsed if shape is not None else None,
+                                        shape.query if shape is not None else {})
 
     async def complete(messages: list[Message], max_tokens: int) -> SummaryAnswer:
         system, user = (str(m.get("content") or "") for m in messages)

@@ -38,23 +38,25 @@ def _connection_listed(headers: Mapping[str, str]) -> set[str]:
 
 
 def request_headers(incoming: Mapping[str, str], settings: Settings, *, identity: bool,
-                    anthropic: bool = False) -> CIMultiDict[str]:
+                    anthropic: bool = False, gemini: bool = False) -> CIMultiDict[str]:
     """Headers to send upstream. ``identity`` asks for an uncompressed body the proxy can parse.
 
     Every header but hop-by-hop ones goes on (Claude Code's entitlements depend
     on ``anthropic-beta``, ``x-app``, ``user-agent``…). With a configured key
     for that upstream, every client credential header is dropped and the key
-    goes alone: ``x-api-key`` to the Anthropic upstream (``anthropic``);
+    goes alone: ``x-api-key`` to the Anthropic upstream (``anthropic``),
+    ``x-goog-api-key`` to the Gemini upstream (``gemini``);
     ``api-key`` to an OpenAI upstream if the client used that header (Azure
     style), else ``Authorization: Bearer``.
     """
     drop = _REQUEST_DROP | _connection_listed(incoming)
     out: CIMultiDict[str] = CIMultiDict((k, v) for k, v in incoming.items() if k.lower() not in drop)
-    if anthropic:
-        if settings.anthropic_upstream_key is not None:
+    own = settings.anthropic_upstream_key if anthropic else settings.gemini_upstream_key if gemini else None
+    if anthropic or gemini:
+        if own is not None:
             for name in CREDENTIAL_HEADERS:
                 out.popall(name, None)
-            out["x-api-key"] = str(settings.anthropic_upstream_key)
+            out["x-api-key" if anthropic else "x-goog-api-key"] = str(own)
     elif settings.upstream_key is not None:
         azure_style = "api-key" in out
         for name in CREDENTIAL_HEADERS:

@@ -1,4 +1,5 @@
-"""The real coding agents as child processes: Codex CLI and Claude Code, pinned in tests/clients/package.json.
+"""The real coding agents as child processes: Codex CLI, Claude Code, Gemini CLI and Qwen Code, pinned in
+tests/clients/package.json.
 
 ``scripts/install-clients`` installs them (npm, native binaries included) into
 tests/clients/node_modules. Each run gets its own HOME (and CODEX_HOME) under
@@ -35,6 +36,12 @@ BIN = CLIENTS / "node_modules" / ".bin"
 PINNED: dict[str, str] = json.loads((CLIENTS / "package.json").read_text())["dependencies"]
 CODEX_VERSION = PINNED["@openai/codex"]
 CLAUDE_VERSION = PINNED["@anthropic-ai/claude-code"]
+GEMINI_VERSION = PINNED["@google/gemini-cli"]
+QWEN_VERSION = PINNED["@qwen-code/qwen-code"]
+#: A model Gemini CLI knows (it sends it as ``gemini-3.1-pro-preview``); the fakes answer any name.
+GEMINI_MODEL = "gemini-3-pro-preview"
+#: A model name Qwen Code knows nothing of (it then assumes a 200k window); the fake answers any name.
+QWEN_MODEL = "qwen3-coder-plus"
 #: A model Codex knows (so it sends what it sends for a real model); the fakes answer any name.
 CODEX_MODEL = "gpt-5.5"
 #: Codex's window and auto-compaction limit: far above any test's window.
@@ -132,6 +139,67 @@ async def run_claude(base_url: str, root: Path, prompt: str, *, max_turns: int,
     if result is not None:
         if result.get("is_error"):
             run.errors.append(str(result.get("result")))
+        else:
+            run.final_text = result.get("result")
+    return run
+
+
+def gemini_settings(compression_threshold: float = 1.0) -> dict[str, Any]:
+    """``~/.gemini/settings.json`` of a run: the API-key auth, its compression at ``compression_threshold`` of its
+    assumed 1,048,576-token window (1.0: off), nothing reported anywhere."""
+    return {"security": {"auth": {"selectedType": "gemini-api-key"}},
+            "model": {"compressionThreshold": compression_threshold},
+            "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False}}
+
+
+async def run_gemini(base_url: str, root: Path, prompt: str, *, compression_threshold: float = 1.0,
+                     timeout: float = TIMEOUT) -> AgentRun:
+    """``gemini -p … --output-format json`` in ``root/work``, at ``base_url`` (no ``/v1beta``)."""
+    home, work = _dirs(root)
+    (home / ".gemini").mkdir(exist_ok=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps(gemini_settings(compression_threshold)))
+    env = {**base_env(home), "GOOGLE_GEMINI_BASE_URL": base_url, "GEMINI_API_KEY": "gemini-ctxproxy-test"}
+    argv = [str(binary("gemini")), "-p", prompt, "--yolo", "--skip-trust", "-m", GEMINI_MODEL,
+            "--output-format", "json"]
+    run = await _run(argv, env, work, timeout)
+    # The JSON result goes to stdout; after a failed turn, to the end of stderr, after the stack trace.
+    text = run.stdout if run.stdout.lstrip().startswith("{") else run.stderr[run.stderr.rfind("\n{\n") + 1:]
+    try:
+        result = json.loads(text)
+    except json.JSONDecodeError:
+        result = {}
+    run.events.append(result)
+    if result.get("error"):
+        run.errors.append(str(result["error"].get("message")))
+    run.final_text = result.get("response")
+    return run
+
+
+def qwen_settings() -> dict[str, Any]:
+    """``~/.qwen/settings.json`` of a run: the OpenAI auth, its compaction at 1.0 of the window, no memory agents."""
+    return {"security": {"auth": {"selectedType": "openai"}}, "context": {"autoCompactThreshold": 1.0},
+            "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False, "enableAutoSkill": False},
+            "privacy": {"usageStatisticsEnabled": False}, "telemetry": {"enabled": False}}
+
+
+async def run_qwen(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``qwen -p … --yolo --output-format json`` in ``root/work``, at ``base_url`` (``…/v1``)."""
+    home, work = _dirs(root)
+    (home / ".qwen").mkdir(exist_ok=True)
+    (home / ".qwen" / "settings.json").write_text(json.dumps(qwen_settings()))
+    env = {**base_env(home), "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": "sk-qwen-ctxproxy-test",
+           "OPENAI_MODEL": QWEN_MODEL, "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+    argv = [str(binary("qwen")), "-p", prompt, "--yolo", "--output-format", "json"]
+    run = await _run(argv, env, work, timeout)
+    start = run.stdout.find("[")
+    try:
+        run.events = json.loads(run.stdout[start:]) if start != -1 else []
+    except json.JSONDecodeError:
+        run.events = []
+    result = next((e for e in reversed(run.events) if e.get("type") == "result"), None)
+    if result is not None:
+        if result.get("is_error"):
+            run.errors.append(str(result.get("result") or result.get("error")))
         else:
             run.final_text = result.get("result")
     return run

@@ -59,6 +59,8 @@ OVERFLOW_BODIES = {
     "vllm": (400, {"object": "error", "message": "This model's maximum context length is {window} tokens. However, "
                    "you requested {tokens} tokens ({tokens} in the messages, 0 in the completion). Please reduce the "
                    "length of the messages or completion.", "type": "BadRequestError", "param": None, "code": 400}),
+    "gemini": (400, {"error": {"code": 400, "message": "The input token count ({tokens}) exceeds the maximum number "
+                               "of tokens allowed ({window}).", "status": "INVALID_ARGUMENT"}}),
 }
 ROLE_ERROR = {"object": "error", "message": "Conversation roles must alternate user/assistant/user/assistant/...",
               "type": "BadRequestError", "param": None, "code": 400}

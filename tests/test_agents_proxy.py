@@ -49,6 +49,7 @@ from proxy.sessions import credential, tenant_of
 from proxy.settings import Settings
 from proxy.store.base import FactLog, SessionKey, StoredFact
 from tests.agents import AgentRun, codex_outputs, run_claude, run_codex, without_cache_control
+from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Recorded, Script, final_text, is_summary_prompt, parse_sse
@@ -75,7 +76,7 @@ class Rig:
     store: FactLog
 
 
-async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMessages, window: int,
+async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMessages | FakeGemini, window: int,
               shape: str) -> Rig:
     """Both upstream settings point at the one fake, so a request sent to the wrong API shows as a 404 there.
 
@@ -83,7 +84,8 @@ async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMes
     """
     upstream: TestServer = await aiohttp_server(fake.app())
     root = str(upstream.make_url("")).rstrip("/")
-    settings = Settings(upstream=root + "/v1", anthropic_upstream=root, store=f"sqlite:///{tmp_path}/facts.db",
+    settings = Settings(upstream=root + "/v1", anthropic_upstream=root, gemini_upstream=root,
+                        store=f"sqlite:///{tmp_path}/facts.db",
                         context_window=window if shape == "known" else 4 * window)
     proxy: TestServer = await aiohttp_server(create_app(settings))
     tap = Tap(str(proxy.make_url("")).rstrip("/"))

@@ -11,6 +11,11 @@
   (``codex-rs/codex-api/src/endpoint/compact.rs`` reads ``output`` alone; the other fields mirror OpenAI's
   compacted response object).
 
+- Gemini CLI keeps the text of its second compression call's answer (the first's if that one is empty) as the
+  history's new first user turn: a ``<state_snapshot>`` in the XML sections its prompt asks for, made from the
+  summary's sections; both calls get the same one. It reads a ``:generateContent`` answer, which ends with a
+  ``finishReason``.
+
 Pure functions: they return the bytes (and content type) to write; ids, time and usage come in an
 ``Envelope``. Codex parses ``response.completed`` strictly: it needs ``response.id``, and a ``usage`` needs
 ``input_tokens``, ``output_tokens`` and ``total_tokens`` (``codex-rs/codex-api/src/sse/responses.rs``).
@@ -18,6 +23,7 @@ Pure functions: they return the bytes (and content type) to write; ids, time and
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Sequence
@@ -26,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from proxy.clientcompact import texts
 from proxy.clientcompact.recognise import CompactionRequest
 
 JSON_TYPE = "application/json"
@@ -65,6 +72,15 @@ def render(request: CompactionRequest, envelope: Envelope, *, stream: bool, summ
            reference: str | None = None) -> Answer:
     """The whole answer to ``request``: ``summary`` for Claude Code and Codex local, the signed ``reference`` for
     Codex remote. ``stream`` is the request's ``stream`` flag (``/responses/compact`` always answers JSON)."""
+    if request.kind in ("gemini_snapshot", "gemini_verify"):
+        if summary is None:
+            raise ValueError(f"a {request.kind} answer needs the summary")
+        text = state_snapshot(summary)
+        body = gemini_body(text, envelope)
+        reply = [{"role": "model", "parts": [{"text": text}]}]
+        if stream:
+            return Answer(b"data: " + orjson.dumps(body) + b"\r\n\r\n", SSE_TYPE, reply)
+        return Answer(orjson.dumps(body), JSON_TYPE, reply)
     if request.kind in ("claude_code", "codex_local"):
         if summary is None:
             raise ValueError(f"a {request.kind} answer needs the summary")
@@ -191,3 +207,46 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
         {"type": "response.content_part.done", **where, "part": part},
         {"type": "response.output_item.done", "output_index": index, "item": item},
     ]
+
+
+# -- Gemini CLI (Gemini API) --------------------------------------------------------------------------
+
+_HEADING = re.compile(r"^#{1,3} +(?:\d+\. *)?(.+?) *$", re.MULTILINE)
+#: Where each of the proxy's sections goes in the snapshot, by a word of its title (the first that matches);
+#: text under no heading, or under one matched by none of them, is key knowledge.
+_SECTION_OF = (("goal", "overall_goal"), ("user", "active_constraints"), ("constraint", "active_constraints"),
+               ("work completed", "recent_actions"), ("recent", "recent_actions"), ("file", "artifact_trail"),
+               ("artifact", "artifact_trail"), ("current state", "task_state"), ("next", "task_state"))
+
+
+def state_snapshot(summary: str) -> str:
+    """``summary`` (the proxy's ``## N. Title`` sections, its user words, its artifact trail and recent messages) as
+    the ``<state_snapshot>`` Gemini CLI asks for, each section's text kept whole under the tag it fits."""
+    sections: dict[str, list[str]] = {name: [] for name in texts.GEMINI_SECTIONS}
+    headings = list(_HEADING.finditer(summary))
+    lead = summary[: headings[0].start()] if headings else summary
+    if lead.strip():
+        sections["key_knowledge"].append(lead.strip())
+    for heading, following in zip(headings, [*headings[1:], None], strict=True):
+        body = summary[heading.end(): following.start() if following is not None else len(summary)].strip()
+        if not body or body == "None":
+            continue
+        title = heading.group(1).lower()
+        tag = next((tag for word, tag in _SECTION_OF if word in title), "key_knowledge")
+        sections[tag].append(f"{heading.group(1)}:\n{body}" if tag == "key_knowledge" else body)
+    lines = ["<state_snapshot>"]
+    for tag in texts.GEMINI_SECTIONS:
+        text = "\n\n".join(sections[tag]).replace("</state_snapshot>", "&lt;/state_snapshot&gt;")
+        lines.append(f"    <{tag}>\n{text}\n    </{tag}>" if text else f"    <{tag}></{tag}>")
+    lines.append("</state_snapshot>")
+    return "\n".join(lines)
+
+
+def gemini_body(text: str, envelope: Envelope) -> dict[str, Any]:
+    """A finished ``:generateContent`` answer holding ``text``."""
+    return {"candidates": [{"content": {"role": "model", "parts": [{"text": text}]}, "finishReason": "STOP",
+                            "index": 0}],
+            "usageMetadata": {"promptTokenCount": envelope.input_tokens,
+                              "candidatesTokenCount": envelope.output_tokens,
+                              "totalTokenCount": envelope.input_tokens + envelope.output_tokens},
+            "modelVersion": envelope.model, "responseId": envelope.response_id}

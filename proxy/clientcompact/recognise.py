@@ -15,6 +15,9 @@ Four shapes, each answered differently (``proxy.clientcompact.answers``):
   turn's ``model``, ``input``, ``instructions`` (the base instructions, not summary instructions), ``tools``,
   ``reasoning``…: there is no ``compact_prompt`` field (``codex-rs/codex-api/src/common.rs``,
   ``CompactionInput``).
+- ``gemini_snapshot`` / ``gemini_verify``: Gemini CLI's two ``:generateContent`` calls, both with its compression
+  prompt as ``systemInstruction``: the history then a user turn asking for the ``<state_snapshot>``, and the same
+  history, the first answer as a model turn and a user turn asking to check it and give it again.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import orjson
 from proxy.clientcompact import texts
 from proxy.types import Message
 
-ClientKind = Literal["claude_code", "codex_local", "codex_trigger", "codex_endpoint"]
+ClientKind = Literal["claude_code", "codex_local", "codex_trigger", "codex_endpoint", "gemini_snapshot",
+                     "gemini_verify"]
 #: What Claude Code wants summarised: everything, only the messages after a retained head ("recent"), or the
 #: messages it sent, newer ones being kept after the summary ("up_to").
 Scope = Literal["all", "recent", "up_to"]
@@ -57,6 +61,12 @@ class CompactionRequest:
     #: Claude Code only: whether the request asks for an ``<analysis>`` block before the ``<summary>``.
     analysis: bool = True
 
+    @property
+    def prefix_only(self) -> bool:
+        """Whether the client asks about the older part of its conversation only (Gemini CLI keeps its newest 30%
+        verbatim): a checkpoint of the whole conversation, which its log holds, answers it too."""
+        return self.kind in ("gemini_snapshot", "gemini_verify")
+
     def conversation(self, items: Sequence[Message]) -> list[Message]:
         """The request's items without the compaction request itself: what the client wants summarised.
 
@@ -66,6 +76,8 @@ class CompactionRequest:
         """
         if self.index is None:
             return list(items)
+        if self.kind in ("gemini_snapshot", "gemini_verify"):
+            return list(items[: self.index])
         if self.kind != "claude_code":
             return [item for i, item in enumerate(items) if i != self.index]
         message = items[self.index]
@@ -89,6 +101,8 @@ def recognise(dialect: str, payload: Mapping[str, Any], turn_metadata: str | Non
         return claude_code_compaction(messages) if isinstance(messages, list) else None
     if dialect == "responses":
         return codex_compaction(payload, turn_metadata)
+    if dialect == "gemini":
+        return gemini_compaction(payload)
     return None
 
 
@@ -198,3 +212,35 @@ def _is_compaction_turn(payload: Mapping[str, Any], header: str | None) -> bool:
         if isinstance(parsed, dict) and parsed.get("request_kind") == "compaction":
             return True
     return False
+
+
+# -- Gemini CLI -----------------------------------------------------------------------------------
+
+
+def gemini_compaction(payload: Mapping[str, Any]) -> CompactionRequest | None:
+    """Gemini CLI's compression calls: its prompt as ``systemInstruction``, the ask (or the check, after the
+    model turn holding the first answer) as the last user turn."""
+    if not _gemini_text(payload.get("systemInstruction")).lstrip().startswith(texts.GEMINI_SYSTEM):
+        return None
+    contents = payload.get("contents")
+    if not isinstance(contents, list) or not contents or not isinstance(contents[-1], dict):
+        return None
+    last = _gemini_text(contents[-1]).strip()
+    if contents[-1].get("role") != "user":
+        return None
+    if last.endswith(texts.GEMINI_ASK):
+        return CompactionRequest(kind="gemini_snapshot", index=len(contents) - 1)
+    if last.startswith(texts.GEMINI_VERIFY) and len(contents) >= 2 and _role(contents[-2]) == "model":
+        return CompactionRequest(kind="gemini_verify", index=len(contents) - 2)
+    return None
+
+
+def _gemini_text(content: Any) -> str:
+    """The text parts of a Gemini content (or ``systemInstruction``, which may also be a bare string) joined."""
+    if isinstance(content, str):
+        return content
+    parts = content.get("parts") if isinstance(content, Mapping) else None
+    if isinstance(content, Mapping) and parts is None and isinstance(content.get("text"), str):
+        return str(content["text"])  # {"text": …}: the SDK's shorthand for one part
+    texts_ = [p.get("text") for p in parts if isinstance(p, Mapping)] if isinstance(parts, list) else []
+    return "\n".join(t for t in texts_ if isinstance(t, str))

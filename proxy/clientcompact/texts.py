@@ -3,8 +3,10 @@
 Claude Code's were read from the 2.1.332 release itself (the JavaScript bundled
 in ``@anthropic-ai/claude-code-linux-x64``); Codex's from openai/codex,
 ``codex-rs/core/templates/compact/prompt.md`` and ``summary_prefix.md`` and the
-Rust that uses them (``codex-rs/core/src/compact.rs``). Only the stable heads of
-the texts are matched: the bodies change between releases.
+Rust that uses them (``codex-rs/core/src/compact.rs``); Gemini CLI's from the
+0.61.0 bundle (``@google/gemini-cli``, its ``compress`` and ``getCompressionPrompt``;
+google-gemini/gemini-cli ``packages/core/src/services/chatCompressionService.ts``).
+Only the stable heads of the texts are matched: the bodies change between releases.
 """
 
 from __future__ import annotations
@@ -63,3 +65,17 @@ CODEX_COMPACTION_TYPES = frozenset({"compaction", "compaction_summary"})
 #: Where Codex says what a request is for: ``client_metadata`` in the body (and the header of the same name),
 #: a JSON object whose ``request_kind`` is ``"compaction"`` on compaction requests (``responses_metadata.rs``).
 CODEX_TURN_METADATA = "x-codex-turn-metadata"
+
+# -- Gemini CLI ---------------------------------------------------------------------------------------
+
+#: How the ``systemInstruction`` of both of its compression calls starts.
+GEMINI_SYSTEM = ("You are a specialized system component responsible for distilling chat history into a "
+                 "structured XML <state_snapshot>.")
+#: The end of the first call's last user turn (after "Generate a new <state_snapshot> …" or "A previous
+#: <state_snapshot> exists …").
+GEMINI_ASK = "Then, generate the updated <state_snapshot>."
+#: How the second call's last user turn starts; the model turn before it holds the first call's answer.
+GEMINI_VERIFY = "Critically evaluate the <state_snapshot> you just generated."
+#: The sections its prompt asks for, in order.
+GEMINI_SECTIONS = ("overall_goal", "active_constraints", "key_knowledge", "artifact_trail", "file_system_state",
+                   "recent_actions", "task_state")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import DIALECT as CHAT
+from proxy.dialects.gemini import DIALECT as GEMINI
 from proxy.dialects.messages import DIALECT as MESSAGES
 from proxy.dialects.responses import DIALECT as RESPONSES
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (CHAT, RESPONSES, MESSAGES)}
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (CHAT, RESPONSES, MESSAGES, GEMINI)}
 
-__all__ = ["CHAT", "DIALECTS", "MESSAGES", "RESPONSES", "Dialect"]
+__all__ = ["CHAT", "DIALECTS", "GEMINI", "MESSAGES", "RESPONSES", "Dialect"]

@@ -106,6 +106,8 @@ class Dialect(ItemModel):
     door: str
     #: Whether the API's requests go to ``--anthropic-upstream`` (else ``--upstream``).
     anthropic: bool = False
+    #: Whether they go to ``--gemini-upstream`` (the model and the method are in the URL, not the body).
+    gemini: bool = False
     #: Whether requests may carry back a ``compaction`` item the proxy handed out (Codex's remote compaction).
     carries_compaction_items: bool = False
     #: Headers the API requires, for a summary call whose caller sent none (an admin compaction).
@@ -116,11 +118,17 @@ class Dialect(ItemModel):
     #: Request fields a summary call made from a client's request leaves out: they shape the answer's form
     #: (stop sequences, a JSON format, several choices, audio…), and a summary is one plain text answer.
     summary_drops: ClassVar[frozenset[str]] = frozenset()
+    #: The request field naming the model; None where the URL names it (the Gemini API).
+    model_field: ClassVar[str | None] = "model"
 
     def upstream_url(self, settings: Settings, path: str | None = None) -> str:
         """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
         base = settings.anthropic_base if self.anthropic else settings.upstream_base
         return base + (self.path if path is None else path)
+
+    def at_door(self, path: str) -> bool:
+        """Whether ``path`` (below any ``/s/{session}``) is at or under this API's door."""
+        return path == self.door or path.startswith(self.door + "/")
 
     def error_body(self, status: int, message: str, *, type: str, code: str | None,
                    param: str | None) -> dict[str, Any]:
@@ -133,6 +141,17 @@ class Dialect(ItemModel):
         (the Responses API's ``previous_response_id``); it is logged with the reply."""
         return None
 
+    def upstream_target(self, settings: Settings, request: ParsedRequest,
+                        query: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """The URL and query string a client's ``request`` (sent with ``query``) goes upstream with."""
+        return self.upstream_url(settings), query
+
+    def summary_target(self, settings: Settings, model: str, request: ParsedRequest | None,
+                       query: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """The URL and query string of a summary call to ``model``, made from the client's ``request`` (None: the
+        canonical call) sent with ``query``."""
+        return self.upstream_url(settings), query
+
     def usage_request(self, request: ParsedRequest) -> dict[str, Any] | None:
         """Fields to add so a streamed answer reports its usage, when the client did not ask for it itself;
         what they add is hidden from the client (``ReplyReader`` with ``hide_usage``)."""
@@ -140,8 +159,9 @@ class Dialect(ItemModel):
 
     # -- requests -------------------------------------------------------------------------------
 
-    def parse(self, raw: bytes) -> ParsedRequest:
-        """Validate a request body; ``BadRequest`` (a 4xx) for anything the proxy cannot work with."""
+    def parse(self, raw: bytes, route: Mapping[str, str] | None = None) -> ParsedRequest:
+        """Validate a request body (``route``: what the URL says of it, the Gemini API's model and method);
+        ``BadRequest`` (a 4xx) for anything the proxy cannot work with."""
         payload = parse_json(raw)
         if not isinstance(payload, dict):
             raise BadRequest("Request body must be a JSON object.", code="invalid_json")
@@ -184,6 +204,10 @@ class Dialect(ItemModel):
     @abc.abstractmethod
     def reply_from_body(self, body: Mapping[str, Any]) -> tuple[list[Item], dict[str, Any] | None, bool]:
         """A non-streamed answer's items, usage and whether it finished normally."""
+
+    def reply_from_json(self, value: Any) -> tuple[list[Item], dict[str, Any] | None, bool]:
+        """``reply_from_body`` for any JSON answer: the APIs whose answer is an object read only that."""
+        return self.reply_from_body(value) if isinstance(value, dict) else ([], None, False)
 
     @abc.abstractmethod
     def reader(self, *, hide_usage: bool = False) -> ReplyReader:

@@ -191,15 +191,16 @@ async def session_view(request: web.Request) -> web.Response:
 def _upstream_headers(request: web.Request, dialect: Dialect) -> CIMultiDict[str]:
     """Headers for the summary call: only the upstream credential, never the admin's own headers or token.
 
-    A bare key goes as the API expects one: ``x-api-key`` to Anthropic, else ``Authorization: Bearer``;
+    A bare key goes as the API expects one: ``x-api-key`` to Anthropic, ``x-goog-api-key`` to Gemini, else
+    ``Authorization: Bearer``;
     a value with a scheme (``Bearer …``) goes as ``Authorization`` unchanged.
     """
     headers: CIMultiDict[str] = CIMultiDict()
     credential = request.headers.get(HEADER_UPSTREAM_AUTH, "").strip()
     if " " in credential:
         headers["Authorization"] = credential
-    elif credential and dialect.anthropic:
-        headers["x-api-key"] = credential
+    elif credential and (dialect.anthropic or dialect.gemini):
+        headers["x-api-key" if dialect.anthropic else "x-goog-api-key"] = credential
     elif credential:
         headers["Authorization"] = "Bearer " + credential
     return headers

@@ -64,6 +64,11 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     same = request.index if request.index is not None else len(items)  # items before it are the request's own
     hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
     checkpoint = active_checkpoint(turn.state, hashes)
+    # A client asking about the older part of the conversation its log holds: nothing to log (logging it would
+    # rewind the log to that part), and the conversation's checkpoint answers, though it covers more than asked.
+    logged = request.prefix_only and turn.state is not None and list(turn.state.hashes[:len(hashes)]) == hashes
+    if checkpoint is None and logged:
+        checkpoint = active_checkpoint(turn.state)
     model = turn.parsed.model or ""
     window = turn.engine.window_for(model)
     if checkpoint is None or not checkpoint.summary.strip() or request.instructions:
@@ -79,7 +84,8 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     history = turn.request.app[history_key]
     try:
         # The conversation the answer covers is logged first (usually a no-op), then the answer after it.
-        await history.sync(turn.key, items, hashes, extra_client={"dialect": dialect.name})
+        if not logged:
+            await history.sync(turn.key, items, hashes, extra_client={"dialect": dialect.name})
         message = dialect.with_summary(None, text)
         seq = await history.append_proxy_fact(turn.key, NewFact(
             kind="summary", index=len(items), source="proxy", message=message,

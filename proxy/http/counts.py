@@ -29,7 +29,7 @@ from proxy.keys import client_key, metrics_key
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
 
-def _view(turn: Turn) -> PreparedView:
+def view_of(turn: Turn) -> PreparedView:
     if turn.as_sent:  # counted as it will go: the upstream compacts or clears it itself
         return turn.sent_view()
     window = turn.engine.window_for(turn.parsed.model)
@@ -62,7 +62,7 @@ def counted(route: str) -> Callable[[Handler], Handler]:
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn = await open_turn(request, RESPONSES)
-    view = _view(turn)
+    view = view_of(turn)
     return web.json_response({"object": "response.input_tokens", "input_tokens": view.estimate.tokens},
                              headers=turn.headers(view, started))
 
@@ -71,7 +71,7 @@ async def input_tokens(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     started = time.perf_counter()
     turn = await open_turn(request, MESSAGES)
-    view = _view(turn)
+    view = view_of(turn)
     headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
     url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
     async with map_upstream_errors(), request.app[client_key].post(

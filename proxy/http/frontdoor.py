@@ -258,12 +258,13 @@ class Turn:
 async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow | RecallCall:
     """One upstream attempt: the response to give the client, the upstream's too-long refusal, or a recall call."""
     settings, dialect, request = turn.settings, turn.dialect, turn.request
-    headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic)
-    url = dialect.upstream_url(settings)
+    headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic,
+                              gemini=dialect.gemini)
+    url, query = dialect.upstream_target(settings, turn.parsed, request.rel_url.query)
     async with map_upstream_errors():
         turn.timing.wait_started()
         async with request.app[client_key].post(url, data=turn.upstream_body(view), headers=headers,
-                                                params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
+                                                params=query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
             streaming, head = await answers_stream(resp, turn.timing, turn.parsed.stream)
@@ -311,6 +312,8 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         hint = dialect.session_hint(parsed.payload)
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
+        # Gemini's systemInstruction stays out: Gemini CLI's own compression calls send its history under another
+        # one, and they belong to the session of that history.
         system = parsed.payload.get("system", parsed.payload.get("instructions"))
         for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
             require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
@@ -323,7 +326,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
     app = request.app
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
-    parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
+    parsed = dialect.parse(await read_body(request, settings), request.match_info)  # the client key is checked
     own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)

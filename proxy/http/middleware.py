@@ -38,7 +38,7 @@ def door_of(path: str) -> Dialect | None:
     """The API whose door ``path`` is at or under, if any."""
     if path.startswith("/s/"):
         path = "/" + path.split("/", 3)[-1] if path.count("/") >= 3 else ""
-    return next((d for d in DIALECTS.values() if path == d.door or path.startswith(d.door + "/")), None)
+    return next((d for d in DIALECTS.values() if d.at_door(path)), None)
 
 
 def error_response(status: int, message: str, *, type: str, code: str | None = None, param: str | None = None,
@@ -55,6 +55,12 @@ async def remember_prepared(request: web.Request, response: web.StreamResponse) 
     request[_started] = response
 
 
+def started(request: web.Request) -> bool:
+    """Whether the handler's own response has started: an error past that point is ``error_middleware``'s to
+    handle (by closing the connection), not a door's to render."""
+    return request.get(_started) is not None
+
+
 async def _respond(request: web.Request, error: web.Response) -> web.StreamResponse:
     """``error``, unless the handler's response already started: then that response, its connection closed.
 
@@ -64,8 +70,8 @@ async def _respond(request: web.Request, error: web.Response) -> web.StreamRespo
     connection closed at once: aiohttp would otherwise keep it open reading
     (and dropping) the rest of the body, up to 10 s (its lingering close).
     """
-    started: web.StreamResponse | None = request.get(_started)
-    if started is None:
+    begun: web.StreamResponse | None = request.get(_started)
+    if begun is None:
         if error.status in _CLOSING:
             error.force_close()
             await error.prepare(request)
@@ -73,10 +79,10 @@ async def _respond(request: web.Request, error: web.Response) -> web.StreamRespo
             request.protocol.force_close()
         return error
     logger.warning("%s %s failed after its response started (status %d); closing the connection",
-                   request.method, request.path, started.status)
+                   request.method, request.path, begun.status)
     if request.transport is not None:
         request.transport.close()
-    return started
+    return begun
 
 
 @web.middleware

@@ -15,6 +15,7 @@ goes to ``--anthropic-upstream`` instead.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from urllib.parse import unquote
 
 import aiohttp
@@ -49,22 +50,29 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
+    settings = request.app[settings_key]
+    # Anthropic clients (Claude Code at ANTHROPIC_BASE_URL) send anthropic-version on every request.
+    anthropic = "anthropic-version" in request.headers
+    url = upstream_url(request, settings.anthropic_base + "/v1" if anthropic else settings.upstream_base)
+    headers = request_headers(request.headers, settings, identity=False, anthropic=anthropic)
+    return await forward(request, url, headers, request.rel_url.query)
+
+
+async def forward(request: web.Request, url: URL, headers: Mapping[str, str],
+                  query: Mapping[str, str]) -> web.StreamResponse:
+    """``request`` sent on to ``url`` with ``headers`` and ``query``, its answer relayed as it arrives."""
     started = time.perf_counter()
     settings = request.app[settings_key]
     metrics = request.app[metrics_key]
     session = explicit_session(request.match_info.get("session"), request.headers)
     body = await read_body(request, settings) if request.body_exists else None
-    # Anthropic clients (Claude Code at ANTHROPIC_BASE_URL) send anthropic-version on every request.
-    anthropic = "anthropic-version" in request.headers
-    url = upstream_url(request, settings.anthropic_base + "/v1" if anthropic else settings.upstream_base)
-    headers = request_headers(request.headers, settings, identity=False, anthropic=anthropic)
     status = 502
     upstream_seconds = 0.0
     try:
         async with map_upstream_errors():
             mark = time.perf_counter()
             async with request.app[client_key].request(
-                request.method, url, params=request.rel_url.query, data=body, headers=headers,
+                request.method, url, params=query, data=body, headers=headers,
                 timeout=client_timeout(settings), auto_decompress=False, allow_redirects=False,
             ) as resp:
                 upstream_seconds += time.perf_counter() - mark

@@ -153,10 +153,9 @@ async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: 
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
             parsed = None
-        if isinstance(parsed, dict):
-            items, usage, _ = dialect.reply_from_body(parsed)
-            if items:
-                await sink(items, usage, True, dialect.reply_id(parsed))
+        items, usage, _ = dialect.reply_from_json(parsed)
+        if items:
+            await sink(items, usage, True, dialect.reply_id(parsed) if isinstance(parsed, dict) else None)
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     return web.Response(status=resp.status, headers=headers, body=body)

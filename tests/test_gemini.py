@@ -1,0 +1,336 @@
+"""The Gemini API front door against the fake Gemini upstream (tests/fakegemini.py): turns streamed as SSE and as
+a JSON array, ``:generateContent``, ``:countTokens`` over the view, the upstream's key, pass-through, the metrics,
+the too-long refusal rescued with the current turn's signatures intact, and malformed requests answered in
+Gemini's error shape.
+
+``GeminiClient`` plays the part of Gemini CLI: it keeps what the stream said as the CLI keeps it (thought parts
+dropped, text joined, call ids renamed ``{name}__{id}``), runs each ``run_shell_command`` call at once (its
+output names the step) and sends the whole history back each turn.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from proxy.app import create_app
+from proxy.constants import HEADER_COMPACTED, HEADER_SESSION
+from proxy.http.recall import NAME as RECALL
+from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.settings import Settings
+from proxy.store.base import FactLog, SessionKey
+from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
+from tests.fakescript import STEP, Script, final_text, parse_sse
+from tests.proxyfixtures import read_log, replay
+
+KEY = "gemini-test-key"
+MODEL = "gemini-test"
+TOOLS = [{"functionDeclarations": [{"name": SHELL, "description": "Runs a shell command.",
+                                    "parametersJsonSchema": {"type": "object",
+                                                             "properties": {"command": {"type": "string"}}}}]}]
+SYSTEM = {"parts": [{"text": "You are an interactive CLI agent."}]}
+STREAM = f"/v1beta/models/{MODEL}:streamGenerateContent"
+
+
+@dataclass
+class Rig:
+    fake: FakeGemini
+    client: TestClient[Any, Any]
+    store: FactLog
+
+
+async def rig(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path, fake: FakeGemini, **settings: Any) -> Rig:
+    upstream: TestServer = await aiohttp_server(fake.app())
+    app = create_app(Settings(gemini_upstream=str(upstream.make_url("")).rstrip("/"),
+                              store=f"sqlite:///{tmp_path}/facts.db", precompact_threshold=1.0, **settings))
+    client: TestClient[Any, Any] = await aiohttp_client(app)
+    return Rig(fake, client, app[store_key])
+
+
+def chunks_of(raw: bytes, sse: bool) -> list[dict[str, Any]]:
+    return parse_sse(raw) if sse else list(orjson.loads(raw))
+
+
+def kept(chunks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The model entry Gemini CLI keeps, with the call ids renamed as it renames them when it manages context."""
+    entry = kept_reply(chunks)
+    for part in entry["parts"]:
+        call = part.get("functionCall")
+        if call is not None and call.get("id"):
+            part["functionCall"] = {**call, "id": f"{call['name']}__{call['id']}"}
+    return entry
+
+
+@dataclass
+class GeminiClient:
+    client: TestClient[Any, Any]
+    prefix: str = ""
+    sse: bool = True
+    #: Added to each tool output, to make the run grow faster.
+    padding: str = ""
+    contents: list[dict[str, Any]] = field(default_factory=list)
+    answers: list[Any] = field(default_factory=list)
+
+    async def turn(self) -> Any:
+        query = "?alt=sse" if self.sse else ""
+        resp = await self.client.post(self.prefix + STREAM + query, headers={"x-goog-api-key": KEY},
+                                      json={"contents": self.contents, "systemInstruction": SYSTEM, "tools": TOOLS,
+                                            "generationConfig": {"temperature": 0}})
+        assert resp.status == 200, await resp.text()
+        self.answers.append(resp)
+        self.contents.append(kept(chunks_of(await resp.read(), self.sse)))
+        return resp
+
+    async def run(self, prompt: str, steps: int) -> str:
+        """``steps`` tool rounds and the final answer; the final text."""
+        self.contents.append({"role": "user", "parts": [{"text": prompt}]})
+        for _ in range(steps + 1):
+            await self.turn()
+            calls = [p["functionCall"] for p in self.contents[-1]["parts"] if "functionCall" in p]
+            if not calls:
+                break
+            output = f"Output: step-{STEP.search(calls[0]['args']['command'])[1]}{self.padding}"  # type: ignore[index]
+            self.contents.append({"role": "user", "parts": [{"functionResponse": {
+                "id": calls[0].get("id"), "name": calls[0]["name"], "response": {"output": output}}}]})
+        return "".join(p.get("text", "") for p in self.contents[-1]["parts"])
+
+
+async def log_of(store: FactLog, session: str) -> list[Any]:
+    return await read_log(store, SessionKey(tenant_of(KEY), session))
+
+
+@pytest.mark.parametrize("sse", [True, False], ids=["sse", "json-array"])
+async def test_a_streamed_run_is_relayed_unchanged_and_logged(aiohttp_server, aiohttp_client, tmp_path: Path,
+                                                              sse: bool) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=3)))
+    agent = GeminiClient(parts.client, sse=sse)
+    assert await agent.run("Run the steps.", 3) == final_text(3)
+
+    turns = parts.fake.turns()
+    assert [(t.path, t.query) for t in turns] == [(STREAM, {"alt": "sse"} if sse else {})] * 4
+    assert {t.headers["x-goog-api-key"] for t in turns} == {KEY}
+    session = agent.answers[0].headers[HEADER_SESSION]
+    assert {r.headers[HEADER_SESSION] for r in agent.answers} == {session}
+    facts = await log_of(parts.store, session)
+    assert {f.to_json()["dialect"] for f in facts if f.kind == "message"} == {"gemini"}
+    assert not [f for f in facts if f.kind == "rewind"], "the CLI's way of keeping a reply is no edit"
+    logged = replay(facts)
+    assert len(logged) == len(agent.contents)
+    signed = [p for m in logged for p in parts_of(m) if "functionCall" in p]
+    assert len(signed) == 3 and all(p["thoughtSignature"] for p in signed)
+
+
+async def test_generate_content_and_count_tokens(aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)))
+    body = {"contents": [{"role": "user", "parts": [{"text": "Say done."}]}], "systemInstruction": SYSTEM}
+    resp = await parts.client.post(f"/s/run-1/v1beta/models/{MODEL}:generateContent",
+                                   headers={"x-goog-api-key": KEY}, json=body)
+    assert resp.status == 200
+    answer = await resp.json()
+    assert answer["candidates"][0]["content"]["parts"][0]["text"] == final_text(0)
+    assert resp.headers[HEADER_SESSION] == "run-1"
+    facts = await log_of(parts.store, "run-1")
+    assert [f.message["role"] for f in facts if f.kind == "message"] == ["user", "model"]
+
+    counted = await parts.client.post(f"/s/run-1/v1beta/models/{MODEL}:countTokens",
+                                      headers={"x-goog-api-key": KEY}, json=body)
+    assert counted.status == 200
+    assert (await counted.json())["totalTokens"] > 0
+    assert [r.kind for r in parts.fake.requests] == ["turn"], "counted by the proxy, not the upstream"
+    other_form = await parts.client.post(f"/s/run-1/v1beta/models/{MODEL}:countTokens", headers={"x-goog-api-key": KEY},
+                                         json={"generateContentRequest": {"model": f"models/{MODEL}", **body}})
+    assert other_form.status == 200 and parts.fake.requests[-1].kind == "count_tokens"
+    metrics = await (await parts.client.get("/metrics")).text()
+    assert 'ctxproxy_requests_total{route="gemini",status="200"} 2.0' in metrics
+
+
+async def test_the_proxy_key_replaces_the_clients_and_other_paths_pass_through(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)),
+                      gemini_upstream_key="server-side-key")
+    body = {"contents": [{"role": "user", "parts": [{"text": "Say done."}]}]}
+    resp = await parts.client.post(f"/v1beta/models/{MODEL}:generateContent?key={KEY}&x=1",
+                                   headers={"Authorization": f"Bearer {KEY}"}, json=body)
+    assert resp.status == 200
+    other = await parts.client.get("/v1beta/cachedContents?pageSize=2&key=mine", headers={"x-goog-api-key": KEY})
+    assert other.status == 404
+    assert (await other.json())["error"]["status"] == "NOT_FOUND"
+    embed = await parts.client.post("/s/e/v1alpha/models/gemini-embedding-001:batchEmbedContents",
+                                    headers={"x-goog-api-key": KEY}, json={"requests": []})
+    assert embed.status == 404 and embed.headers[HEADER_SESSION] == "e"
+    turn, passed, embedded = parts.fake.requests
+    for recorded in (turn, passed, embedded):
+        assert recorded.headers["x-goog-api-key"] == "server-side-key"
+        assert "Authorization" not in recorded.headers and "key" not in recorded.query
+    assert (turn.query, passed.path, passed.query) == ({"x": "1"}, "/v1beta/cachedContents", {"pageSize": "2"})
+    assert (embedded.kind, embedded.path) == ("other", "/v1alpha/models/gemini-embedding-001:batchEmbedContents")
+    assert orjson.loads(embedded.body) == {"requests": []}
+
+
+def long_history(rounds: int) -> list[dict[str, Any]]:
+    """A Gemini CLI history: a user prompt, then ``rounds`` signed calls, each answered by a long output."""
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Run the steps."}]}]
+    for n in range(1, rounds + 1):
+        call = {"name": SHELL, "args": {"command": f"echo step-{n}"}}
+        contents += [{"role": "model", "parts": [{"functionCall": call, "thoughtSignature": SKIP_SIGNATURE}]},
+                     {"role": "user", "parts": [{"functionResponse": {"name": SHELL, "response": {
+                         "output": f"step-{n} " + "lorem ipsum " * 150}}}]}]
+    return contents
+
+
+async def test_a_too_long_refusal_is_rescued_and_the_current_turn_goes_byte_identical(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    fake = FakeGemini(Script(steps=30), window=3_000, call_ids=False)
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=12_000, min_retain_rounds=1,
+                      keep_tool_outputs=100)
+    contents = long_history(12)
+    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
+                                   json={"contents": contents, "tools": TOOLS})
+    assert resp.status == 200, await resp.text()
+    assert resp.headers[HEADER_COMPACTED] == "reactive"
+    refused, accepted = fake.turns()[0], fake.turns()[-1]
+    assert refused.status == 400 and accepted.status == 200 and accepted.tokens is not None
+    assert accepted.tokens <= 3_000
+    sent = accepted.body["contents"]
+    assert [orjson.dumps(c) for c in sent[-2:]] == [orjson.dumps(c) for c in contents[-2:]]
+    assert kept(parse_sse(await resp.read()))["parts"][-1]["functionCall"]["args"]["command"] == "echo step-13"
+
+
+MALFORMED = [
+    (b"{not json", 400), (b"[1, 2]", 400), (b"{}", 400), (b'{"contents": []}', 400),
+    (b'{"contents": ["text"]}', 400), (b'{"contents": [{"role": "user"}]}', 400),
+    (b'{"contents": [{"role": 7, "parts": []}]}', 400), (b"[" * 300 + b"]" * 300, 400),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), MALFORMED)
+async def test_malformed_requests_get_a_gemini_shaped_4xx(aiohttp_server, aiohttp_client, tmp_path: Path,
+                                                          body: bytes, status: int) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini())
+    for path in (STREAM + "?alt=sse", f"/s/x/v1beta/models/{MODEL}:countTokens"):
+        resp = await parts.client.post(path, data=body, headers={"x-goog-api-key": KEY,
+                                                                 "Content-Type": "application/json"})
+        assert resp.status == status
+        error = (await resp.json())["error"]
+        assert set(error) == {"code", "message", "status"} and error["code"] == status
+        assert error["status"] == "INVALID_ARGUMENT" and error["message"]
+    assert parts.fake.requests == []
+
+
+async def test_every_error_the_proxy_raises_on_the_gemini_paths_has_gemini_shape(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(), client_keys=(KEY,),
+                      max_body_bytes=2048)
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    cases = [
+        (parts.client.post(STREAM, json=body, headers={"x-goog-api-key": "wrong"}), 401, "UNAUTHENTICATED"),
+        (parts.client.post(f"/v1beta/models/{MODEL}:generateContent", headers={"x-goog-api-key": KEY},
+                           json={"contents": [{"parts": [{"text": "x" * 4096}]}]}), 413, "INVALID_ARGUMENT"),
+        (parts.client.post("/v1beta/models/bad%20name:generateContent", json=body, headers={"x-goog-api-key": KEY}),
+         400, "INVALID_ARGUMENT"),
+        (parts.client.post("/s/bad session!/v1beta/models/m:generateContent", json=body,
+                           headers={"x-goog-api-key": KEY}), 400, "INVALID_ARGUMENT"),
+    ]
+    for request, status, name in cases:
+        resp = await request
+        assert resp.status == status, await resp.text()
+        assert (await resp.json())["error"] == {"code": status, "message": (await resp.json())["error"]["message"],
+                                                "status": name}
+    openai = await parts.client.post("/v1/chat/completions", data=b"{", headers={"Authorization": f"Bearer {KEY}"})
+    assert set((await openai.json())["error"]) == {"message", "type", "param", "code"}, "other doors keep theirs"
+
+
+async def test_an_unreachable_upstream_is_a_gemini_shaped_502(aiohttp_client, tmp_path: Path) -> None:
+    app = create_app(Settings(gemini_upstream="http://127.0.0.1:9", store=f"sqlite:///{tmp_path}/facts.db"))
+    client: TestClient[Any, Any] = await aiohttp_client(app)
+    resp = await client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
+                             json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]})
+    assert resp.status == 502
+    assert (await resp.json())["error"]["status"] == "UNAVAILABLE"
+
+
+WRONG_TYPES = [
+    {"contents": [{"role": "user", "parts": ["text", 3, None]}]},
+    {"contents": [{"role": "model", "parts": [{"functionCall": "ls"}, {"functionCall": {"name": 3, "id": 4}}]},
+                  {"role": "user", "parts": [{"functionResponse": {"name": None, "response": [1]}}]}]},
+    {"contents": [{"parts": [{"text": 5, "thought": "yes", "thoughtSignature": 7}]}]},
+    {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": "fast", "tools": "all",
+     "systemInstruction": 12},
+    {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "generationConfig": {"maxOutputTokens": "many"},
+     "tools": [{"functionDeclarations": "none"}, 3]},
+    {"contents": [{"role": "tool", "parts": [{"inlineData": {"mimeType": "image/png", "data": "AAAA"}}]}]},
+]
+
+
+@pytest.mark.parametrize("body", WRONG_TYPES)
+async def test_well_formed_json_with_wrong_types_never_gets_a_proxy_500(aiohttp_server, aiohttp_client,
+                                                                       tmp_path: Path, body: dict[str, Any]) -> None:
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)))
+    for path in (STREAM + "?alt=sse", f"/v1beta/models/{MODEL}:generateContent", f"/v1beta/models/{MODEL}:countTokens"):
+        resp = await parts.client.post(path, json=body, headers={"x-goog-api-key": KEY})
+        text = await resp.text()
+        assert resp.status < 500 or "Internal proxy error" not in text, (path, resp.status, text)
+        if resp.status == 400 and not parts.fake.requests:
+            assert set(orjson.loads(text)["error"]) == {"code", "message", "status"}
+
+
+class RecallingGemini(FakeGemini):
+    """Gemini CLI's fake, which answers one turn with a signed call to the recall tool when told to."""
+
+    recall: int | None = None
+
+    def _turn_output(self, body: dict[str, Any], contents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.recall is None:
+            return super()._turn_output(body, contents)
+        entry, self.recall = self.recall, None
+        declared = [d["name"] for tool in body["tools"] for d in tool.get("functionDeclarations") or []]
+        assert RECALL in declared
+        return [{"functionCall": {"name": RECALL, "args": {"entry": entry}}, "thoughtSignature": self._sign("r")}]
+
+
+@pytest.mark.parametrize("sse", [False, True], ids=["json", "sse"])
+async def test_recall_through_the_gemini_door(aiohttp_server, aiohttp_client, tmp_path: Path, sse: bool) -> None:
+    fake = RecallingGemini(Script(steps=40), call_ids=False)
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=16_000, recall_tool=True)
+    body = {"contents": long_history(30), "tools": TOOLS}
+    headers = {"x-goog-api-key": KEY, "X-Session-Id": "recall"}
+    assert (await parts.client.post(f"/v1beta/models/{MODEL}:generateContent", json=body, headers=headers)).status \
+        == 200
+    masked = orjson.dumps(fake.turns()[-1].body["contents"]).decode()
+    fake.recall = int(re.search(r"log entry (\d+); call ctxproxy_recall", masked)[1])  # type: ignore[index]
+    path = STREAM + "?alt=sse" if sse else f"/v1beta/models/{MODEL}:generateContent"
+    resp = await parts.client.post(path, json=body, headers=headers)
+    raw = await resp.read()
+
+    assert resp.status == 200 and RECALL.encode() not in raw, "the client never sees the recall call"
+    assert [t.status for t in fake.turns()] == [200, 200, 200], "signatures and pairing as Gemini checks them"
+    answered = fake.turns()[-1].body["contents"]
+    response = answered[-1]["parts"][0]["functionResponse"]
+    assert response["name"] == RECALL and "lorem ipsum" in response["response"]["output"]
+    assert answered[-2]["parts"][0]["functionCall"]["name"] == RECALL
+
+
+@pytest.mark.parametrize(("style", "outcome"), [("prose", "summary"), ("refusal", "fallback"), ("error", "fallback")])
+async def test_a_summary_model_that_misbehaves_never_stops_a_gemini_run(aiohttp_server, aiohttp_client,
+                                                                       tmp_path: Path, style: str,
+                                                                       outcome: str) -> None:
+    """``prose``: no headings, still a summary; a refusal or a 500: the model-free tier stands in."""
+    fake = FakeGemini(Script(steps=14))
+    fake.summary_style = style
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=4_000, min_retain_rounds=1)
+    agent = GeminiClient(parts.client, padding=" lorem ipsum" * 150)
+    assert await agent.run("Run the steps.", 14) == final_text(14)
+    assert [r.kind for r in fake.requests if r.kind == "summary"], "summaries were asked for, at the Gemini API"
+    assert all(t.status == 200 and (t.tokens or 0) <= 4_000 for t in fake.turns())
+    facts = await log_of(parts.store, agent.answers[0].headers[HEADER_SESSION])
+    made = [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"]
+    assert made, "the proxy compacted"
+    fallbacks = [c for c in made if c.get("elision")]
+    assert bool(fallbacks) == (outcome == "fallback")

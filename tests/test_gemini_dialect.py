@@ -1,0 +1,137 @@
+"""The Gemini dialect's answers to the engine (proxy/dialects/gemini.py), and a Gemini session seen through the
+admin API, the inspector and the CLI's rendering."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.context.items import cut_points
+from proxy.context.masking import Masker
+from proxy.context.tokens import TokenCounter
+from proxy.dialects import GEMINI
+from proxy.dialects.gemini import GeminiRequest
+from proxy.settings import Settings
+from proxy.summarycall import ClientRequest, summary_request
+from tests.fakegemini import SHELL, FakeGemini
+from tests.fakescript import Script
+from tests.test_gemini import KEY, MODEL, GeminiClient, rig
+
+ADMIN = {"Authorization": "Bearer admin-token"}
+
+
+def call(name: str, call_id: str | None = None, signature: str | None = None) -> dict[str, Any]:
+    part: dict[str, Any] = {"functionCall": {"name": name, "args": {"command": "ls"}}}
+    if call_id is not None:
+        part["functionCall"]["id"] = call_id
+    if signature is not None:
+        part["thoughtSignature"] = signature
+    return part
+
+
+def response(name: str, call_id: str | None = None, output: str = "out") -> dict[str, Any]:
+    body: dict[str, Any] = {"name": name, "response": {"output": output}}
+    if call_id is not None:
+        body["id"] = call_id
+    return {"functionResponse": body}
+
+
+def test_calls_and_responses_pair_by_id_else_by_name_and_order() -> None:
+    with_ids = {"role": "model", "parts": [call("a", "1"), call("a", "2")]}
+    answered = {"role": "user", "parts": [response("a", "2"), response("a", "1")]}
+    assert set(GEMINI.calls(with_ids)) == set(GEMINI.results(answered)) == {"a=1", "a=2"}
+    bare = {"role": "model", "parts": [{"text": "Two reads."}, call("read"), call("read"), call("ls")]}
+    answers = {"role": "user", "parts": [response("read"), response("read"), response("ls")]}
+    assert GEMINI.calls(bare) == GEMINI.results(answers) == ("read#1", "read#2", "ls#1")
+    assert GEMINI.call_of(bare, "read#2") == ("read", {"command": "ls"})
+    assert (GEMINI.role(bare), GEMINI.role(answers), GEMINI.role({"parts": [{"text": "hi"}]})) == \
+        ("assistant", "tool", "user")
+    conversation = [{"role": "user", "parts": [{"text": "go"}]}, bare, answers,
+                    {"role": "model", "parts": [{"text": "done"}]}, {"role": "user", "parts": [{"text": "again"}]}]
+    assert cut_points(GEMINI, conversation) == [0, 1, 3, 4], "never between a call and its response"
+
+
+def test_identity_sees_through_what_gemini_cli_changes_when_it_keeps_a_reply() -> None:
+    streamed = {"role": "model", "parts": [{"text": "Thinking.", "thought": True}, {"text": "Run"},
+                                           {"text": "ning. "}, call(SHELL, "c1", "sig")]}
+    kept = {"parts": [{"text": "Running."}, {**call(SHELL, f"{SHELL}__c1", "sig")}], "role": "model"}
+    assert GEMINI.hash(streamed) == GEMINI.hash(kept)
+    assert GEMINI.hash(kept) != GEMINI.hash({**kept, "parts": [{"text": "Running."}, call("other", "c1", "sig")]})
+
+
+def test_reader_joins_text_chunks_keeps_signed_parts_and_reads_usage() -> None:
+    chunks = [{"candidates": [{"content": {"role": "model", "parts": [{"text": "Run"}]}}]},
+              {"candidates": [{"content": {"role": "model", "parts": [{"text": "ning."}]}}]},
+              {"candidates": [{"content": {"role": "model", "parts": [call(SHELL, None, "sig")]},
+                               "finishReason": "STOP"}],
+               "usageMetadata": {"promptTokenCount": 120, "cachedContentTokenCount": 100}}]
+    items, usage, finished = GEMINI.reply_from_json(chunks)
+    assert items == [{"role": "model", "parts": [{"text": "Running."}, call(SHELL, None, "sig")]}]
+    assert finished and usage is not None
+    assert (GEMINI.prompt_tokens(usage), GEMINI.cached_tokens(usage)) == (120, 100)
+    assert GEMINI.reply_calls(items) == ([(f"{SHELL}#1", SHELL, {"command": "ls"})], True)
+
+
+def test_masking_replaces_the_output_and_keeps_the_response_an_object() -> None:
+    item = {"role": "user", "parts": [response(SHELL, "c1", "line\n" * 400)]}
+    assert GEMINI.result_paths(item) == [("parts", 0, "functionResponse", "response", "output")]
+    messages = [{"role": "model", "parts": [call(SHELL, "c1")]}, item]
+    masked = Masker(TokenCounter(), maxsize=10).item(GEMINI, messages, 1, [7, 8], ["k7", "k8"])
+    assert masked is not item
+    body = masked["parts"][0]["functionResponse"]
+    assert body["id"] == "c1" and body["name"] == SHELL
+    assert isinstance(body["response"]["output"], str) and "log entry 8" in body["response"]["output"]
+    assert GEMINI.results(masked) == GEMINI.results(item)
+
+
+def test_a_summary_call_made_from_a_gemini_request() -> None:
+    payload = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "systemInstruction": {"parts": []},
+               "tools": [], "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
+               "generationConfig": {"temperature": 1, "maxOutputTokens": 100, "responseMimeType": "application/json",
+                                    "thinkingConfig": {"thinkingLevel": "HIGH"}}}
+    parsed = GeminiRequest(orjson.dumps(payload), payload, payload["contents"], model_name=MODEL,
+                           method="streamGenerateContent")
+    body = summary_request(GEMINI, ClientRequest(parsed), "gemini-summary", "Summarise.", 4096)
+    assert "model" not in body and "toolConfig" not in body
+    assert body["generationConfig"] == {"temperature": 1, "maxOutputTokens": 4096,
+                                        "thinkingConfig": {"thinkingLevel": "HIGH"}}
+    assert body["contents"] == [{"role": "user", "parts": [{"text": "Summarise."}]}]
+    settings = Settings(gemini_upstream="http://g.test/", gemini_upstream_key="k")
+    url, query = GEMINI.summary_target(settings, "gemini-summary", parsed, {"alt": "sse", "key": "mine", "x": "1"})
+    assert (url, dict(query)) == ("http://g.test/v1beta/models/gemini-summary:generateContent", {"x": "1"})
+
+
+async def test_a_gemini_session_in_the_admin_api_the_inspector_and_a_manual_compaction(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    fake = FakeGemini(Script(steps=4))
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, admin_token="admin-token",
+                      min_retain_rounds=1)
+    agent = GeminiClient(parts.client, prefix="/s/admin-run", padding=" lorem ipsum" * 200)
+    await agent.run("Run the steps. FACT-admin1", 4)
+    fake.script = Script(steps=2)
+    await agent.run("Once more.", 2)
+    sessions = await (await parts.client.get("/admin/sessions", headers=ADMIN)).json()
+    (info,) = sessions
+    assert info["session"] == "admin-run"
+    base = f"/admin/sessions/{info['tenant']}/admin-run"
+    log = [orjson.loads(line) for line in (await (await parts.client.get(base + "/log", headers=ADMIN)).read())
+           .splitlines()]
+    assert {entry["dialect"] for entry in log if entry["kind"] == "message"} == {"gemini"}
+    view = await (await parts.client.get(base + "/view", headers=ADMIN)).json()
+    assert len(view["messages"]) == len(agent.contents)
+    compacted = await parts.client.post(f"{base}/compact?model={MODEL}",
+                                        headers={**ADMIN, "X-Upstream-Authorization": KEY})
+    result = await compacted.json()
+    assert result["outcome"] == "ok", result
+    summary = [r for r in fake.requests if r.kind == "summary"][-1]
+    assert summary.path == f"/v1beta/models/{MODEL}:generateContent"
+    assert summary.headers["x-goog-api-key"] == KEY and "model" not in summary.body
+    signed = await parts.client.post("/ui/signin", data={"token": "admin-token", "next": "/ui"},
+                                     allow_redirects=False)
+    assert signed.status == 303
+    page = await parts.client.get(f"/ui/sessions/{info['tenant']}/admin-run")
+    assert page.status == 200
+    text = await page.text()
+    assert "FACT-admin1" in text and "step-2 lorem" in text and "(empty)" not in text
