@@ -18,6 +18,7 @@ from proxy.summarycall import ClientRequest, summary_request
 from tests.fakegemini import SHELL, FakeGemini
 from tests.fakescript import Script
 from tests.test_gemini import KEY, MODEL, GeminiClient, rig
+from tests.test_ui import sign_in
 
 ADMIN = {"Authorization": "Bearer admin-token"}
 
@@ -128,9 +129,7 @@ async def test_a_gemini_session_in_the_admin_api_the_inspector_and_a_manual_comp
     summary = [r for r in fake.requests if r.kind == "summary"][-1]
     assert summary.path == f"/v1beta/models/{MODEL}:generateContent"
     assert summary.headers["x-goog-api-key"] == KEY and "model" not in summary.body
-    signed = await parts.client.post("/ui/signin", data={"token": "admin-token", "next": "/ui"},
-                                     allow_redirects=False)
-    assert signed.status == 303
+    await sign_in(parts.client, token="admin-token")
     page = await parts.client.get(f"/ui/sessions/{info['tenant']}/admin-run")
     assert page.status == 200
     text = await page.text()
