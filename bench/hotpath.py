@@ -30,7 +30,7 @@ single-process ctxproxy: added p50 ≤ 2 x the floor's (small and large), 16-con
 of the floor's and p99 (client-side, whole request) ≤ 3 x the floor's, RSS growth < 10 % between
 request 5,000 and 20,000. ``--write`` replaces the section ``## The hot path against the floor
 (issue 21)`` of ``docs/BENCHMARKS.md``. ``--proxy-wrapper CMD`` runs the single-process ctxproxies
-under CMD (a profiler; see docs/BENCHMARKS.md).
+under CMD (a profiler; ``{key}`` in it becomes ``redis`` or ``sqlite``; see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -261,7 +261,8 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
     try:
         keys = ["floor"] + ([f"floor-w{opts.workers}"] if opts.workers > 1 else [])
         direct, pending = fleet.start(keys, None)
-        pending += [fleet.ctxproxy(k, direct.base, wrapper) for k in ("redis", "sqlite")]
+        pending += [fleet.ctxproxy(k, direct.base, [w.replace("{key}", k) for w in wrapper or []])
+                    for k in ("redis", "sqlite")]
         if opts.workers > 1:
             pending.append(fleet.ctxproxy(f"redis-w{opts.workers}", direct.base))
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -290,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer requests (about a minute instead of three)")
     parser.add_argument("--workers", type=int, default=2, help="processes of the --workers targets (1: none)")
     parser.add_argument("--session-length", type=int, default=1, help="requests per session, concurrent workloads")
-    parser.add_argument("--proxy-wrapper", default="", help="command to run the single-process ctxproxies under")
+    parser.add_argument("--proxy-wrapper", default="",
+                        help="command to run the single-process ctxproxies under; {key} becomes redis or sqlite")
     parser.add_argument("--write", action="store_true", help=f"replace the section '{SECTION}' in docs/BENCHMARKS.md")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
     opts = parser.parse_args(argv)

@@ -63,11 +63,19 @@ class Candidates:
     def __init__(self, request: web.Request, own: SessionKey) -> None:
         self._request, self._own = request, own
         self._tenants: list[str] | None = None
+        #: Whether reading them noted the own tenant too (``FactLog.others_or_note``: there were none).
+        self.noted = False
 
-    async def get(self) -> list[str]:
+    async def get(self, *, note: bool = False) -> list[str]:
+        """With ``note``, a first read with no other tenant notes the own one in the same round trip (the caller
+        would note it next)."""
         if self._tenants is None:
-            found = await self._request.app[store_key].tenants_of(self._own.session)
-            self._tenants = [t for t in found if t != self._own.tenant]
+            store, own = self._request.app[store_key], self._own
+            if note:
+                self._tenants = await store.others_or_note(own.session, own.tenant, time.time())
+                self.noted = not self._tenants
+            else:
+                self._tenants = [t for t in await store.tenants_of(own.session) if t != own.tenant]
         return self._tenants
 
 
@@ -128,13 +136,14 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
             app[links_key].put(own, linked)
             return linked, False
         proven, best = None, 0
-        for tenant in await candidates.get():  # the one the request matches furthest, should several match
+        # The one the request matches furthest, should several match; with none, a first sight is noted at once.
+        for tenant in await candidates.get(note=first_seen):
             matched = await _proves(request, dialect, SessionKey(tenant, own.session), items, hashes)
             if matched > best:
                 proven, best = tenant, matched
         if proven is not None:
             return proven, True
-    if first_seen:
+    if first_seen and not candidates.noted:
         await store.note_tenant(own.session, own.tenant, time.time())
     return None, False
 

@@ -93,7 +93,7 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
             status = exc.status
             raise
         finally:
-            request.app[metrics_key].requests.labels(route="ui", status=str(status)).inc()
+            request.app[metrics_key].request_served("ui", status)
 
     return guarded
 

@@ -147,6 +147,12 @@ class FactLog(abc.ABC):
         """The tenants noted for ``session``, newest first, at most ``TENANTS_KEPT``."""
 
     @abc.abstractmethod
+    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
+        """The tenants other than ``tenant`` noted for ``session`` (as ``tenants_of``); when there are none,
+        ``tenant`` is noted (as ``note_tenant``) in the same step. One round trip where a request on a session id
+        new here would otherwise make two: ask who else holds it, and, nobody, note itself."""
+
+    @abc.abstractmethod
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
         """Link ``key`` (a credential's tenant and a session id) to ``tenant``'s session of that id, unless it is
         linked already: a link is made once and never changed. Returns the tenant ``key`` is linked to."""

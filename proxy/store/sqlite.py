@@ -244,7 +244,8 @@ def _append(
                      updated_at = excluded.updated_at""",
                 (key.tenant, key.session, expected_seq + len(fresh), messages, checkpoints, ts),
             )
-    written = iter([codec.decode(str(expected_seq + i), body) for i, body in enumerate(bodies)])
+    written = iter([codec.written(fact, str(expected_seq + i), expected_seq + i, ts, body)
+                    for i, (fact, body) in enumerate(zip(fresh, bodies, strict=True))])
     return [logged[i] if i in logged else next(written) for i in range(len(facts))]
 
 
@@ -320,6 +321,13 @@ def _tenants_of(conn: sqlite3.Connection, session: str) -> list[str]:
     rows = conn.execute("SELECT tenant FROM session_tenants WHERE session = ? ORDER BY noted_at DESC, tenant LIMIT ?",
                         (session, TENANTS_KEPT)).fetchall()
     return [str(row[0]) for row in rows]
+
+
+def _others_or_note(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> list[str]:
+    others = [t for t in _tenants_of(conn, session) if t != tenant]
+    if not others:
+        _note_tenant(conn, session, tenant, ts)
+    return others
 
 
 def _link(conn: sqlite3.Connection, key: SessionKey, tenant: str, ts: float) -> str:
@@ -406,6 +414,9 @@ class SqliteFactLog(FactLog):
 
     async def tenants_of(self, session: str) -> list[str]:
         return await self._run(_tenants_of, session)
+
+    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
+        return await self._run(_others_or_note, session, tenant, ts)
 
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
         return await self._run(_link, key, tenant, ts)
