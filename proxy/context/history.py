@@ -116,15 +116,30 @@ class HistoryManager:
         """The session's state, caught up with the log when ``refresh`` or not yet cached."""
         state = self._states.get(key)
         if state is None:
-            fresh = await self._catch_up(key, ConversationState())
-            # Concurrent first requests of a session each load it; keep whichever state is furthest along.
-            state = self._states.get(key)
-            if state is None or state.next_seq < fresh.next_seq:
-                state = fresh
+            state = self._furthest(key, await self._catch_up(key, ConversationState()))
         elif refresh:
             state = await self._catch_up(key, state)
         self._remember(key, state)
         return state
+
+    async def first_look(self, key: SessionKey) -> tuple[ConversationState, str | None]:
+        """The state of a session not cached here, and its link (``FactLog.link_of``), read together: one store
+        call unless the log is longer than a page. A session cached meanwhile (a concurrent first request) keeps
+        whichever state is furthest along, as in ``state``."""
+        facts, link = await self.log.read_linked(key, CATCH_UP_PAGE)
+        fresh = ConversationState()
+        for fact in facts:
+            fresh.apply(fact)
+        if len(facts) == CATCH_UP_PAGE:
+            fresh = await self._catch_up(key, fresh)
+        state = self._furthest(key, fresh)
+        self._remember(key, state)
+        return state, link
+
+    def _furthest(self, key: SessionKey, loaded: ConversationState) -> ConversationState:
+        """Concurrent first requests of a session each load it: whichever state is furthest along."""
+        state = self._states.get(key)
+        return loaded if state is None or state.next_seq < loaded.next_seq else state
 
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)

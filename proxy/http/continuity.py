@@ -130,8 +130,11 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
     app = request.app
     history, store = app[history_key], app[store_key]
     first_seen = history.cached(own) is None
-    if not holds(await history.state(own), dialect, items, hashes):
-        linked = await store.link_of(own)  # linked by another process, or before a restart
+    # A session new here: its log and its link in one store call (the link is needed when the log proves nothing).
+    state, linked = await history.first_look(own) if first_seen else (await history.state(own), None)
+    if not holds(state, dialect, items, hashes):
+        if not first_seen:
+            linked = await store.link_of(own)  # linked by another process, or before a restart
         if linked is not None:
             app[links_key].put(own, linked)
             return linked, False

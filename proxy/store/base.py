@@ -112,6 +112,11 @@ class FactLog(abc.ABC):
         """Facts with ``seq > after``, oldest first, at most ``limit``. An unknown session reads as empty."""
 
     @abc.abstractmethod
+    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+        """The session's first ``limit`` facts (``read(key, limit=limit)``) and its link (``link_of(key)``), in one
+        round trip: what a request needs of a session this process has not seen yet, to tell whose it is."""
+
+    @abc.abstractmethod
     def sessions(self) -> AsyncIterator[SessionInfo]:
         """Every session in the store, in no particular order."""
 

@@ -134,6 +134,15 @@ end
 return others
 """
 
+# The first ARGV[1] entries of a session's log and its link (false: none). KEYS: the log, the link.
+READ_LINKED_LUA = """
+local out = {redis.call('GET', KEYS[2])}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))) do
+  out[#out + 1] = entry
+end
+return out
+"""
+
 
 class map_redis_errors:  # lower case: used as a function, ``with map_redis_errors("append"):``
     """The one place redis-py and socket errors become ``StoreUnavailable``.
@@ -236,6 +245,7 @@ class RedisFactLog(FactLog):
         self._unlock = client.register_script(UNLOCK_LUA)
         self._note_tenant = client.register_script(NOTE_TENANT_LUA)
         self._others_or_note = client.register_script(OTHERS_OR_NOTE_LUA)
+        self._read_linked = client.register_script(READ_LINKED_LUA)
 
     @classmethod
     def from_url(cls, url: str) -> RedisFactLog:
@@ -303,6 +313,13 @@ class RedisFactLog(FactLog):
                     break
                 start = out[-1].seq + 1
         return out
+
+    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+        with map_redis_errors("read_linked"):
+            link, *entries = await self._read_linked(keys=[log_key(*key), link_key(*key)], args=[limit])
+        facts = [_decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
+                 for entry_id, fields in entries]
+        return facts, _text(link) if link else None
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         suffix = f"}}:{META_SUFFIX}".encode()

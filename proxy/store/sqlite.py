@@ -343,6 +343,10 @@ def _link_of(conn: sqlite3.Connection, key: SessionKey) -> str | None:
     return None if row is None else str(row[0])
 
 
+def _read_linked(conn: sqlite3.Connection, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+    return _read(conn, key, -1, limit), _link_of(conn, key)
+
+
 class SqliteFactLog(FactLog):
     """``FactLog`` on a local SQLite file. Build it with ``await SqliteFactLog.open(path)``."""
 
@@ -376,6 +380,9 @@ class SqliteFactLog(FactLog):
 
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         return await self._run(_read, key, after, limit)
+
+    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+        return await self._run(_read_linked, key, limit)
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         cursor = ("", "")
