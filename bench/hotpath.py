@@ -106,8 +106,8 @@ def goal_values(t: Target, floor: Target, direct: Target, sizes: Sizes) -> dict[
 
 def measures_table(targets: list[Target], direct: Target) -> str:
     rows = ["| target | small, fresh session: added p50 / p99 | ~100k tokens +1 step: added p50 / p99 "
-            "| 16 concurrent: req/s | 16 concurrent: p50 / p99 |",
-            "| --- | ---: | ---: | ---: | ---: |"]
+            "| 16 concurrent: req/s | 16 concurrent: p50 / p99 | CPU ms per request: small / ~100k / 16 concurrent |",
+            "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for t in targets:
         if t.key.split("-w")[0] not in ("direct", "floor", "redis", "sqlite") or "-w" in t.key:
             continue
@@ -116,7 +116,10 @@ def measures_table(targets: list[Target], direct: Target) -> str:
         else:
             cells = [f"{_f(added(t, direct, w, 50), '{:+.2f}')} / {_f(added(t, direct, w, 99), '{:+.2f}')}"
                      for w in ("small", "large")]
-        cells += [_f(rate(t, "c16"), "{:.0f}"), f"{_f(_p(t, 'c16', 50))} / {_f(_p(t, 'c16', 99))}"]
+        cells += [_f(rate(t, "c16"), "{:.0f}"), f"{_f(_p(t, 'c16', 50))} / {_f(_p(t, 'c16', 99))}",
+                  "(serves every target)" if t is direct else
+                  " / ".join(_f(t.wall[f"cpu-{w}"] * MS if f"cpu-{w}" in t.wall else None)
+                             for w in ("small", "large", "c16"))]
         rows.append(f"| {t.label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -182,7 +185,9 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
         f"(concurrent; {sizes.c16_blocks} blocks each at 16, {shape.w_blocks} at 16 and at 64 with workers). "
         f"Small: each request on a fresh session. ~100k tokens: {info['large']}. 16 concurrent: a fresh "
         f"session every {info['length']} requests. Latency in ms, client-side, to the end of the body; added = "
-        "target - direct at the same percentile. "
+        "target - direct at the same percentile. CPU per request: the target's process (and its children), user + "
+        "system, over the phase, ÷ the requests it served in it (less sensitive to other jobs than latency; the "
+        "Redis server's own CPU is not in it). "
         + (f"**{len(COMPACTED)} answers were compacted.**" if COMPACTED else "No ctxproxy answer was compacted."),
         "",
         measures_table(targets, direct),
@@ -241,7 +246,11 @@ async def measure(http: aiohttp.ClientSession, targets: list[Target], shape: Sha
               ("small", small), ("large", big), ("c16", c16), ("workers", workers)]
     for name, phase in phases:
         t0 = time.perf_counter()
+        cpu = {t.key: cpu_seconds(t.child.proc.pid) for t in targets if t.child is not None}
         await phase()
+        for t in targets:  # the others idle meanwhile: all of a process's CPU in a phase is that phase's
+            if t.child is not None and t.lat.get(name):
+                t.wall[f"cpu-{name}"] = (cpu_seconds(t.child.proc.pid) - cpu[t.key]) / len(t.lat[name])
         for t in targets:
             if t.child is not None and not t.broken and not t.child.alive():
                 t.broken = f"exited during {name}; see its log"

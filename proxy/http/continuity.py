@@ -16,6 +16,7 @@ goes on under its own key, as with the store down), never the request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -130,8 +131,20 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
     app = request.app
     history, store = app[history_key], app[store_key]
     first_seen = history.cached(own) is None
-    # A session new here: its log and its link in one store call (the link is needed when the log proves nothing).
-    state, linked = await history.first_look(own) if first_seen else (await history.state(own), None)
+    if first_seen:
+        # A session new here: its log and its link in one store call (the link is needed when the log proves
+        # nothing), and at the same time who else holds the session id, noting the own tenant if nobody does.
+        # (Noted when it turns out linked: only if no other tenant is noted, which a link leaves only if they
+        # were all pushed out of the TENANTS_KEPT newest; a tenant noted with nothing logged proves nothing.)
+        looked, others = await asyncio.gather(history.first_look(own), candidates.get(note=True),
+                                              return_exceptions=True)
+        if isinstance(looked, BaseException):
+            raise looked
+        if isinstance(others, BaseException):
+            raise others
+        state, linked = looked
+    else:
+        state, linked = await history.state(own), None
     if not holds(state, dialect, items, hashes):
         if not first_seen:
             linked = await store.link_of(own)  # linked by another process, or before a restart
@@ -140,7 +153,7 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
             return linked, False
         proven, best = None, 0
         # The one the request matches furthest, should several match; with none, a first sight is noted at once.
-        for tenant in await candidates.get(note=first_seen):
+        for tenant in await candidates.get():
             matched = await _proves(request, dialect, SessionKey(tenant, own.session), items, hashes)
             if matched > best:
                 proven, best = tenant, matched

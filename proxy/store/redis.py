@@ -46,9 +46,9 @@ Failure handling: short socket timeouts make a dead Redis fail fast; a
 connection error is retried a few times with a backoff totalling well under a
 second, which is what reconnects transparently after a Redis restart. Timeouts
 are not retried (each would cost another socket timeout). Connections come
-from a blocking pool (``?max_connections=N``, ``DEFAULT_MAX_CONNECTIONS``): with
-all of them busy a command waits up to ``POOL_WAIT`` for one instead of failing
-at once, as redis-py's default pool does. Every redis-py and
+from a pool of ``?max_connections=N`` (``DEFAULT_MAX_CONNECTIONS``) with as many
+turns (``PooledRedis``): with all of them busy a command waits up to ``POOL_WAIT``
+for one instead of failing at once, as redis-py's default pool does. Every redis-py and
 socket error becomes ``StoreUnavailable`` in ``map_redis_errors``.
 
 Redis Cluster (``?cluster=1``, verified against a real 3-primary cluster in
@@ -72,7 +72,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -194,6 +194,49 @@ def _split_options(url: str) -> tuple[str, bool, int]:
     return urlunsplit(parts._replace(query=urlencode(rest))), cluster, int(raw)
 
 
+class Turns:
+    """At most ``n`` commands in flight; one past that waits up to ``POOL_WAIT`` for a turn, then fails as a
+    connection error. A free turn costs one uncontended semaphore acquire (no timer)."""
+
+    __slots__ = ("_free",)
+
+    def __init__(self, n: int) -> None:
+        self._free = asyncio.Semaphore(n)
+
+    async def __aenter__(self) -> None:
+        if not self._free.locked():
+            await self._free.acquire()  # returns at once
+            return
+        try:
+            async with asyncio.timeout(POOL_WAIT):
+                await self._free.acquire()
+        except TimeoutError as exc:
+            raise RedisConnectionError("No connection available.") from exc
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._free.release()
+
+
+class PooledRedis(Redis):
+    """redis-py's client on its plain pool, with at most the pool's size of commands in flight (``Turns``).
+
+    The behaviour of redis-py's ``BlockingConnectionPool`` (a command waits up to
+    ``POOL_WAIT`` for a connection instead of failing) without its cost: that pool
+    takes an ``asyncio.Condition`` under a timeout on every checkout, about a third
+    of the client's CPU per command (measured: 75 against 55 µs). A command uses
+    one connection at a time, so with the turns bounded by the pool's size the pool
+    is never exhausted.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._turns = Turns(self.connection_pool.max_connections)
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        async with self._turns:  # redis-py leaves its Redis.execute_command untyped
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
 class ClusterClient(RedisCluster):
     """redis-py's async cluster client with three corrections, all found against a real cluster.
 
@@ -220,19 +263,12 @@ class ClusterClient(RedisCluster):
     def __init__(self, *args: Any, max_connections: int = DEFAULT_MAX_CONNECTIONS, **kwargs: Any) -> None:
         kwargs["max_connections"] = max_connections
         super().__init__(*args, **kwargs)
-        self._turns = asyncio.Semaphore(max_connections)
+        self._turns = Turns(max_connections)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            async with asyncio.timeout(POOL_WAIT):
-                await self._turns.acquire()
-        except TimeoutError as exc:
-            raise RedisConnectionError("No connection available.") from exc
-        try:
+        async with self._turns:
             await self.initialize()
             return await super().execute_command(*args, **kwargs)
-        finally:
-            self._turns.release()
 
 
 class RedisFactLog(FactLog):
@@ -252,8 +288,8 @@ class RedisFactLog(FactLog):
         """``redis://`` or ``rediss://``; ``?cluster=1`` selects Redis Cluster with the URL's node as seed.
 
         ``?max_connections=N`` sizes the connection pool (``DEFAULT_MAX_CONNECTIONS``):
-        a blocking pool, where a command waits up to ``POOL_WAIT`` for a free
-        connection rather than failing (redis-py's default pool fails at once).
+        with a command waiting up to ``POOL_WAIT`` for a free connection rather than failing (redis-py's
+        default pool fails at once; ``PooledRedis``).
         """
         url, cluster, max_connections = _split_options(url)
         options: dict[str, Any] = {
@@ -264,8 +300,7 @@ class RedisFactLog(FactLog):
             "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(RedisConnectionError,)),
         }
         if not cluster:
-            pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=POOL_WAIT, **options)
-            return cls(Redis.from_pool(pool))
+            return cls(PooledRedis.from_pool(ConnectionPool.from_url(url, max_connections=max_connections, **options)))
         try:
             return cls(ClusterClient.from_url(url, max_connections=max_connections, **options))
         except RedisClusterException as exc:  # a database other than 0, a unix socket
