@@ -210,7 +210,15 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
     ])
 
 
-async def measure(http: aiohttp.ClientSession, targets: list[Target], shape: Shape, length: int,
+def per_request(targets: list[Target], workload: str, before: dict[str, float]) -> None:
+    """CPU seconds per request of ``workload`` for each target, from its CPU seconds ``before`` it. The others
+    idle meanwhile, so all of a process's CPU during a workload is that workload's."""
+    for t in targets:
+        if t.child is not None and t.lat.get(workload):
+            t.wall[f"cpu-{workload}"] = (cpu_seconds(t.child.proc.pid) - before[t.key]) / len(t.lat[workload])
+
+
+async def measure(http: aiohttp.ClientSession, targets: list[Target], shape: Shape, length: int, only: set[str],
                   say: Callable[[str], None]) -> str:
     sizes = shape.fields
     run = f"hot-{os.getpid()}-{int(time.time())}"
@@ -244,13 +252,11 @@ async def measure(http: aiohttp.ClientSession, targets: list[Target], shape: Sha
     phases = [("warmup", main.warmup),
               ("memory", lambda: main.memory([t for t in single if t.key != "direct"])),
               ("small", small), ("large", big), ("c16", c16), ("workers", workers)]
-    for name, phase in phases:
+    for name, phase in [(n, p) for n, p in phases if not only or n in only or n == "warmup"]:
         t0 = time.perf_counter()
         cpu = {t.key: cpu_seconds(t.child.proc.pid) for t in targets if t.child is not None}
         await phase()
-        for t in targets:  # the others idle meanwhile: all of a process's CPU in a phase is that phase's
-            if t.child is not None and t.lat.get(name):
-                t.wall[f"cpu-{name}"] = (cpu_seconds(t.child.proc.pid) - cpu[t.key]) / len(t.lat[name])
+        per_request(targets, name, cpu)
         for t in targets:
             if t.child is not None and not t.broken and not t.child.alive():
                 t.broken = f"exited during {name}; see its log"
@@ -281,7 +287,8 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
                 assert t.child is not None
                 await wait_http(http, t.health, t.child, timeout=60.0)
             targets = [direct, *pending]
-            info["large"] = await measure(http, targets, shape, opts.session_length, say)
+            only = {w.strip() for w in opts.only.split(",") if w.strip()}
+            info["large"] = await measure(http, targets, shape, opts.session_length, only, say)
             info["own_cpu"] = cpu_seconds(os.getpid())
             for t in targets:
                 if t.child is not None and t.child.alive():
@@ -302,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-length", type=int, default=1, help="requests per session, concurrent workloads")
     parser.add_argument("--proxy-wrapper", default="",
                         help="command to run the single-process ctxproxies under; {key} becomes redis or sqlite")
+    parser.add_argument("--only", default="", help="comma-separated phases: memory, small, large, c16, workers")
     parser.add_argument("--write", action="store_true", help=f"replace the section '{SECTION}' in docs/BENCHMARKS.md")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
     opts = parser.parse_args(argv)
