@@ -46,8 +46,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -82,6 +81,39 @@ class _Writer:
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     users: int = 0
+
+
+class _Writing:
+    """``async with``: the session's writer lock held (``HistoryManager._writer``). A class, not an async generator:
+    every append enters it."""
+
+    __slots__ = ("_key", "_writer", "_writers")
+
+    _writer: _Writer
+
+    def __init__(self, writers: dict[SessionKey, _Writer], key: SessionKey) -> None:
+        self._writers, self._key = writers, key
+
+    async def __aenter__(self) -> None:
+        writer = self._writers.get(self._key)
+        if writer is None:
+            writer = self._writers[self._key] = _Writer()
+        self._writer = writer
+        writer.users += 1
+        try:
+            await self._writer.lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._writer.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._writer.users -= 1
+        if self._writer.users == 0:
+            del self._writers[self._key]
 
 
 class HistoryManager:
@@ -267,20 +299,9 @@ class HistoryManager:
         state, _ = await self._append(key, plan)
         return state
 
-    @asynccontextmanager
-    async def _writer(self, key: SessionKey) -> AsyncIterator[None]:
+    def _writer(self, key: SessionKey) -> _Writing:
         """The session's one writer in this process; the lock is dropped when nobody holds or awaits it."""
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = _Writer()
-        writer.users += 1
-        try:
-            async with writer.lock:
-                yield
-        finally:
-            writer.users -= 1
-            if writer.users == 0:
-                del self._writers[key]
+        return _Writing(self._writers, key)
 
     async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]],
                       ) -> tuple[ConversationState, list[StoredFact]]:
