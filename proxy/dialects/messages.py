@@ -24,8 +24,16 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, Path, Role
-from proxy.dialects.base import Dialect, ReplyReader, Verdict, positive_int, require_items, require_role, text_of
-from proxy.errors import BadRequest
+from proxy.dialects.base import (
+    Dialect,
+    Problem,
+    ReplyReader,
+    Verdict,
+    positive_int,
+    require_items,
+    role_problem,
+    text_of,
+)
 
 _TEXT = frozenset({"text"})
 #: Events before any content block: held back, so an error that follows can be retried unseen.
@@ -59,11 +67,11 @@ def _has(item: Item, block_type: str) -> list[Mapping[str, Any]]:
     return [block for block in content if isinstance(block, dict) and block.get("type") == block_type]
 
 
-def _check_message(name: str, message: Item) -> None:
-    require_role(name, message)
+def _check_message(message: Item) -> Problem | None:
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
-        raise BadRequest(f"{name}.content must be a string or an array.", param=f"{name}.content")
+        return role_problem(message) or (".content", "must be a string or an array.")
+    return role_problem(message)
 
 
 class MessagesDialect(Dialect):
