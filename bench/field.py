@@ -765,10 +765,12 @@ class Fleet:
         label = "floor" if workers == 1 else f"floor ({workers} processes)"
         return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz")
 
-    def ctxproxy(self, key: str, upstream: str, wrapper: list[str] | None = None) -> Target:
+    def ctxproxy(self, key: str, upstream: str, wrapper: list[str] | None = None, tag: str = "") -> Target:
         """``sqlite``, ``redis``, ``sqlite-wN`` or ``redis-wN`` (``--workers N``); the Redis targets share one
-        private ``redis-server``; ``wrapper`` goes before the command (a profiler)."""
+        private ``redis-server``; ``wrapper`` goes before the command (a profiler); ``tag`` tells apart two
+        targets of one key (its key becomes ``key@tag``, its label says it)."""
         store, workers = key.split("-w")[0], workers_of(key)
+        key = f"{key}@{tag}" if tag else key
         if store == "redis":
             if self.redis is None:
                 self.redis = RedisProcess(free_port(), self.workdir / "redis")
@@ -782,6 +784,7 @@ class Fleet:
                 "--port", str(port), "--host", "127.0.0.1", "--context-window", str(CONTEXT_WINDOW), *extra]
         child = self.spawn(f"ctxproxy-{key}", args)
         label = f"ctxproxy ({store})" if workers == 1 else f"ctxproxy ({store}, {workers} workers)"
+        label = f"{label}, {tag}" if tag else label
         return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz",
                       ctxproxy=True)
 

@@ -109,7 +109,7 @@ def measures_table(targets: list[Target], direct: Target) -> str:
             "| 16 concurrent: req/s | 16 concurrent: p50 / p99 | CPU ms per request: small / ~100k / 16 concurrent |",
             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for t in targets:
-        if t.key.split("-w")[0] not in ("direct", "floor", "redis", "sqlite") or "-w" in t.key:
+        if "-w" in t.key:
             continue
         if t is direct:
             cells = [f"{_f(_p(t, w, 50))} / {_f(_p(t, w, 99))} (absolute)" for w in ("small", "large")]
@@ -188,7 +188,9 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
         "target - direct at the same percentile. CPU per request: the target's process (and its children), user + "
         "system, over the phase, ÷ the requests it served in it (less sensitive to other jobs than latency; the "
         "Redis server's own CPU is not in it). "
-        + (f"**{len(COMPACTED)} answers were compacted.**" if COMPACTED else "No ctxproxy answer was compacted."),
+        + (f"**{len(COMPACTED)} answers were compacted.**" if COMPACTED else "No ctxproxy answer was compacted.")
+        + (f" Targets marked baseline run the code of `{info['baseline']}` (`--baseline`), in the same run."
+           if info["baseline"] else ""),
         "",
         measures_table(targets, direct),
         "",
@@ -278,6 +280,9 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
         direct, pending = fleet.start(keys, None)
         pending += [fleet.ctxproxy(k, direct.base, [w.replace("{key}", k) for w in wrapper or []])
                     for k in ("redis", "sqlite")]
+        if opts.baseline:  # the same, from another checkout's code: before and after in one run
+            pending += [fleet.ctxproxy(k, direct.base, ["env", "-C", opts.baseline], tag="baseline")
+                        for k in ("redis", "sqlite")]
         if opts.workers > 1:
             pending.append(fleet.ctxproxy(f"redis-w{opts.workers}", direct.base))
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
@@ -309,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--session-length", type=int, default=1, help="requests per session, concurrent workloads")
     parser.add_argument("--proxy-wrapper", default="",
                         help="command to run the single-process ctxproxies under; {key} becomes redis or sqlite")
+    parser.add_argument("--baseline", default="", help="a checkout whose ctxproxy runs beside this one's "
+                        "(e.g. made by `git archive REV | tar -x -C DIR`), on both stores")
     parser.add_argument("--only", default="", help="comma-separated phases: memory, small, large, c16, workers")
     parser.add_argument("--write", action="store_true", help=f"replace the section '{SECTION}' in docs/BENCHMARKS.md")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (logs, stores)")
@@ -316,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     info: dict[str, Any] = {"command": "python3 -m bench.hotpath" + "".join(" " + shlex.quote(a) for a in
                                                                              (argv or sys.argv[1:])),
-                            "started": datetime.now(UTC), "workers": opts.workers, "length": opts.session_length}
+                            "started": datetime.now(UTC), "workers": opts.workers, "length": opts.session_length,
+                            "baseline": opts.baseline}
     load0, busy0, t0 = os.getloadavg()[0], machine_busy_seconds(), time.perf_counter()
     try:
         import uvloop
