@@ -768,9 +768,9 @@ class Fleet:
     def ctxproxy(self, key: str, upstream: str, wrapper: list[str] | None = None, tag: str = "") -> Target:
         """``sqlite``, ``redis``, ``sqlite-wN`` or ``redis-wN`` (``--workers N``); the Redis targets share one
         private ``redis-server``; ``wrapper`` goes before the command (a profiler); ``tag`` tells apart two
-        targets of one key (its key becomes ``key@tag``, its label says it)."""
+        targets of one key (its key becomes ``key.tag``, its label says it)."""
         store, workers = key.split("-w")[0], workers_of(key)
-        key = f"{key}@{tag}" if tag else key
+        key = f"{key}.{tag}" if tag else key
         if store == "redis":
             if self.redis is None:
                 self.redis = RedisProcess(free_port(), self.workdir / "redis")
