@@ -788,6 +788,14 @@ class Fleet:
         return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz",
                       ctxproxy=True)
 
+    def close(self, keep: bool) -> None:
+        """``stop``, then remove the temp dir unless ``keep``."""
+        self.stop()
+        if keep:
+            self.say(f"kept {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
     def stop(self) -> None:
         for child in self.children:
             child.stop()
@@ -862,11 +870,7 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
             await measure(http, targets, sizes, info, say)
             info["own_cpu"] = cpu_seconds(os.getpid())
     finally:
-        fleet.stop()
-        if opts.keep:
-            say(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        fleet.close(opts.keep)
     return targets
 
 

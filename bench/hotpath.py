@@ -39,7 +39,6 @@ import argparse
 import asyncio
 import os
 import shlex
-import shutil
 import signal
 import sys
 import tempfile
@@ -299,11 +298,7 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
                 if t.child is not None and t.child.alive():
                     t.rss["end"] = rss_tree(t.child.proc.pid)
     finally:
-        fleet.stop()
-        if opts.keep:
-            say(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        fleet.close(opts.keep)
     return targets
 
 
