@@ -218,11 +218,12 @@ def make_app() -> web.Application:
     return app
 
 
-async def serve(host: str, port: int, app: web.Application | None = None) -> None:
-    """Serve ``app`` (default: the fake upstream) until SIGTERM/SIGINT or until the parent process dies."""
+async def serve(host: str, port: int, app: web.Application | None = None, *, reuse_port: bool = False) -> None:
+    """Serve ``app`` (default: the fake upstream) until SIGTERM/SIGINT or until the parent process dies;
+    ``reuse_port``: beside other processes on the same port (``SO_REUSEPORT``)."""
     runner = web.AppRunner(app if app is not None else make_app(), access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -70,6 +70,7 @@ from bench.latency import (
     HEADERS,
     MS,
     ROOT,
+    SMALL_SESSION_LEN,
     Child,
     Conversation,
     SmallConversations,
@@ -392,9 +393,11 @@ class Runner:
         return (f"{len(history)}→{len(history) + 2 * len(steps)} messages, {first / 1000:.0f}→{last / 1000:.0f} KB "
                 f"(~{first // 4000}k→{last // 4000}k tokens at 4 bytes a token)")
 
-    async def concurrent(self, workload: str, workers: int, blocks: int) -> None:
-        convs = {t.key: [SmallConversations(f"{self.run}-{workload}-{t.key}-{w}", 100 + w) for w in range(workers)]
-                 for t in self.targets}
+    async def concurrent(self, workload: str, workers: int, blocks: int, length: int = SMALL_SESSION_LEN) -> None:
+        """``workers`` sessions at a time, each target in turn for ``blocks`` blocks; a fresh session every
+        ``length`` requests."""
+        convs = {t.key: [SmallConversations(f"{self.run}-{workload}-{t.key}-{w}", 100 + w, length=length)
+                         for w in range(workers)] for t in self.targets}
         with quiet_gc():
             for block in range(blocks):
                 for t in rotated(self.targets, block):
@@ -713,6 +716,12 @@ def section(targets: list[Target], info: RunInfo) -> str:
 TARGET_KEYS = ("floor", "sqlite", "redis", "sqlite-w2", "litellm")
 
 
+def workers_of(key: str) -> int:
+    """The process count a target key names: ``redis-w2`` 2, ``floor`` 1."""
+    _, sep, n = key.partition("-w")
+    return int(n) if sep else 1
+
+
 class Fleet:
     """The processes: fake upstream, targets, private Redis; all stopped by ``stop``."""
 
@@ -739,32 +748,53 @@ class Fleet:
             self.children.append(child)
             pending.append(Target("litellm", "LiteLLM", f"http://127.0.0.1:{port}/v1", child,
                                   f"http://127.0.0.1:{port}/health/liveliness"))
-        if "floor" in keys:
-            port = free_port()
-            child = self.spawn("floor", [sys.executable, "-m", "bench.floor", "--port", str(port), "--upstream", root])
-            pending.append(Target("floor", "floor", f"http://127.0.0.1:{port}/v1", child,
-                                  f"http://127.0.0.1:{port}/healthz"))
-        for key in ("sqlite", "redis", "sqlite-w2"):
-            if key in keys:
+        for key in keys:
+            if key.split("-w")[0] == "floor":
+                pending.append(self.floor(key, root))
+        for key in keys:
+            if key.split("-w")[0] in ("sqlite", "redis"):
                 pending.append(self.ctxproxy(key, direct.base))
         return direct, pending
 
-    def ctxproxy(self, key: str, upstream: str) -> Target:
-        if key == "redis":
-            self.redis = RedisProcess(free_port(), self.workdir / "redis")
-            self.redis.start()
+    def floor(self, key: str, root: str) -> Target:
+        """``floor`` or ``floor-wN`` (N processes on one port, the floor for ``--workers N``)."""
+        workers = workers_of(key)
+        port = free_port()
+        child = self.spawn(key, [sys.executable, "-m", "bench.floor", "--port", str(port), "--upstream", root,
+                                 "--workers", str(workers)])
+        label = "floor" if workers == 1 else f"floor ({workers} processes)"
+        return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz")
+
+    def ctxproxy(self, key: str, upstream: str, wrapper: list[str] | None = None, tag: str = "") -> Target:
+        """``sqlite``, ``redis``, ``sqlite-wN`` or ``redis-wN`` (``--workers N``); the Redis targets share one
+        private ``redis-server``; ``wrapper`` goes before the command (a profiler); ``tag`` tells apart two
+        targets of one key (its key becomes ``key.tag``, its label says it)."""
+        store, workers = key.split("-w")[0], workers_of(key)
+        key = f"{key}.{tag}" if tag else key
+        if store == "redis":
+            if self.redis is None:
+                self.redis = RedisProcess(free_port(), self.workdir / "redis")
+                self.redis.start()
             url = self.redis.url
         else:
             url = f"sqlite:///{self.workdir / f'facts-{key}.db'}"
         port = free_port()
-        extra = ["--workers", "2"] if key == "sqlite-w2" else []
-        args = [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--store", url, "--port",
-                str(port), "--host", "127.0.0.1", "--context-window", str(CONTEXT_WINDOW), *extra]
+        extra = ["--workers", str(workers)] if workers > 1 else []
+        args = [*(wrapper or []), sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--store", url,
+                "--port", str(port), "--host", "127.0.0.1", "--context-window", str(CONTEXT_WINDOW), *extra]
         child = self.spawn(f"ctxproxy-{key}", args)
-        label = {"sqlite": "ctxproxy (sqlite)", "redis": "ctxproxy (redis)",
-                 "sqlite-w2": "ctxproxy (sqlite, 2 workers)"}[key]
+        label = f"ctxproxy ({store})" if workers == 1 else f"ctxproxy ({store}, {workers} workers)"
+        label = f"{label}, {tag}" if tag else label
         return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz",
                       ctxproxy=True)
+
+    def close(self, keep: bool) -> None:
+        """``stop``, then remove the temp dir unless ``keep``."""
+        self.stop()
+        if keep:
+            self.say(f"kept {self.workdir}")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def stop(self) -> None:
         for child in self.children:
@@ -840,11 +870,7 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
             await measure(http, targets, sizes, info, say)
             info["own_cpu"] = cpu_seconds(os.getpid())
     finally:
-        fleet.stop()
-        if opts.keep:
-            say(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        fleet.close(opts.keep)
     return targets
 
 

@@ -216,9 +216,11 @@ class Conversation:
 
 
 class SmallConversations:
-    """Small agent conversations: 1 system + 1 user (~200 chars), a fresh session every 50 requests."""
+    """Small agent conversations: 1 system + 1 user (~200 chars), a fresh session every ``length`` requests."""
 
-    def __init__(self, prefix: str, seed: int, stream: bool = False, route: Route = CHAT) -> None:
+    def __init__(self, prefix: str, seed: int, stream: bool = False, route: Route = CHAT,
+                 length: int = SMALL_SESSION_LEN) -> None:
+        self.length = length
         self.rng = random.Random(seed)
         self.prefix = prefix
         self.stream = stream
@@ -233,7 +235,7 @@ class SmallConversations:
 
     def next(self) -> Conversation:
         """The conversation for the next request (already advanced past the previous reply)."""
-        if self.used == SMALL_SESSION_LEN:
+        if self.used == self.length:
             self.conv, self.used = self._fresh(), 0
         elif self.used:
             self.conv.step(REPLY, {"role": "user", "content": prose(self.rng, 200)})

@@ -135,10 +135,27 @@ class Metrics:
         if not self.multiprocess:
             self.sessions_active.set_function(self._active_count)
         self._seen: OrderedDict[SessionKey, float] = OrderedDict()
+        #: ``labels()`` children of the per-request counters, by label values (``request_served``).
+        self._served: dict[tuple[str, int | str], Counter] = {}
+        self._entries: dict[str, Counter] = {}
+
+    def request_served(self, route: str, status: int | str) -> None:
+        """Count one request under ``ctxproxy_requests{route, status}``.
+
+        ``labels()`` checks and looks up its arguments under a lock on every call; the children are cached here
+        instead, once per route and status (a few dozen at most).
+        """
+        child = self._served.get((route, status))
+        if child is None:
+            child = self._served[(route, status)] = self.requests.labels(route=route, status=str(status))
+        child.inc()
 
     def facts_appended(self, facts: Sequence[StoredFact]) -> None:
         for fact in facts:
-            self.log_entries.labels(kind=fact.kind).inc()
+            child = self._entries.get(fact.kind)
+            if child is None:
+                child = self._entries[fact.kind] = self.log_entries.labels(kind=fact.kind)
+            child.inc()
 
     def compaction_done(self, trigger: str, result: CompactionResult, seconds: float) -> None:
         self.compactions.labels(trigger=trigger, outcome=result.outcome).inc()

@@ -11,8 +11,7 @@ Bearer``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
@@ -83,20 +82,25 @@ def client_timeout(settings: Settings) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout, sock_read=settings.upstream_timeout)
 
 
-@asynccontextmanager
-async def map_upstream_errors() -> AsyncIterator[None]:
+class map_upstream_errors:  # lower case: used as a function, ``async with map_upstream_errors():``
     """Name transport failures: unreachable (502), not speaking HTTP (502) or silent past the timeout (504).
 
     aiohttp raises ``ClientResponseError`` when what came back is not an HTTP
     response it can read (a bad status line, malformed headers, a
     Content-Encoding it cannot decode); nothing of it reached the client yet.
+    A class, not an async generator: it is entered on every proxied request.
     """
-    try:
-        yield
-    except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
-        raise UpstreamTimeout("The upstream did not answer in time.") from exc
-    except aiohttp.ClientResponseError as exc:
-        raise UpstreamUnreachable("The upstream's answer is not an HTTP response this proxy can read.",
-                                  code="upstream_bad_response") from exc
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, aiohttp.InvalidURL, OSError) as exc:
-        raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc
+
+    __slots__ = ()
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+            raise UpstreamTimeout("The upstream did not answer in time.") from exc
+        if isinstance(exc, aiohttp.ClientResponseError):
+            raise UpstreamUnreachable("The upstream's answer is not an HTTP response this proxy can read.",
+                                      code="upstream_bad_response") from exc
+        if isinstance(exc, aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | aiohttp.InvalidURL | OSError):
+            raise UpstreamUnreachable(f"The upstream could not be reached: {type(exc).__name__}.") from exc

@@ -11,7 +11,7 @@ import pytest
 from proxy.context import userwords
 from proxy.context.batches import checkpoint_fact
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint
-from proxy.context.engine import ContextEngine, EngineSettings, active_checkpoint
+from proxy.context.engine import MAX_POLICIES, ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
 from proxy.context.masking import KEEP_OUTPUTS_SHARE
 from proxy.context.projection import SUMMARY_END
@@ -331,3 +331,17 @@ async def test_ten_kept_outputs_of_a_thousand_tokens_are_masked_before_any_backg
     assert checkpoint is not None and checkpoint.masked_until > 0, "masking ran"
     assert model.calls == 0, "masking kept the run under the soft threshold: no summary"
     await engine.aclose()
+
+
+async def test_the_policies_kept_per_window_are_bounded(sqlite_store: FactLog) -> None:
+    """Windows come from what upstreams teach, any value: the engine keeps at most MAX_POLICIES of their policies,
+    and one made again is what it was."""
+    engine = engine_over(sqlite_store)
+    first = engine.policy(2048)
+    for window in range(4096, 4096 + 3 * MAX_POLICIES):
+        engine.policy(window)
+    assert len(engine._policies) == MAX_POLICIES
+    assert 2048 not in engine._policies, "the oldest went first"
+    again = engine.policy(2048)
+    assert again is not first and again.threshold(None) == first.threshold(None)
+    assert again.counter is first.counter, "the token counts stay shared"

@@ -80,3 +80,30 @@ async def test_sqlite_migration_notes_the_sessions_already_logged(tmp_path: Path
         assert await store.tenants_of("run-1") == ["t-old"]
     finally:
         await store.aclose()
+
+
+async def test_others_or_note_names_the_others_and_notes_a_tenant_only_when_alone(store: FactLog) -> None:
+    """One store call for a session id new here: who else holds it, and, when nobody does, note the own tenant."""
+    assert await store.others_or_note("run-1", "t-first", TS) == []
+    assert await store.tenants_of("run-1") == ["t-first"], "alone: noted in the same call"
+    assert await store.others_or_note("run-1", "t-first", TS + 1) == [], "only itself: still alone"
+    assert await store.others_or_note("run-1", "t-second", TS + 2) == ["t-first"]
+    assert await store.tenants_of("run-1") == ["t-first"], "not alone: not noted (the caller decides)"
+    await store.note_tenant("run-1", "t-third", TS + 3)
+    assert await store.others_or_note("run-1", "t-first", TS + 4) == ["t-third"]
+    assert await store.others_or_note("run-2", "t-first", TS + 5) == []
+    assert await store.tenants_of("run-2") == ["t-first"]
+
+
+async def test_read_linked_is_the_log_and_the_link_in_one_call(store: FactLog) -> None:
+    key = SessionKey("t-new", "run-1")
+    assert await store.read_linked(key, 10) == ([], None)
+    facts = [NewFact(kind="message", index=i, source="client", message={"role": "user", "content": f"m{i}"},
+                     hash=f"h{i}") for i in range(4)]
+    await store.append(key, 0, facts, TS)
+    assert await store.read_linked(key, 10) == (await store.read(key), None)
+    await store.link(key, "t-old", TS)
+    logged, link = await store.read_linked(key, 3)
+    assert (logged, link) == (await store.read(key, limit=3), "t-old")
+    assert [f.digest for f in logged] == [f.digest for f in await store.read(key, limit=3)]
+    assert await store.read_linked(SessionKey("t-old", "run-1"), 10) == ([], None)

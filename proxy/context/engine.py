@@ -49,6 +49,8 @@ DEFAULT_WINDOW = 128_000
 UNDONE = "a compaction was undone since this one was planned"
 #: Share taken off a refused prompt's estimate to learn a window from a refusal that states none.
 REFUSAL_MARGIN = 0.05
+#: Budget policies kept, one per context window (``ContextEngine.policy``).
+MAX_POLICIES = 64
 
 
 @dataclass(frozen=True)
@@ -215,10 +217,18 @@ class ContextEngine:
                     prompt_tokens, min(raised, self._configured_window(model)))
 
     def policy(self, window: int) -> ContextBudgetPolicy:
+        """The budget policy of ``window``, one per window, kept for the next request of that window.
+
+        Bounded (``MAX_POLICIES``, the oldest made dropped first): windows come from the model map, the flag and
+        what upstreams taught (``learn_window``: any value), and a policy holds nothing a new one would not
+        rebuild (the token counts are the shared counter's).
+        """
         policy = self._policies.get(window)
         if policy is None:
             policy = ContextBudgetPolicy(window, self.settings.compression_threshold,
                                          estimator=self.settings.estimator, counter=self.counter)
+            if len(self._policies) >= MAX_POLICIES:
+                self._policies.pop(next(iter(self._policies)))
             self._policies[window] = policy
         return policy
 

@@ -46,8 +46,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -89,6 +88,39 @@ class _Writer:
     users: int = 0
 
 
+class _Writing:
+    """``async with``: the session's writer lock held (``HistoryManager._writer``). A class, not an async generator:
+    every append enters it."""
+
+    __slots__ = ("_key", "_writer", "_writers")
+
+    _writer: _Writer
+
+    def __init__(self, writers: dict[SessionKey, _Writer], key: SessionKey) -> None:
+        self._writers, self._key = writers, key
+
+    async def __aenter__(self) -> None:
+        writer = self._writers.get(self._key)
+        if writer is None:
+            writer = self._writers[self._key] = _Writer()
+        self._writer = writer
+        writer.users += 1
+        try:
+            await self._writer.lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._writer.lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self._writer.users -= 1
+        if self._writer.users == 0:
+            del self._writers[self._key]
+
+
 class HistoryManager:
     """Syncs conversations into the fact log; one per process, shared by all sessions."""
 
@@ -124,11 +156,7 @@ class HistoryManager:
         """The session's state, caught up with the log when ``refresh`` or not yet cached."""
         state = self._states.get(key)
         if state is None:
-            fresh = await self._catch_up(key, ConversationState())
-            # Concurrent first requests of a session each load it; keep whichever state is furthest along.
-            state = self._states.get(key)
-            if state is None or state.next_seq < fresh.next_seq:
-                state = fresh
+            state = self._furthest(key, await self._catch_up(key, ConversationState()))
             self._synced[key] = time.monotonic()
         elif refresh:
             state = await self._catch_up(key, state)
@@ -142,6 +170,25 @@ class HistoryManager:
         synced = self._synced.get(key)
         stale = synced is None or time.monotonic() - synced >= self.fresh_for
         return await self.state(key, refresh=stale)
+
+    async def first_look(self, key: SessionKey) -> tuple[ConversationState, str | None]:
+        """The state of a session not cached here, and its link (``FactLog.link_of``), read together: one store
+        call unless the log is longer than a page. A session cached meanwhile (a concurrent first request) keeps
+        whichever state is furthest along, as in ``state``."""
+        facts, link = await self.log.read_linked(key, CATCH_UP_PAGE)
+        fresh = ConversationState()
+        for fact in facts:
+            fresh.apply(fact)
+        if len(facts) == CATCH_UP_PAGE:
+            fresh = await self._catch_up(key, fresh)
+        state = self._furthest(key, fresh)
+        self._remember(key, state)
+        return state, link
+
+    def _furthest(self, key: SessionKey, loaded: ConversationState) -> ConversationState:
+        """Concurrent first requests of a session each load it: whichever state is furthest along."""
+        state = self._states.get(key)
+        return loaded if state is None or state.next_seq < loaded.next_seq else state
 
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)
@@ -277,20 +324,9 @@ class HistoryManager:
         state, _ = await self._append(key, plan)
         return state
 
-    @asynccontextmanager
-    async def _writer(self, key: SessionKey) -> AsyncIterator[None]:
+    def _writer(self, key: SessionKey) -> _Writing:
         """The session's one writer in this process; the lock is dropped when nobody holds or awaits it."""
-        writer = self._writers.get(key)
-        if writer is None:
-            writer = self._writers[key] = _Writer()
-        writer.users += 1
-        try:
-            async with writer.lock:
-                yield
-        finally:
-            writer.users -= 1
-            if writer.users == 0:
-                del self._writers[key]
+        return _Writing(self._writers, key)
 
     async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]],
                       ) -> tuple[ConversationState, list[StoredFact]]:

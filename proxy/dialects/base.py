@@ -305,20 +305,25 @@ def check_writable(value: Any) -> None:
         raise BadRequest(f"Request body cannot be processed: {exc} (nested too deeply).", code="invalid_json") from None
 
 
+#: What is wrong with an item: the path below it ('' for the item itself, '.content') and what it must be.
+Problem = tuple[str, str]
+
+
 def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False,
-                  check: Callable[[str, Item], None] | None = None) -> list[Item]:
-    """``payload[field]`` as a non-empty list of objects, each passed to ``check`` with its name (``messages[3]``)
-    when given; ``BadRequest`` otherwise."""
+                  check: Callable[[Item], Problem | None] | None = None) -> list[Item]:
+    """``payload[field]`` as a non-empty list of objects, each passed to ``check`` when given; ``BadRequest``
+    otherwise, naming the item (``messages[3]``). The name is made only for the error: a request of a long
+    session carries hundreds of items, and every one is checked on every request."""
     value = payload.get(field)
     if allow_string and isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise BadRequest(f"'{field}' must be a non-empty array of objects.", param=field)
     for index, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise BadRequest(f"{field}[{index}] must be an object.", param=f"{field}[{index}]")
-        if check is not None:
-            check(f"{field}[{index}]", item)
+        problem = ("", "must be an object.") if type(item) is not dict else None if check is None else check(item)
+        if problem is not None:
+            where = f"{field}[{index}]{problem[0]}"
+            raise BadRequest(f"{where} {problem[1]}", param=where)
     return value
 
 
@@ -348,10 +353,9 @@ def require_string_types(name: str, item: Item) -> None:
         raise BadRequest(f"{name} has a type that is not a string: a type must be a string.", param=name)
 
 
-def require_role(name: str, message: Item) -> None:
+def role_problem(message: Item) -> Problem | None:
     """A message of the Chat Completions or Messages API: an object with a string ``role``."""
-    if not isinstance(message.get("role"), str):
-        raise BadRequest(f"{name} must be an object with a string 'role'.", param=name)
+    return None if type(message.get("role")) is str else ("", "must be an object with a string 'role'.")
 
 
 def positive_int(payload: Mapping[str, Any], *names: str) -> int | None:

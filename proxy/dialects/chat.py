@@ -26,14 +26,14 @@ from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import (
     Dialect,
     ParsedRequest,
+    Problem,
     ReplyReader,
     Verdict,
     positive_int,
     require_items,
-    require_role,
+    role_problem,
     text_of,
 )
-from proxy.errors import BadRequest
 from proxy.sse import StreamAssembler, is_usage_only, message_from_completion
 
 #: Finish reasons of an answer that ended on its own: OpenAI's, and Anthropic's for its compatible endpoints.
@@ -110,12 +110,12 @@ def normalise(message: Item) -> dict[str, Any]:
     return out
 
 
-def _check_message(name: str, message: Item) -> None:
-    require_role(name, message)
+def _check_message(message: Item) -> Problem | None:
     # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
     calls = message.get("tool_calls")
     if calls is not None and type(calls) is not list:
-        raise BadRequest(f"{name}.tool_calls must be an array.", param=f"{name}.tool_calls")
+        return role_problem(message) or (".tool_calls", "must be an array.")
+    return role_problem(message)
 
 
 class ChatDialect(Dialect):

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, Path, Role
-from proxy.dialects.base import Dialect, ParsedRequest, ReplyReader, Verdict, positive_int, require_items
+from proxy.dialects.base import Dialect, ParsedRequest, Problem, ReplyReader, Verdict, positive_int, require_items
 from proxy.errors import BadRequest
 from proxy.settings import Settings
 
@@ -99,12 +99,13 @@ def _identity_parts(parts: Sequence[Mapping[str, Any]]) -> list[Any]:
     return [p.strip() if isinstance(p, str) else p for p in out if p != ""]
 
 
-def _check_content(name: str, content: Item) -> None:
+def _check_content(content: Item) -> Problem | None:
     if not isinstance(content.get("parts"), list):
-        raise BadRequest(f"{name} must be an object with a 'parts' array.", param=f"{name}.parts")
+        return ".parts", "must be an array (a content is an object with a 'parts' array)."
     role = content.get("role")
     if role is not None and not isinstance(role, str):
-        raise BadRequest(f"{name}.role must be a string.", param=f"{name}.role")
+        return ".role", "must be a string."
+    return None
 
 
 #: Google's canonical status names, by HTTP status (google.rpc.Code): what an error's ``status`` says.

@@ -37,14 +37,14 @@ import orjson
 from proxy.context.items import Item, Path, Role
 from proxy.dialects.base import (
     Dialect,
+    Problem,
     ReplyReader,
     Verdict,
     positive_int,
     require_items,
-    require_role,
+    role_problem,
     text_of,
 )
-from proxy.errors import BadRequest
 
 _TEXT = frozenset({"text"})
 #: Events before any content block: held back, so an error that follows can be retried unseen.
@@ -86,11 +86,11 @@ def _rewrites(edit: Any) -> bool:
     return isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
 
 
-def _check_message(name: str, message: Item) -> None:
-    require_role(name, message)
+def _check_message(message: Item) -> Problem | None:
     content = message.get("content")
     if content is not None and not isinstance(content, str | list):
-        raise BadRequest(f"{name}.content must be a string or an array.", param=f"{name}.content")
+        return role_problem(message) or (".content", "must be a string or an array.")
+    return role_problem(message)
 
 
 #: Anthropic's error ``type`` for a status (https://docs.claude.com/en/api/errors); other 4xx are

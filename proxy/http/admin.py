@@ -114,7 +114,7 @@ def admin_only(handler: Handler) -> Handler:
             status = exc.status
             raise
         finally:
-            request.app[metrics_key].requests.labels(route="admin", status=str(status)).inc()
+            request.app[metrics_key].request_served("admin", status)
 
     return open_route(guarded)
 

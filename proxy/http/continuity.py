@@ -16,6 +16,7 @@ goes on under its own key, as with the store down), never the request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -63,11 +64,19 @@ class Candidates:
     def __init__(self, request: web.Request, own: SessionKey) -> None:
         self._request, self._own = request, own
         self._tenants: list[str] | None = None
+        #: Whether reading them noted the own tenant too (``FactLog.others_or_note``: there were none).
+        self.noted = False
 
-    async def get(self) -> list[str]:
+    async def get(self, *, note: bool = False) -> list[str]:
+        """With ``note``, a first read with no other tenant notes the own one in the same round trip (the caller
+        would note it next)."""
         if self._tenants is None:
-            found = await self._request.app[store_key].tenants_of(self._own.session)
-            self._tenants = [t for t in found if t != self._own.tenant]
+            store, own = self._request.app[store_key], self._own
+            if note:
+                self._tenants = await store.others_or_note(own.session, own.tenant, time.time())
+                self.noted = not self._tenants
+            else:
+                self._tenants = [t for t in await store.tenants_of(own.session) if t != own.tenant]
         return self._tenants
 
 
@@ -122,19 +131,35 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
     app = request.app
     history, store = app[history_key], app[store_key]
     first_seen = history.cached(own) is None
-    if not holds(await history.state(own), dialect, items, hashes):
-        linked = await store.link_of(own)  # linked by another process, or before a restart
+    if first_seen:
+        # A session new here: its log and its link in one store call (the link is needed when the log proves
+        # nothing), and at the same time who else holds the session id, noting the own tenant if nobody does.
+        # (Noted when it turns out linked: only if no other tenant is noted, which a link leaves only if they
+        # were all pushed out of the TENANTS_KEPT newest; a tenant noted with nothing logged proves nothing.)
+        looked, others = await asyncio.gather(history.first_look(own), candidates.get(note=True),
+                                              return_exceptions=True)
+        if isinstance(looked, BaseException):
+            raise looked
+        if isinstance(others, BaseException):
+            raise others
+        state, linked = looked
+    else:
+        state, linked = await history.state(own), None
+    if not holds(state, dialect, items, hashes):
+        if not first_seen:
+            linked = await store.link_of(own)  # linked by another process, or before a restart
         if linked is not None:
             app[links_key].put(own, linked)
             return linked, False
         proven, best = None, 0
-        for tenant in await candidates.get():  # the one the request matches furthest, should several match
+        # The one the request matches furthest, should several match; with none, a first sight is noted at once.
+        for tenant in await candidates.get():
             matched = await _proves(request, dialect, SessionKey(tenant, own.session), items, hashes)
             if matched > best:
                 proven, best = tenant, matched
         if proven is not None:
             return proven, True
-    if first_seen:
+    if first_seen and not candidates.noted:
         await store.note_tenant(own.session, own.tenant, time.time())
     return None, False
 

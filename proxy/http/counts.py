@@ -51,7 +51,7 @@ def counted(route: str) -> Callable[[Handler], Handler]:
                 status = exc.status
                 raise
             finally:
-                request.app[metrics_key].requests.labels(route=route, status=str(status)).inc()
+                request.app[metrics_key].request_served(route, status)
 
         return count
 

@@ -416,7 +416,7 @@ def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view:
              total: float) -> None:
     upstream = turn.timing.upstream if turn is not None else 0.0
     session = turn.key.session if turn is not None else None
-    metrics.requests.labels(route=route, status=str(status)).inc()
+    metrics.request_served(route, status)
     metrics.upstream_seconds.observe(upstream)
     metrics.overhead_seconds.observe(max(total - upstream, 0.0))
     access_logger.info(

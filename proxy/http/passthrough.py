@@ -43,7 +43,7 @@ def upstream_url(request: web.Request, base: str) -> URL:
 async def responses_socket(request: web.Request) -> web.StreamResponse:
     """``GET /v1/responses``: a websocket upgrade gets 426, so Codex falls back to HTTP streaming."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
-        request.app[metrics_key].requests.labels(route="responses", status="426").inc()
+        request.app[metrics_key].request_served("responses", "426")
         raise UpgradeRequired("This proxy speaks the Responses API over HTTP only; use POST /v1/responses.",
                               code="websocket_not_supported")
     return await passthrough(request)
@@ -100,6 +100,6 @@ async def forward(request: web.Request, url: URL, headers: Mapping[str, str],
         status = exc.status
         raise
     finally:
-        metrics.requests.labels(route="passthrough", status=str(status)).inc()
+        metrics.request_served("passthrough", status)
         metrics.upstream_seconds.observe(upstream_seconds)
         metrics.overhead_seconds.observe(max(time.perf_counter() - started - upstream_seconds, 0.0))

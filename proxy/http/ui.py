@@ -110,7 +110,7 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
             response = await error_for(request, exc)
         response.headers.update(SECURITY_HEADERS)
         response.headers.setdefault("Cache-Control", "no-store")
-        request.app[metrics_key].requests.labels(route="ui", status=str(response.status)).inc()
+        request.app[metrics_key].request_served("ui", response.status)
         return response
 
     return guarded

@@ -132,6 +132,11 @@ class FactLog(abc.ABC):
         """Facts with ``seq > after``, oldest first, at most ``limit``. An unknown session reads as empty."""
 
     @abc.abstractmethod
+    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+        """The session's first ``limit`` facts (``read(key, limit=limit)``) and its link (``link_of(key)``), in one
+        round trip: what a request needs of a session this process has not seen yet, to tell whose it is."""
+
+    @abc.abstractmethod
     def sessions(self) -> AsyncIterator[SessionInfo]:
         """Every session in the store, in no particular order."""
 
@@ -173,6 +178,12 @@ class FactLog(abc.ABC):
     @abc.abstractmethod
     async def tenants_of(self, session: str) -> list[str]:
         """The tenants noted for ``session``, newest first, at most ``TENANTS_KEPT``."""
+
+    @abc.abstractmethod
+    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
+        """The tenants other than ``tenant`` noted for ``session`` (as ``tenants_of``); when there are none,
+        ``tenant`` is noted (as ``note_tenant``) in the same step. One round trip where a request on a session id
+        new here would otherwise make two: ask who else holds it, and, nobody, note itself."""
 
     @abc.abstractmethod
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:

@@ -123,6 +123,21 @@ def decode(fact_id: str, raw: bytes | str) -> StoredFact:
         raise StoreError(f"fact {fact_id} is malformed: {exc}") from exc
 
 
+#: Kinds whose facts ``written`` builds from the fact itself: what they carry is plain JSON already (a message as
+#: the client or the upstream sent it), so the stored fact is the same either way. The proxy's own facts
+#: (summaries, checkpoints) are read back from their bytes, as a reader of the log will see them.
+_PLAIN_KINDS = frozenset({"message", "rewind"})
+
+
+def written(fact: NewFact, fact_id: str, seq: int, ts: float, raw: bytes) -> StoredFact:
+    """The ``StoredFact`` of ``fact``, just appended as ``raw`` (its ``encode``), without parsing ``raw`` back."""
+    if fact.kind not in _PLAIN_KINDS:
+        return decode(fact_id, raw)
+    return StoredFact(id=fact_id, seq=seq, kind=fact.kind, index=fact.index, source=fact.source,
+                      message=fact.message, ts=ts, hash=fact.hash, extra=fact.extra, key=fact.key,
+                      digest=digest(raw))
+
+
 def counts(facts: Sequence[NewFact]) -> tuple[int, int]:
     """How many of ``facts`` are messages and checkpoints: the per-session tallies both backends keep."""
     messages = sum(1 for f in facts if f.kind == "message")

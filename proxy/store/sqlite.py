@@ -250,7 +250,8 @@ def _append(
                      updated_at = excluded.updated_at""",
                 (key.tenant, key.session, expected_seq + len(fresh), messages, checkpoints, ts),
             )
-    written = iter([codec.decode(str(expected_seq + i), body) for i, body in enumerate(bodies)])
+    written = iter([codec.written(fact, str(expected_seq + i), expected_seq + i, ts, body)
+                    for i, (fact, body) in enumerate(zip(fresh, bodies, strict=True))])
     return [logged[i] if i in logged else next(written) for i in range(len(facts))]
 
 
@@ -340,6 +341,13 @@ def _tenants_of(conn: sqlite3.Connection, session: str) -> list[str]:
     return [str(row[0]) for row in rows]
 
 
+def _others_or_note(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> list[str]:
+    others = [t for t in _tenants_of(conn, session) if t != tenant]
+    if not others:
+        _note_tenant(conn, session, tenant, ts)
+    return others
+
+
 def _link(conn: sqlite3.Connection, key: SessionKey, tenant: str, ts: float) -> str:
     with immediate(conn):
         conn.execute("INSERT OR IGNORE INTO links (tenant, session, target, linked_at) VALUES (?, ?, ?, ?)",
@@ -351,6 +359,10 @@ def _link(conn: sqlite3.Connection, key: SessionKey, tenant: str, ts: float) -> 
 def _link_of(conn: sqlite3.Connection, key: SessionKey) -> str | None:
     row = conn.execute("SELECT target FROM links WHERE tenant = ? AND session = ?", key).fetchone()
     return None if row is None else str(row[0])
+
+
+def _read_linked(conn: sqlite3.Connection, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+    return _read(conn, key, -1, limit), _link_of(conn, key)
 
 
 class SqliteFactLog(FactLog):
@@ -386,6 +398,9 @@ class SqliteFactLog(FactLog):
 
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         return await self._run(_read, key, after, limit)
+
+    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
+        return await self._run(_read_linked, key, limit)
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         cursor = ("", "")
@@ -430,6 +445,9 @@ class SqliteFactLog(FactLog):
 
     async def tenants_of(self, session: str) -> list[str]:
         return await self._run(_tenants_of, session)
+
+    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
+        return await self._run(_others_or_note, session, tenant, ts)
 
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
         return await self._run(_link, key, tenant, ts)
