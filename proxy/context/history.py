@@ -182,6 +182,7 @@ class HistoryManager:
         if len(facts) == CATCH_UP_PAGE:
             fresh = await self._catch_up(key, fresh)
         state = self._furthest(key, fresh)
+        self._synced[key] = time.monotonic()
         self._remember(key, state)
         return state, link
 
