@@ -18,6 +18,7 @@ agent on one keep-alive connection stays on one worker). Process metrics
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from collections import OrderedDict
@@ -133,8 +134,9 @@ class Metrics:
         self._seen: OrderedDict[SessionKey, float] = OrderedDict()
 
     def facts_appended(self, facts: Sequence[StoredFact]) -> None:
-        for fact in facts:
-            self.log_entries.labels(kind=fact.kind).inc()
+        """One increment per kind, not per fact: a 300,000-message append is not 300,000 label look-ups."""
+        for kind, count in collections.Counter(fact.kind for fact in facts).items():
+            self.log_entries.labels(kind=kind).inc(count)
 
     def compaction_done(self, trigger: str, result: CompactionResult, seconds: float) -> None:
         self.compactions.labels(trigger=trigger, outcome=result.outcome).inc()

@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
+from proxy import offload
 from proxy.context.budget import retry_limit
 from proxy.context.engine import ContextEngine
 from proxy.context.items import Item, leading_system_count
@@ -165,6 +166,8 @@ class Turn:
     async def prepare(self) -> PreparedView:
         """The view to send: the proactive trigger, unless the client keeps its history upstream."""
         tools, model = self.parsed.tools, self.parsed.model or ""
+        if offload.is_large(len(self.parsed.raw)):  # counted in the pool: the view then finds every count cached
+            await offload.run(True, self.engine.counter.count_many, self.dialect, self.parsed.items, self.hashes)
         if "previous_response_id" in self.parsed.payload:
             # Responses API with server-side state: the items are only what is new; forwarded as they are.
             return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
@@ -288,7 +291,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
     app = request.app
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
-    parsed = dialect.parse(await read_body(request, settings))  # the client key is checked already
+    raw = await read_body(request, settings)  # the client key is checked already
+    parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw)
     own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
