@@ -176,6 +176,13 @@ class TokenCounter:
         cached = self._cached(key)
         return cached if cached is not None else self._count(dialect, message, key, exact=True)[0]
 
+    def count_one(self, dialect: ItemModel, message: Message, digest: str, *, exact: bool) -> tuple[int, int]:
+        """``message_tokens`` for a caller with a tokenizing budget of its own: the count and the characters it
+        tokenized (0 when cached); unless ``exact``, a message new to the cache is counted as characters ÷ 3."""
+        key = dialect.count_key(message, digest)
+        cached = self._cached(key)
+        return (cached, 0) if cached is not None else self._count(dialect, message, key, exact=exact)
+
     def _count(self, dialect: ItemModel, message: Message, key: str, *, exact: bool) -> tuple[int, int]:
         """Count ``message`` (tokenized, or characters ÷ 3 unless ``exact``) and cache it under ``key``; the count
         and the characters tokenized."""
