@@ -98,6 +98,8 @@ class HistoryManager:
         on_append: Callable[[Sequence[StoredFact]], None] | None = None,
         on_error: Callable[[], None] | None = None,
         recent_bytes: int = 64 * 1024 * 1024,
+        state_bytes: int = 256 * 1024 * 1024,
+        pending_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.log = log
         self._recent: OrderedDict[SessionKey, tuple[list[Message], list[str], int]] = OrderedDict()
@@ -107,8 +109,12 @@ class HistoryManager:
         self._on_append = on_append
         self._on_error = on_error
         self._states: OrderedDict[SessionKey, ConversationState] = OrderedDict()
+        #: Each cached state's ``bytes`` when last remembered, and their sum.
+        self._state_sizes: dict[SessionKey, int] = {}
+        self._states_size = 0
+        self._state_bytes = state_bytes
         self._max_sessions = max_sessions
-        self._pending = PendingReplies(max_pending)
+        self._pending = PendingReplies(max_pending, pending_bytes)
         self._writers: dict[SessionKey, _Writer] = {}
         self._retries: dict[SessionKey, asyncio.Task[None]] = {}
         self._closed = False
@@ -187,11 +193,24 @@ class HistoryManager:
             self._remember(key, fresh)
         return fresh
 
+    @property
+    def bytes(self) -> dict[str, int]:
+        """What the per-session caches hold, estimated, by cache: the states (as of their last use), the
+        previous requests kept for hash reuse, the replies waiting to be logged."""
+        return {"states": self._states_size, "recent": self._recent_size, "pending": self._pending.bytes}
+
     def _remember(self, key: SessionKey, state: ConversationState) -> None:
+        """Cache ``state`` as the newest; the oldest go past ``max_sessions`` or ``state_bytes`` (the newest stays,
+        however large: reading a long log again on the session's next request costs more than holding it)."""
         self._states[key] = state
         self._states.move_to_end(key)
-        while len(self._states) > self._max_sessions:
-            self._states.popitem(last=False)
+        size = state.bytes
+        self._states_size += size - self._state_sizes.get(key, 0)
+        self._state_sizes[key] = size
+        while len(self._states) > 1 and (len(self._states) > self._max_sessions
+                                         or self._states_size > self._state_bytes):
+            dropped, _ = self._states.popitem(last=False)
+            self._states_size -= self._state_sizes.pop(dropped)
 
     async def sync(
         self,
@@ -321,6 +340,8 @@ class HistoryManager:
                     continue
                 await self._applied(state, stored, expected)
                 if rest is None:
+                    if self._states.get(key) is state:
+                        self._remember(key, state)  # its size grew by what was appended
                     return state, stored
 
     async def _applied(self, state: ConversationState, stored: Sequence[StoredFact], expected: int) -> None:

@@ -356,6 +356,8 @@ def front_door(dialect: Dialect) -> Handler:
             if status is None:
                 status = turn.status if turn is not None else 502
             _account(metrics, dialect.name, turn, status, view, time.perf_counter() - started)
+            if turn is not None and offload.is_large(len(turn.parsed.raw)):
+                offload.trim_soon()
 
     return handle
 
