@@ -115,8 +115,6 @@ class Settings:
             raise ValueError(f"secret must be at least {MIN_SECRET_CHARS} characters")
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
-        if self.state_cache_bytes < 0:
-            raise ValueError("state_cache_bytes must not be negative")
         if self.max_event_bytes < 1024:
             raise ValueError("max_event_bytes must be at least 1024")
         if self.reactive_retries < 0:

@@ -40,7 +40,8 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
 def test_recent_requests_are_bounded_by_size() -> None:
     history = HistoryManager(log=None, clock=lambda: 0.0, recent_bytes=1000)  # type: ignore[arg-type]
     for i in range(5):
-        asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), [{"role": "user", "content": str(i)}], 0, message_hash))
+        messages = [{"role": "user", "content": str(i)}]
+        asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, 0, message_hash))
     assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
 
 

@@ -52,8 +52,8 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from proxy.context.lineage import ConversationState
 from proxy import offload
+from proxy.context.lineage import ConversationState
 from proxy.context.pending import PendingReplies, PendingReply, pending_replies
 from proxy.context.planning import plan_pending, plan_sync
 from proxy.errors import ConflictError, StoreError

@@ -27,7 +27,6 @@ from proxy.context.lineage import ROOT, ConversationState
 from proxy.store.base import SessionKey
 from proxy.types import Message
 
-
 #: A digest string and its tuple slot.
 RECORD_HASH_BYTES = 90
 

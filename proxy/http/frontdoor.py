@@ -11,6 +11,7 @@ client gets the upstream's first refusal, status and body unchanged.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,9 +20,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy import offload
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
-from proxy import offload
 from proxy.context.budget import retry_limit
 from proxy.context.engine import ContextEngine
 from proxy.context.items import Item, leading_system_count
@@ -230,9 +231,12 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
     settings, dialect, request = turn.settings, turn.dialect, turn.request
     headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic)
     url = dialect.upstream_url(settings)
+    body = turn.upstream_body(view)
+    # aiohttp writes a large bytes payload in one go; as a file it goes in chunks, read off the loop.
+    data = io.BytesIO(body) if offload.is_large(len(body)) else body
     async with map_upstream_errors():
         turn.timing.wait_started()
-        async with request.app[client_key].post(url, data=turn.upstream_body(view), headers=headers,
+        async with request.app[client_key].post(url, data=data, headers=headers,
                                                 params=request.rel_url.query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
@@ -356,8 +360,6 @@ def front_door(dialect: Dialect) -> Handler:
             if status is None:
                 status = turn.status if turn is not None else 502
             _account(metrics, dialect.name, turn, status, view, time.perf_counter() - started)
-            if turn is not None and offload.is_large(len(turn.parsed.raw)):
-                offload.trim_soon()
 
     return handle
 
@@ -380,6 +382,8 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
 
 def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,
              total: float) -> None:
+    if turn is not None and offload.is_large(len(turn.parsed.raw)):
+        offload.trim_soon()  # the request's objects are freed by then: the heap goes back to the OS
     upstream = turn.timing.upstream if turn is not None else 0.0
     session = turn.key.session if turn is not None else None
     metrics.requests.labels(route=route, status=str(status)).inc()
