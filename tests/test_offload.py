@@ -12,6 +12,7 @@ import asyncio
 import io
 import re
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -25,6 +26,7 @@ from proxy.dialects.chat import message_hash
 from proxy.keys import engine_key
 from proxy.render import Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
+from proxy.ui.timeline import Timeline, extend_off_loop
 from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import ProxyFactory, replay
 
@@ -174,3 +176,38 @@ async def test_cached_states_stay_within_their_byte_budget_after_many_long_sessi
         highest = max(highest, sizes["states"])
     assert highest <= budget
     assert set(sizes) == {"states", "recent", "pending", "tokens", "timelines"}
+
+
+async def test_a_fold_whose_viewer_left_stops_before_its_lock_is_released() -> None:
+    """The fold's thread is stopped at the next entry and waited for: nothing writes the timeline afterwards."""
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    class Held(Timeline):
+        applied = 0
+
+        def extend(self, facts: Sequence[StoredFact], stop: threading.Event | None = None) -> None:
+            try:
+                super().extend(facts, stop)
+            finally:
+                finished.set()
+
+        def apply(self, fact: StoredFact) -> None:
+            if not entered.is_set():
+                entered.set()
+                release.wait(GATE_TIMEOUT)
+            super().apply(fact)
+            self.applied += 1
+
+    facts = [StoredFact(id=str(seq), seq=seq, kind="message", index=seq, source="client",
+                        message={"role": "user", "content": str(seq)}, ts=0.0,
+                        hash=message_hash({"role": "user", "content": str(seq)}), extra={}) for seq in range(1000)]
+    timeline = Held()
+    fold = asyncio.create_task(extend_off_loop(timeline, facts))
+    assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, GATE_TIMEOUT)
+    fold.cancel()  # the viewer left while the thread folds the first entry
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await fold
+    assert finished.is_set()  # the thread was done before the caller went on (and so before any lock it held)
+    assert timeline.applied == 1  # it stopped after the entry it was folding
+    assert timeline.next_seq == 1

@@ -253,14 +253,14 @@ class TimelineCache:
                         continue
                     facts = facts[1:]
                 if facts:
-                    await _extend(timeline, facts)
+                    await extend_off_loop(timeline, facts)
                 if len(facts) < PAGE:
                     break
             self._evict(key)
             yield timeline
 
 
-async def _extend(timeline: Timeline, facts: Sequence[StoredFact]) -> None:
+async def extend_off_loop(timeline: Timeline, facts: Sequence[StoredFact]) -> None:
     """``timeline.extend(facts)`` in a worker thread, returning only once the thread has stopped: a caller
     cancelled meanwhile (its viewer left) stops it at the next entry, waits for that, then is cancelled."""
     stop = threading.Event()
