@@ -26,7 +26,8 @@ from proxy.dialects.chat import message_hash
 from proxy.keys import engine_key
 from proxy.render import Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
-from proxy.ui.timeline import Timeline, extend_off_loop
+from proxy.ui import timeline as timeline_module
+from proxy.ui.timeline import Timeline, TimelineCache, extend_off_loop
 from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import ProxyFactory, replay
 
@@ -211,3 +212,18 @@ async def test_a_fold_whose_viewer_left_stops_before_its_lock_is_released() -> N
     assert finished.is_set()  # the thread was done before the caller went on (and so before any lock it held)
     assert timeline.applied == 1  # it stopped after the entry it was folding
     assert timeline.next_seq == 1
+
+
+async def test_a_long_log_is_folded_a_bounded_stretch_per_look(sqlite_store: FactLog,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(timeline_module, "FOLD_FACTS", 1_000)
+    history = HistoryManager(sqlite_store, clock=lambda: 0.0)
+    key = SessionKey("t", "long")
+    messages = long_history(2_500, tag="m")
+    await history.sync(key, messages, [message_hash(m) for m in messages])
+    cache = TimelineCache()
+    looks = []
+    for _ in range(3):
+        async with cache.fold(sqlite_store, key) as timeline:
+            looks.append((timeline.next_seq, timeline.complete))
+    assert looks == [(1_000, False), (2_000, False), (2_500, True)]

@@ -39,6 +39,9 @@ from proxy.store.base import FactLog, SessionKey, StoredFact
 #: Folds kept: each holds its session's lineage, so only a handful, and at most ``MAX_CACHED_BYTES`` of them.
 MAX_CACHED = 4
 MAX_CACHED_BYTES = 256 * 1024 * 1024
+#: Entries one look folds at most (about a second's work): a longer log is shown as far as it is read, and each
+#: live poll (or reload) reads on from there.
+FOLD_FACTS = 50_000
 #: What a fold keeps per entry besides the message's text (its dict, the state's index, the prefix sum).
 ENTRY_BYTES = 600
 
@@ -117,6 +120,8 @@ class Timeline:
         self.budget = BUDGET_CHARS
         #: What the fold holds, estimated: the text of its messages and ``ENTRY_BYTES`` per entry.
         self.bytes = 0
+        #: Whether the last look read the log to its end (else it stopped after ``FOLD_FACTS`` entries).
+        self.complete = True
 
     def extend(self, facts: Sequence[StoredFact], stop: threading.Event | None = None) -> None:
         """Fold ``facts`` in order, up to the first one met after ``stop`` is set: whole entries only."""
@@ -232,7 +237,8 @@ class TimelineCache:
 
     @contextlib.asynccontextmanager
     async def fold(self, store: FactLog, key: SessionKey) -> AsyncIterator[Timeline]:
-        """The session's fold, caught up with its log and held (no one else extends it) until the block ends."""
+        """The session's fold, caught up with its log (by at most ``FOLD_FACTS`` entries: see
+        ``Timeline.complete``) and held (no one else extends it) until the block ends."""
         entry = self._folds.get(key)
         if entry is None:
             entry = self._folds[key] = (asyncio.Lock(), Timeline())
@@ -241,6 +247,7 @@ class TimelineCache:
         lock, timeline = entry
         async with lock:
             timeline.budget = BUDGET_CHARS
+            read = 0
             while True:
                 known = timeline.next_seq
                 facts = await store.read(key, after=known - 2, limit=PAGE + 1 if known else PAGE)
@@ -254,7 +261,9 @@ class TimelineCache:
                     facts = facts[1:]
                 if facts:
                     await extend_off_loop(timeline, facts)
-                if len(facts) < PAGE:
+                read += len(facts)
+                timeline.complete = len(facts) < PAGE
+                if timeline.complete or read >= FOLD_FACTS:
                     break
             self._evict(key)
             yield timeline
