@@ -95,38 +95,35 @@ async def test_another_sessions_small_request_is_answered_while_a_large_one_is_c
     assert not big_done_first
 
 
+class CountingEncoding:
+    """The bundled encoding, noting how many characters it was given each time."""
+
+    def __init__(self) -> None:
+        self.real = bundled_encoding()
+        self.given: list[int] = []
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.given.append(len(text))
+        result: list[int] = self.real.encode_ordinary(text)
+        return result
+
+
 def test_a_long_text_is_tokenized_in_samples_and_scaled() -> None:
-    seen: list[int] = []
-    real = bundled_encoding()
-
-    class Counting:
-        def encode_ordinary(self, text: str) -> list[int]:
-            seen.append(len(text))
-            result: list[int] = real.encode_ordinary(text)
-            return result
-
+    encoding = CountingEncoding()
     text = WORDS * (4 * SAMPLE_CHARS // len(WORDS))
-    counted = TokenCounter(Counting()).text_tokens(text)
-    exact = len(real.encode_ordinary(text))
-    assert sum(seen) <= SAMPLE_CHARS
+    counted = TokenCounter(encoding).text_tokens(text)
+    exact = len(encoding.real.encode_ordinary(text))
+    assert sum(encoding.given) <= SAMPLE_CHARS
     assert abs(counted - exact) <= exact * 0.01
 
 
 def test_a_view_tokenizes_up_to_its_budget_and_estimates_the_rest() -> None:
-    tokenized: list[int] = []
-    real = bundled_encoding()
-
-    class Counting:
-        def encode_ordinary(self, text: str) -> list[int]:
-            tokenized.append(len(text))
-            result: list[int] = real.encode_ordinary(text)
-            return result
-
+    encoding = CountingEncoding()
     chunk = SAMPLE_CHARS // 2
     messages = [{"role": "user", "content": f"{i} " + "x" * chunk} for i in range(2 * BUDGET_CHARS // chunk)]
-    counter = TokenCounter(Counting())
+    counter = TokenCounter(encoding)
     counter.count_many(CHAT, messages, [message_hash(m) for m in messages])
-    assert BUDGET_CHARS <= sum(tokenized) < BUDGET_CHARS + SAMPLE_CHARS
+    assert BUDGET_CHARS <= sum(encoding.given) < BUDGET_CHARS + SAMPLE_CHARS
     last = messages[-1]
     assert counter.message_tokens(CHAT, last) == chars_tokens(len(str(last["content"]))) + 4
 
@@ -227,3 +224,15 @@ async def test_a_long_log_is_folded_a_bounded_stretch_per_look(sqlite_store: Fac
         async with cache.fold(sqlite_store, key) as timeline:
             looks.append((timeline.next_seq, timeline.complete))
     assert looks == [(1_000, False), (2_000, False), (2_500, True)]
+
+
+async def test_the_inspectors_folds_stay_within_their_byte_budget(sqlite_store: FactLog) -> None:
+    history = HistoryManager(sqlite_store, clock=lambda: 0.0)
+    cache = TimelineCache(max_bytes=3 * 1024 * 1024)
+    for k in range(5):  # each fold about 1.3 MB: two fit
+        key = SessionKey("t", f"s{k}")
+        messages = long_history(2_000, tag=f"s{k} " + "x" * 40)
+        await history.sync(key, messages, [message_hash(m) for m in messages])
+        async with cache.fold(sqlite_store, key) as timeline:
+            assert timeline.bytes > 1024 * 1024
+        assert cache.bytes <= 3 * 1024 * 1024

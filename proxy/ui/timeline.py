@@ -28,6 +28,8 @@ from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
 from proxy.context.lineage import common_prefix
@@ -118,7 +120,7 @@ class Timeline:
         self.last: tuple[str, float, str | None] = ("", 0.0, None)
         #: Characters the current look may still tokenize (``TimelineCache.fold`` sets it).
         self.budget = BUDGET_CHARS
-        #: What the fold holds, estimated: the text of its messages and ``ENTRY_BYTES`` per entry.
+        #: What the fold holds, estimated: its messages as JSON and ``ENTRY_BYTES`` per entry.
         self.bytes = 0
         #: Whether the last look read the log to its end (else it stopped after ``FOLD_FACTS`` entries).
         self.complete = True
@@ -131,7 +133,7 @@ class Timeline:
             self.apply(fact)
 
     def apply(self, fact: StoredFact) -> None:
-        self.bytes += ENTRY_BYTES
+        self.bytes += ENTRY_BYTES + (len(orjson.dumps(fact.message)) if fact.message is not None else 0)
         self.lineage.apply(fact)
         self.next_seq, self.updated_at, self.last = fact.seq + 1, fact.ts, (fact.id, fact.ts, fact.hash)
         self.kinds[fact.kind] += 1
@@ -155,7 +157,6 @@ class Timeline:
             known.append(hashes[i])
             tokens, spent = self.counter.count_one(dialect, messages[i], hashes[i], exact=self.budget > 0)
             self.budget -= spent
-            self.bytes += spent
             self.prefix.append(self.prefix[-1] + tokens)
 
     def _mark(self, fact: StoredFact) -> None:
