@@ -20,10 +20,12 @@ counted as characters ÷ 3, an estimate cached like a count.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -134,7 +136,7 @@ class TokenCounter:
     ``<|endoftext|>`` in a tool output as text rather than raising. A large
     request counts its messages in a worker thread (``proxy.context.offload``)
     while the event loop counts others': the cache's single operations are
-    atomic under the GIL, and ``_store`` tolerates a key another thread evicted.
+    atomic under the GIL, and ``_store`` takes a lock for its read-modify-write of the tally.
     """
 
     def __init__(self, encoding: Any | None = None, *, maxsize: int = 400_000,
@@ -144,6 +146,7 @@ class TokenCounter:
         self._max_bytes = max_bytes
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()
 
     @property
     def bytes(self) -> int:
@@ -159,16 +162,18 @@ class TokenCounter:
     def _cached(self, key: str) -> int | None:
         value = self._cache.get(key)
         if value is not None:
-            self._cache.move_to_end(key)
+            with contextlib.suppress(KeyError):  # evicted meanwhile by a count in the pool
+                self._cache.move_to_end(key)
         return value
 
     def _store(self, key: str, value: int) -> int:
-        if key not in self._cache:
-            self._bytes += len(key) + ENTRY_BYTES
-        self._cache[key] = value
-        while self._cache and (len(self._cache) > self._maxsize or self._bytes > self._max_bytes):
-            dropped, _ = self._cache.popitem(last=False)
-            self._bytes -= len(dropped) + ENTRY_BYTES
+        with self._lock:  # a miss only; the byte tally must not lose updates between the loop and the pool
+            if key not in self._cache:
+                self._bytes += len(key) + ENTRY_BYTES
+            self._cache[key] = value
+            while self._cache and (len(self._cache) > self._maxsize or self._bytes > self._max_bytes):
+                dropped, _ = self._cache.popitem(last=False)
+                self._bytes -= len(dropped) + ENTRY_BYTES
         return value
 
     def message_tokens(self, dialect: ItemModel, message: Message, digest: str | None = None, /) -> int:
