@@ -79,7 +79,7 @@ async def run(window: int) -> dict[str, float]:
                         {"role": "user", "content": f"go on {i}"}]
             started = time.perf_counter()
             # as the request path: only new messages are hashed
-            hashes = history.hashes_for(key, messages, 0, message_hash)
+            hashes = await history.hashes_for(key, messages, 0, message_hash)
             state = await history.sync(key, messages, hashes)
             engine.view(messages, hashes, state, dialect=CHAT, window=window, tools=None, max_output=None)
             steps.append(time.perf_counter() - started)

@@ -66,7 +66,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     app[secret_key] = ServerSecret(settings.secret, store)
     app[links_key] = Links()
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
-                             on_error=metrics.store_errors.inc)
+                             on_error=metrics.store_errors.inc, state_bytes=settings.state_cache_bytes)
     app[history_key] = history
     compactions = app[compactions_key]
 
@@ -77,6 +77,8 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     engine = ContextEngine(history, engine_settings(settings), observer=observe,
                            wait_observer=metrics.compaction_wait_seconds.observe)
     app[engine_key] = engine
+    timelines = app[timelines_key]
+    metrics.caches = lambda: {**history.bytes, "tokens": engine.counter.bytes, "timelines": timelines.bytes}
     if settings.estimator != "chars":
         await asyncio.to_thread(bundled_encoding)  # ~0.5 s: paid at startup, not by the first request
     try:

@@ -106,13 +106,24 @@ class Lineage:
     _messages: list[Message] | None = field(default=None, repr=False)
 
     def apply(self, fact: StoredFact) -> None:
+        """Fold one fact. The head's messages are kept up to date as the lineage grows by one message (the
+        common case: rebuilding them on every message made a first look at a long session quadratic); a rewind
+        has them rebuilt when next read."""
         self.facts += 1
+        before = len(self.state.seqs)
         self.state.apply(fact)
         self.usage.add(fact)
-        self._messages = None
+        if fact.kind == "rewind":
+            self._messages = None
         if fact.kind == "message" and fact.message is not None:
-            self._by_seq[fact.seq] = dict(fact.message)
+            message = self._by_seq[fact.seq] = dict(fact.message)
             self.dialect = dialect_of(fact)
+            seqs = self.state.seqs
+            if len(seqs) != before:  # the message joined the head's lineage
+                if self._messages is not None and len(self._messages) == before and seqs[-1] == fact.seq:
+                    self._messages.append(message)
+                else:
+                    self._messages = None
 
     @property
     def messages(self) -> list[Message]:

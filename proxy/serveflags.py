@@ -83,6 +83,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                       "the same on every replica [default: generated on first start, kept in the store]"),
     click.option("--max-body-bytes", envvar="CTXPROXY_MAX_BODY_BYTES", type=int, default=None, show_envvar=True,
                  help="Largest request body accepted; larger gets 413 [default: 33554432]"),
+    click.option("--state-cache-bytes", envvar="CTXPROXY_STATE_CACHE_BYTES", type=int, default=None,
+                 show_envvar=True, help="Bytes the cached session states may hold, estimated; past it the least "
+                                        "recently used are dropped [default: 268435456]"),
     click.option("--max-event-bytes", envvar="CTXPROXY_MAX_EVENT_BYTES", type=int, default=None, show_envvar=True,
                  help="Longest server-sent event relayed from the upstream: longer fails the request with 502, or "
                       "ends a stream already under way [default: 16777216]"),

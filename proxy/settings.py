@@ -70,6 +70,9 @@ class Settings:
     secret: Secret | None = None
     #: Requests whose body is larger get a 413 before being read whole.
     max_body_bytes: int = 32 * 1024 * 1024
+    #: Bytes the cached session states may hold, estimated (issue 23); past it the least recently used go, and a
+    #: session's next request reads its log again.
+    state_cache_bytes: int = 256 * 1024 * 1024
     #: Seconds without a byte from the upstream before the request fails with 504.
     upstream_timeout: float = 600.0
     #: Seconds to wait for the upstream's TCP/TLS connection.
@@ -179,7 +182,7 @@ OFFICIAL_OPENAI_HOST = "api.openai.com"
 _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("user", "system"),
             "log_format": ("text", "json"), "add_fields": ("auto", "always", "never")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
-         "reactive_retries", "keep_tool_outputs", "keep_user_words"}
+         "state_cache_bytes", "reactive_retries", "keep_tool_outputs", "keep_user_words"}
 _BOOLS = {"recall_tool"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",

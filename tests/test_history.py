@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -33,13 +34,14 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
     history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
     key = SessionKey("t", "s")
     for messages in requests:
-        assert history.hashes_for(key, messages, 100, message_hash) == [message_hash(m) for m in messages]
+        assert asyncio.run(history.hashes_for(key, messages, 100, message_hash)) == [message_hash(m) for m in messages]
 
 
 def test_recent_requests_are_bounded_by_size() -> None:
     history = HistoryManager(log=None, clock=lambda: 0.0, recent_bytes=1000)  # type: ignore[arg-type]
     for i in range(5):
-        history.hashes_for(SessionKey("t", f"s{i}"), [{"role": "user", "content": str(i)}], 0, message_hash)
+        messages = [{"role": "user", "content": str(i)}]
+        asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, 0, message_hash))
     assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
 
 

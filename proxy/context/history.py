@@ -51,6 +51,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+from proxy import offload
 from proxy.context.lineage import ConversationState
 from proxy.context.pending import PendingReplies, PendingReply, pending_replies
 from proxy.context.planning import plan_pending, plan_sync
@@ -134,6 +135,8 @@ class HistoryManager:
         on_append: Callable[[Sequence[StoredFact]], None] | None = None,
         on_error: Callable[[], None] | None = None,
         recent_bytes: int = 64 * 1024 * 1024,
+        state_bytes: int = 256 * 1024 * 1024,
+        pending_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.log = log
         self._recent: OrderedDict[SessionKey, tuple[list[Message], list[str], int]] = OrderedDict()
@@ -143,8 +146,12 @@ class HistoryManager:
         self._on_append = on_append
         self._on_error = on_error
         self._states: OrderedDict[SessionKey, ConversationState] = OrderedDict()
+        #: Each cached state's ``bytes`` when last remembered, and their sum.
+        self._state_sizes: dict[SessionKey, int] = {}
+        self._states_size = 0
+        self._state_bytes = state_bytes
         self._max_sessions = max_sessions
-        self._pending = PendingReplies(max_pending)
+        self._pending = PendingReplies(max_pending, pending_bytes)
         self._writers: dict[SessionKey, _Writer] = {}
         self._retries: dict[SessionKey, asyncio.Task[None]] = {}
         self._closed = False
@@ -194,26 +201,18 @@ class HistoryManager:
     def cached(self, key: SessionKey) -> ConversationState | None:
         return self._states.get(key)
 
-    def hashes_for(self, key: SessionKey, messages: list[Message], size: int,
-                   hash_item: Callable[[Message], str]) -> list[str]:
+    async def hashes_for(self, key: SessionKey, messages: list[Message], size: int,
+                         hash_item: Callable[[Message], str]) -> list[str]:
         """Message hashes, computed only for what differs from the session's previous request.
 
         An agent resends its whole history each step; comparing the parsed
         messages with the previous request's (a deep equality, mostly memcmp)
         costs a fraction of hashing them again. The previous requests are kept
-        in an LRU bounded by their body sizes (``recent_bytes``).
+        in an LRU bounded by their body sizes (``recent_bytes``). A request of
+        ``size`` bytes from ``offload.LARGE_BYTES`` compares and hashes in the
+        worker pool; the LRU is only touched here, on the loop.
         """
-        previous = self._recent.get(key)
-        reused = 0
-        if previous is not None:
-            old_messages, old_hashes, _ = previous
-            limit = min(len(old_messages), len(messages))
-            while reused < limit and messages[reused] == old_messages[reused]:
-                reused += 1
-            hashes = old_hashes[:reused]
-        else:
-            hashes = []
-        hashes.extend(hash_item(m) for m in messages[reused:])
+        hashes = await offload.run(offload.is_large(size), reused_hashes, self._recent.get(key), messages, hash_item)
         # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
         self._remember_recent(key, (messages, hashes, size + 400 * len(messages)))
         return hashes
@@ -262,11 +261,24 @@ class HistoryManager:
             self._remember(key, fresh)
         return fresh
 
+    @property
+    def bytes(self) -> dict[str, int]:
+        """What the per-session caches hold, estimated, by cache: the states (as of their last use), the
+        previous requests kept for hash reuse, the replies waiting to be logged."""
+        return {"states": self._states_size, "recent": self._recent_size, "pending": self._pending.bytes}
+
     def _remember(self, key: SessionKey, state: ConversationState) -> None:
+        """Cache ``state`` as the newest; the oldest go past ``max_sessions`` or ``state_bytes`` (the newest stays,
+        however large: reading a long log again on the session's next request costs more than holding it)."""
         self._states[key] = state
         self._states.move_to_end(key)
-        while len(self._states) > self._max_sessions:
+        size = state.bytes
+        self._states_size += size - self._state_sizes.get(key, 0)
+        self._state_sizes[key] = size
+        while len(self._states) > 1 and (len(self._states) > self._max_sessions
+                                         or self._states_size > self._state_bytes):
             dropped, _ = self._states.popitem(last=False)
+            self._states_size -= self._state_sizes.pop(dropped)
             self._synced.pop(dropped, None)
 
     async def sync(
@@ -296,7 +308,8 @@ class HistoryManager:
             state, _ = await self._append(
                 key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra,
                                              client, extra_rewind,
-                                             state.after_response(after_response) if after_response else None))
+                                             state.after_response(after_response) if after_response else None),
+                new=lambda state: len(messages) - len(state.hashes), chunked=True)
         except StoreError:
             self._keep_pending(key, pending_replies(self._states.get(key), messages, digests, upstream_from, extra))
             raise
@@ -330,6 +343,7 @@ class HistoryManager:
         return _Writing(self._writers, key)
 
     async def _append(self, key: SessionKey, plan: Callable[[ConversationState], list[NewFact]],
+                      new: Callable[[ConversationState], int] | None = None, chunked: bool = False,
                       ) -> tuple[ConversationState, list[StoredFact]]:
         """Append what ``plan`` makes of the session's state, as the session's one writer in this process.
 
@@ -339,20 +353,43 @@ class HistoryManager:
         log that no longer continues the state (it lost its last writes) makes
         catching up reload the state, and the plan is made again on it at once.
         Returns the state and the stored facts, one per planned fact (``FactLog.append``).
+
+        A plan of ``offload.LARGE_ITEMS`` messages or more (``new`` tells how
+        many the request holds beyond the state's lineage) is made in the worker
+        pool; should a catch-up outside this lock fold facts meanwhile, the plan
+        is made again, so a plan always matches the ``expected`` seq it is
+        appended at. With ``chunked`` (a plan that, made again, plans only
+        what the log still lacks) the facts go ``offload.APPEND_CHUNK`` at a
+        time, each append its own transaction: the store, which all sessions
+        share, is never held for a 300,000-message one, and the log holds a
+        prefix of the conversation until the last chunk lands (a conflict
+        between two chunks plans the rest again). Then only the last chunk's
+        stored facts are returned.
         """
         async with self._writer(key):
             state = await self.state(key)
             anchor = state.next_seq  # where the facts were first planned: their keys stay the same across retries
             deadline = time.monotonic() + CONFLICT_DEADLINE
             retries = 0
+            rest: list[NewFact] | None = None  # what a chunked plan has left to append, as it was planned
             while True:
-                facts = _keyed(plan(state), anchor)
-                if not facts:
-                    return state, []
                 expected = state.next_seq
+                if rest is None:
+                    large = new is not None and new(state) >= offload.LARGE_ITEMS
+                    planned = _keyed(await offload.run(large, plan, state), anchor)
+                    if state.next_seq != expected:
+                        continue  # folded into while planning off the loop: plan again on what the log holds now
+                else:
+                    planned, rest = rest, None
+                if not planned:
+                    return state, []
+                facts = planned
+                if chunked and len(planned) > offload.APPEND_CHUNK:
+                    facts, rest = planned[:offload.APPEND_CHUNK], planned[offload.APPEND_CHUNK:]
                 try:
                     stored = await self.log.append(key, expected, facts, self._clock(), tail=state.tail)
                 except ConflictError:
+                    rest = None  # another writer came between two chunks: the rest is planned again
                     if time.monotonic() >= deadline:
                         raise
                     caught_up = await self._catch_up(key, state)
@@ -363,13 +400,20 @@ class HistoryManager:
                         await asyncio.sleep(random.uniform(0, min(CONFLICT_BACKOFF, 0.002 * 2**retries)))
                     retries += 1
                     continue
-                self._applied(state, stored, expected)
+                await self._applied(state, stored, expected)
                 self._synced[key] = time.monotonic()
-                return state, stored
+                if rest is None:
+                    if self._states.get(key) is state:
+                        self._remember(key, state)  # its size grew by what was appended
+                    return state, stored
 
-    def _applied(self, state: ConversationState, stored: Sequence[StoredFact], expected: int) -> None:
-        for fact in stored:
+    async def _applied(self, state: ConversationState, stored: Sequence[StoredFact], expected: int) -> None:
+        """Fold what was appended, ``offload.FOLD_STEP`` facts per turn of the loop: a state is whole at every
+        fact (one behind the log is what any reader may get), and 300,000 facts freeze no other session."""
+        for i, fact in enumerate(stored, 1):
             state.apply(fact)  # a fact the log already held (seq below ``expected``) is already folded
+            if i % offload.FOLD_STEP == 0:
+                await asyncio.sleep(0)
         written = [fact for fact in stored if fact.seq >= expected]
         if self._on_append is not None and written:
             self._on_append(written)
@@ -418,6 +462,22 @@ class HistoryManager:
         self._retries.clear()  # a task cancelled before it first ran never reached its own cleanup
         if len(self._pending):
             logger.warning("shutting down with %d upstream repl(ies) not logged", len(self._pending))
+
+
+def reused_hashes(previous: tuple[list[Message], list[str], int] | None, messages: list[Message],
+                  hash_item: Callable[[Message], str]) -> list[str]:
+    """The hashes of ``messages``: ``previous``'s (a request's messages, hashes and size) for as long as its
+    messages are equal, ``hash_item`` from the first that differs."""
+    reused = 0
+    hashes: list[str] = []
+    if previous is not None:
+        old_messages, old_hashes, _ = previous
+        limit = min(len(old_messages), len(messages))
+        while reused < limit and messages[reused] == old_messages[reused]:
+            reused += 1
+        hashes = old_hashes[:reused]
+    hashes.extend(hash_item(m) for m in messages[reused:])
+    return hashes
 
 
 def _keyed(facts: list[NewFact], anchor: int) -> list[NewFact]:

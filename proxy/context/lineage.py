@@ -44,6 +44,10 @@ from proxy.store.base import StoredFact
 ROOT = -1
 #: Parent slot of a fact that is not a message.
 NOT_A_MESSAGE = -2
+#: Memory one logged message costs a state, measured (its index entries, its place in the lineage, its hash
+#: strings), and one checkpoint (its payload, with the summary text): what ``ConversationState.bytes`` counts.
+MESSAGE_BYTES = 256
+CHECKPOINT_BYTES = 4096
 #: Upstream ``usage`` figures remembered per session, newest last; enough to survive a few lineage switches.
 USAGES_KEPT = 4
 
@@ -100,6 +104,11 @@ class ConversationState:
     _by_response: dict[str, int] = field(default_factory=dict)
     #: (seq of the reply, its ``usage``, the view it measured), newest last.
     _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None]] = field(default_factory=list)
+
+    @property
+    def bytes(self) -> int:
+        """What the state holds, estimated: a cache of states is bounded by it (``HistoryManager``)."""
+        return len(self._parents) * MESSAGE_BYTES + len(self.checkpoints) * CHECKPOINT_BYTES
 
     @property
     def head(self) -> int:

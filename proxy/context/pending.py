@@ -21,9 +21,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.context.lineage import ROOT, ConversationState
 from proxy.store.base import SessionKey
 from proxy.types import Message
+
+#: A digest string and its tuple slot.
+RECORD_HASH_BYTES = 90
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,22 +70,41 @@ def pending_replies(state: ConversationState | None, messages: Sequence[Message]
             for end in range(max(known, upstream_from), len(messages))]
 
 
-class PendingReplies:
-    """Pending replies per session, keyed by hash; at most ``max_sessions`` sessions, the oldest dropped first."""
+def record_bytes(record: PendingReply) -> int:
+    """What a record holds, about: its messages as JSON (kept only while the store fails, so measured exactly)."""
+    return len(orjson.dumps(list(record.tail))) + len(record.digests) * RECORD_HASH_BYTES
 
-    def __init__(self, max_sessions: int) -> None:
+
+class PendingReplies:
+    """Pending replies per session, keyed by hash; at most ``max_sessions`` sessions and ``max_bytes`` of records,
+    the oldest sessions dropped first (never the one just kept)."""
+
+    def __init__(self, max_sessions: int, max_bytes: int = 64 * 1024 * 1024) -> None:
         self._sessions: OrderedDict[SessionKey, dict[str, PendingReply]] = OrderedDict()
+        self._sizes: dict[tuple[SessionKey, str], int] = {}
         self._max_sessions = max_sessions
+        self._max_bytes = max_bytes
+        self.bytes = 0
 
     def of(self, key: SessionKey) -> Mapping[str, PendingReply]:
         return self._sessions.get(key, {})
 
     def keep(self, key: SessionKey, records: Iterable[PendingReply]) -> None:
         bucket = self._sessions.setdefault(key, {})
-        bucket.update((record.digest, record) for record in records)
+        for record in records:
+            self._drop(key, bucket, record.digest)
+            bucket[record.digest] = record
+            self._sizes[(key, record.digest)] = size = record_bytes(record)
+            self.bytes += size
         self._sessions.move_to_end(key)
-        while len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+        while len(self._sessions) > 1 and (len(self._sessions) > self._max_sessions or self.bytes > self._max_bytes):
+            dropped, old = self._sessions.popitem(last=False)
+            for digest in list(old):
+                self._drop(dropped, old, digest)
+
+    def _drop(self, key: SessionKey, bucket: dict[str, PendingReply], digest: str) -> None:
+        if bucket.pop(digest, None) is not None:
+            self.bytes -= self._sizes.pop((key, digest))
 
     def settle(self, key: SessionKey, digests: Iterable[str]) -> None:
         """Forget the replies among ``digests``: they are in the log now."""
@@ -88,7 +112,7 @@ class PendingReplies:
         if not bucket:
             return
         for digest in digests:
-            bucket.pop(digest, None)
+            self._drop(key, bucket, digest)
         if not bucket:
             del self._sessions[key]
 

@@ -8,18 +8,26 @@ never downloads anything and leaves the process environment as it found it.
 When no bundled file exists the counter falls back to characters ÷ 3.
 
 Counting is the hot path of every request, so counts are cached per message
-hash in a bounded LRU: a conversation that grows by two messages costs two
-tokenisations, not two hundred.
+hash in an LRU bounded by count and by bytes: a conversation that grows by two
+messages costs two tokenisations, not two hundred.
+
+A request's own tokenizing is bounded too (issue 23): a text over
+``SAMPLE_CHARS`` is counted from evenly spaced samples of that many characters
+in all and scaled (BPE on 30 MiB of one repeated character took 25 s), and one
+``count_many`` tokenizes at most ``BUDGET_CHARS``; the messages past that are
+counted as characters ÷ 3, an estimate cached like a count.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -38,6 +46,15 @@ MESSAGE_OVERHEAD_TOKENS = 4
 NON_TEXT_PART_TOKENS = 1024
 #: Preferred first: o200k_base is what current OpenAI models use and is closer for CJK.
 ENCODING_PREFERENCE = ("o200k_base", "cl100k_base")
+#: Characters of one text tokenized at most: a longer one is counted from samples (``sampled``).
+SAMPLE_CHARS = 64 * 1024
+#: Samples a long text is read in: spread over it, so that one uniform stretch does not set the whole count.
+SAMPLES = 8
+#: Characters one ``count_many`` tokenizes at most (about 0.1 s of prose, 0.5 s of a repeated character); the
+#: messages past it are counted as characters ÷ 3.
+BUDGET_CHARS = 4 * 1024 * 1024
+#: Bytes an LRU entry of the count cache costs besides its key (the dict's slot, the link, the int).
+ENTRY_BYTES = 120
 TOKENIZERS_SUBDIR = ("litellm_core_utils", "tokenizers")
 
 
@@ -61,6 +78,21 @@ def text_length(dialect: ItemModel, item: Message) -> int:
 def tools_chars(tools: Sequence[Any] | None) -> int:
     """Characters of the tool definitions: the model reads them as part of the prompt."""
     return len(orjson.dumps(list(tools))) if tools else 0
+
+
+def sampled(encode: Callable[[str], list[int]], text: str) -> int:
+    """Tokens of ``text``: exact up to ``SAMPLE_CHARS``, else ``SAMPLES`` evenly spaced windows of that many
+    characters in all, their tokens per character applied to the whole (rounded up)."""
+    if len(text) <= SAMPLE_CHARS:
+        return len(encode(text))
+    width = SAMPLE_CHARS // SAMPLES
+    stride = (len(text) - width) // (SAMPLES - 1)
+    tokens = chars = 0
+    for i in range(SAMPLES):
+        window = text[i * stride: i * stride + width]
+        tokens += len(encode(window))
+        chars += len(window)
+    return -(-tokens * len(text) // chars)
 
 
 def bundled_encoding_name(directory: Path) -> str | None:
@@ -97,55 +129,94 @@ def bundled_encoding() -> Any | None:
 
 
 class TokenCounter:
-    """Tokenizer counts of messages, cached per message hash in a bounded LRU.
+    """Tokenizer counts of messages, cached per message hash in an LRU bounded by ``maxsize`` and ``max_bytes``.
 
     ``encoding`` is anything with ``encode_ordinary(str) -> list[int]``; by
     default the bundled one, loaded on first use. ``encode_ordinary`` treats
-    ``<|endoftext|>`` in a tool output as text rather than raising.
+    ``<|endoftext|>`` in a tool output as text rather than raising. A large
+    request counts its messages in a worker thread (``proxy.context.offload``)
+    while the event loop counts others': the cache's single operations are
+    atomic under the GIL, and ``_store`` takes a lock for its read-modify-write of the tally.
     """
 
-    def __init__(self, encoding: Any | None = None, *, maxsize: int = 50_000) -> None:
+    def __init__(self, encoding: Any | None = None, *, maxsize: int = 400_000,
+                 max_bytes: int = 64 * 1024 * 1024) -> None:
         self._encoding = encoding
         self._maxsize = maxsize
+        self._max_bytes = max_bytes
         self._cache: OrderedDict[str, int] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        """What the cache holds, estimated: its keys and ``ENTRY_BYTES`` per entry."""
+        return self._bytes
 
     def text_tokens(self, text: str) -> int:
         encoding = self._encoding if self._encoding is not None else bundled_encoding()
         if encoding is None:
             return chars_tokens(len(text))
-        return len(encoding.encode_ordinary(text))
+        return sampled(encoding.encode_ordinary, text)
 
     def _cached(self, key: str) -> int | None:
         value = self._cache.get(key)
         if value is not None:
-            self._cache.move_to_end(key)
+            with contextlib.suppress(KeyError):  # evicted meanwhile by a count in the pool
+                self._cache.move_to_end(key)
         return value
 
     def _store(self, key: str, value: int) -> int:
-        self._cache[key] = value
-        if len(self._cache) > self._maxsize:
-            self._cache.popitem(last=False)
+        with self._lock:  # a miss only; the byte tally must not lose updates between the loop and the pool
+            if key not in self._cache:
+                self._bytes += len(key) + ENTRY_BYTES
+            self._cache[key] = value
+            while self._cache and (len(self._cache) > self._maxsize or self._bytes > self._max_bytes):
+                dropped, _ = self._cache.popitem(last=False)
+                self._bytes -= len(dropped) + ENTRY_BYTES
         return value
 
     def message_tokens(self, dialect: ItemModel, message: Message, digest: str | None = None, /) -> int:
         key = dialect.count_key(message, digest if digest is not None else dialect.hash(message))
         cached = self._cached(key)
-        if cached is not None:
-            return cached
+        return cached if cached is not None else self._count(dialect, message, key, exact=True)[0]
+
+    def count_one(self, dialect: ItemModel, message: Message, digest: str, *, exact: bool) -> tuple[int, int]:
+        """``message_tokens`` for a caller with a tokenizing budget of its own: the count and the characters it
+        tokenized (0 when cached); unless ``exact``, a message new to the cache is counted as characters ÷ 3."""
+        key = dialect.count_key(message, digest)
+        cached = self._cached(key)
+        return (cached, 0) if cached is not None else self._count(dialect, message, key, exact=exact)
+
+    def _count(self, dialect: ItemModel, message: Message, key: str, *, exact: bool) -> tuple[int, int]:
+        """Count ``message`` (tokenized, or characters ÷ 3 unless ``exact``) and cache it under ``key``; the count
+        and the characters tokenized."""
         text, non_text = dialect.text(message)
-        return self._store(key, self.text_tokens(text) + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS)
+        tokens = self.text_tokens(text) if exact else chars_tokens(len(text))
+        value = self._store(key, tokens + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS)
+        return value, min(len(text), SAMPLE_CHARS) if exact else 0
 
     def count_many(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
         """Sum of ``message_tokens`` over a view: the per-request hot loop, so cache hits skip the LRU bookkeeping.
 
         Hits are not moved to the end of the LRU here; the messages of a live
         session are hit on every request anyway, and eviction only costs a recount.
+        Past ``BUDGET_CHARS`` tokenized, a message new to the cache is counted
+        as characters ÷ 3 (and cached so): the request's own work stays bounded.
         """
         cache = self._cache
         total = 0
+        budget = BUDGET_CHARS
         for message, digest in zip(messages, digests, strict=True):
-            value = cache.get(dialect.count_key(message, digest)) if digest is not None else None
-            total += value if value is not None else self.message_tokens(dialect, message, digest)
+            if digest is None:
+                total += self.message_tokens(dialect, message)
+                continue
+            key = dialect.count_key(message, digest)
+            value = cache.get(key)
+            if value is None:
+                value, spent = self._count(dialect, message, key, exact=budget > 0)
+                budget -= spent
+            total += value
         return total
 
     def tools_tokens(self, tools: Sequence[Any] | None) -> int:

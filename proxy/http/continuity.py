@@ -95,7 +95,7 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
         if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
             payload = {**parsed.payload, dialect.items_field: expanded}
             parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
-    hashes = app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
+    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
     if target is None:
         try:
             target = await _continued(request, dialect, own, parsed, hashes, references, candidates)

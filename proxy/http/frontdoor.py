@@ -11,6 +11,7 @@ client gets the upstream's first refusal, status and body unchanged.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from proxy import offload
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
 from proxy.context.budget import retry_limit
@@ -191,6 +193,8 @@ class Turn:
     async def prepare(self) -> PreparedView:
         """The view to send: the proactive trigger, unless the conversation goes as sent (``as_sent``)."""
         tools, model = self.parsed.tools, self.parsed.model or ""
+        if offload.is_large(len(self.parsed.raw)):  # counted in the pool: the view then finds every count cached
+            await offload.run(True, self.engine.counter.count_many, self.dialect, self.parsed.items, self.hashes)
         if self.as_sent:
             return self.sent_view()
         return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
@@ -261,9 +265,12 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
     headers = request_headers(request.headers, settings, identity=True, anthropic=dialect.anthropic,
                               gemini=dialect.gemini)
     url, query = dialect.upstream_target(settings, turn.parsed, request.rel_url.query)
+    body = turn.upstream_body(view)
+    # aiohttp writes a large bytes payload in one go; as a file it goes in chunks, read off the loop.
+    data = io.BytesIO(body) if offload.is_large(len(body)) else body
     async with map_upstream_errors():
         turn.timing.wait_started()
-        async with request.app[client_key].post(url, data=turn.upstream_body(view), headers=headers,
+        async with request.app[client_key].post(url, data=data, headers=headers,
                                                 params=query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
@@ -326,7 +333,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
     app = request.app
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
-    parsed = dialect.parse(await read_body(request, settings), request.match_info)  # the client key is checked
+    raw = await read_body(request, settings)  # the client key is checked already
+    parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
     own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
@@ -414,6 +422,8 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
 
 def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,
              total: float) -> None:
+    if turn is not None and offload.is_large(len(turn.parsed.raw)):
+        offload.trim_soon()  # the request's objects are freed by then: the heap goes back to the OS
     upstream = turn.timing.upstream if turn is not None else 0.0
     session = turn.key.session if turn is not None else None
     metrics.request_served(route, status)

@@ -22,5 +22,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[metrics_key].registry)
+    metrics = request.app[metrics_key]
+    metrics.measure_caches()
+    body = generate_latest(metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -168,13 +168,17 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
     totals: dict[tuple[str, str], int] = {}
     for ev in events:
         totals[(ev.trigger, ev.outcome)] = totals.get((ev.trigger, ev.outcome), 0) + 1
-    rows = (("Log", f"{t.next_seq:,} entries: {k['message']:,} messages, {k['rewind']:,} rewinds, "
-                    f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints ({k['retire']:,} undone)"),
+    log = (f"{t.next_seq:,} entries: {k['message']:,} messages, {k['rewind']:,} rewinds, "
+           f"{k['summary']:,} summaries, {k['checkpoint']:,} checkpoints ({k['retire']:,} undone)")
+    rows: tuple[tuple[str, str], ...] = (("Log", log),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
             ("Saved", saved_text(t.lineage.usage)),
             ("Compaction attempts seen by this process", _totals(totals)),
             ("Last activity", iso_time(t.updated_at)))
+    if not t.complete:  # a long log is read a bounded stretch per look: the page updates as the rest is read
+        rows = (("Read so far", f"the first {t.next_seq:,} entries of the log; the page updates as the rest is "
+                                "read"), *rows)
     items = "".join(f"<dt>{e(name)}</dt><dd>{e(value)}</dd>" for name, value in rows)
     return (f'<h1>Session {e(key.session)} <small>tenant {e(key.tenant)}</small></h1><dl class="facts">{items}'
             f"<dt>Latest view</dt><dd>{seen}</dd></dl>")

@@ -11,7 +11,12 @@ The log is append-only, so a fold is never redone: ``TimelineCache`` keeps the
 folds of the few sessions people are looking at and catches each up with what
 was appended since (what a live page polls for); a log that no longer holds the
 last entry folded (a store that lost data) is folded afresh. Folding runs in a worker
-thread, so a first look at a long session does not stall the proxy's requests.
+thread, so a first look at a long session does not stall the proxy's requests;
+the request that started it holds the fold's lock until the thread has stopped,
+and a request that goes away stops it at the next entry (a fold never outlives
+its request, and two never write one timeline). One look tokenizes at most
+``tokens.BUDGET_CHARS``; past it messages count as characters ÷ 3. The folds
+kept are bounded by count and by bytes (``TimelineCache.bytes``).
 Replay semantics are ``render.Lineage``'s; this module only follows it.
 """
 
@@ -20,20 +25,29 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+
+import orjson
 
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
 from proxy.context.lineage import common_prefix
 from proxy.context.projection import SUMMARY_END, summary_text
-from proxy.context.tokens import TokenCounter
+from proxy.context.tokens import BUDGET_CHARS, TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
 
-#: Folds kept: each holds its session's lineage, so only a handful.
+#: Folds kept: each holds its session's lineage, so only a handful, and at most ``MAX_CACHED_BYTES`` of them.
 MAX_CACHED = 4
+MAX_CACHED_BYTES = 256 * 1024 * 1024
+#: Entries one look folds at most (about a second's work): a longer log is shown as far as it is read, and each
+#: live poll (or reload) reads on from there.
+FOLD_FACTS = 50_000
+#: What a fold keeps per entry besides the message's text (its dict, the state's index, the prefix sum).
+ENTRY_BYTES = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +122,22 @@ class Timeline:
         self.updated_at = 0.0
         #: The last entry folded (id, time, hash): a log that no longer has it is not the one folded.
         self.last: tuple[str, float, str | None] = ("", 0.0, None)
+        #: Characters the current look may still tokenize (``TimelineCache.fold`` sets it).
+        self.budget = BUDGET_CHARS
+        #: What the fold holds, estimated: its messages as JSON and ``ENTRY_BYTES`` per entry.
+        self.bytes = 0
+        #: Whether the last look read the log to its end (else it stopped after ``FOLD_FACTS`` entries).
+        self.complete = True
 
-    def extend(self, facts: Sequence[StoredFact]) -> None:
+    def extend(self, facts: Sequence[StoredFact], stop: threading.Event | None = None) -> None:
+        """Fold ``facts`` in order, up to the first one met after ``stop`` is set: whole entries only."""
         for fact in facts:
+            if stop is not None and stop.is_set():
+                return
             self.apply(fact)
 
     def apply(self, fact: StoredFact) -> None:
+        self.bytes += ENTRY_BYTES + (len(orjson.dumps(fact.message)) if fact.message is not None else 0)
         self.lineage.apply(fact)
         self.next_seq, self.updated_at, self.last = fact.seq + 1, fact.ts, (fact.id, fact.ts, fact.hash)
         self.kinds[fact.kind] += 1
@@ -134,10 +158,12 @@ class Timeline:
         hashes, known = self.lineage.hashes, self._hashes
         keep = len(known) if fast and len(hashes) == len(known) + 1 else common_prefix(known, hashes)
         del known[keep:], self.prefix[keep + 1:]
+        dialect, messages = self.lineage.dialect, self.lineage.messages
         for i in range(keep, len(hashes)):
             known.append(hashes[i])
-            self.prefix.append(self.prefix[-1] + self.counter.message_tokens(self.lineage.dialect,
-                                                                                 self.lineage.messages[i], hashes[i]))
+            tokens, spent = self.counter.count_one(dialect, messages[i], hashes[i], exact=self.budget > 0)
+            self.budget -= spent
+            self.prefix.append(self.prefix[-1] + tokens)
 
     def _mark(self, fact: StoredFact) -> None:
         payload = fact.extra.get("checkpoint")
@@ -208,21 +234,38 @@ class Timeline:
 class TimelineCache:
     """The folds of recently viewed sessions (LRU), each caught up under its own lock before use."""
 
-    def __init__(self, size: int = MAX_CACHED) -> None:
+    def __init__(self, size: int = MAX_CACHED, max_bytes: int = MAX_CACHED_BYTES) -> None:
         self.size = size
+        self.max_bytes = max_bytes
         self._folds: OrderedDict[SessionKey, tuple[asyncio.Lock, Timeline]] = OrderedDict()
+
+    @property
+    def bytes(self) -> int:
+        """What the folds kept hold, estimated (``Timeline.bytes``)."""
+        return sum(timeline.bytes for _, timeline in self._folds.values())
+
+    def _evict(self, keep: SessionKey) -> None:
+        """Drop the least recently used folds but ``keep`` while over the count or the bytes: a fold in use by
+        a request stays with it, and its memory goes when that request ends."""
+        for key in list(self._folds):
+            if len(self._folds) <= self.size and self.bytes <= self.max_bytes:
+                return
+            if key != keep:
+                del self._folds[key]
 
     @contextlib.asynccontextmanager
     async def fold(self, store: FactLog, key: SessionKey) -> AsyncIterator[Timeline]:
-        """The session's fold, caught up with its log and held (no one else extends it) until the block ends."""
+        """The session's fold, caught up with its log (by at most ``FOLD_FACTS`` entries: see
+        ``Timeline.complete``) and held (no one else extends it) until the block ends."""
         entry = self._folds.get(key)
         if entry is None:
             entry = self._folds[key] = (asyncio.Lock(), Timeline())
-            while len(self._folds) > self.size:
-                self._folds.popitem(last=False)
+            self._evict(key)
         self._folds.move_to_end(key)
         lock, timeline = entry
         async with lock:
+            timeline.budget = BUDGET_CHARS
+            read = 0
             while True:
                 known = timeline.next_seq
                 facts = await store.read(key, after=known - 2, limit=PAGE + 1 if known else PAGE)
@@ -230,11 +273,30 @@ class TimelineCache:
                     first = facts[0] if facts else None
                     if first is None or first.seq != known - 1 or (first.id, first.ts, first.hash) != timeline.last:
                         timeline = Timeline()  # a store that lost or replaced the log: fold it afresh
-                        self._folds[key] = (lock, timeline)
+                        if key in self._folds:
+                            self._folds[key] = (lock, timeline)
                         continue
                     facts = facts[1:]
                 if facts:
-                    await asyncio.to_thread(timeline.extend, facts)
-                if len(facts) < PAGE:
+                    await extend_off_loop(timeline, facts)
+                read += len(facts)
+                timeline.complete = len(facts) < PAGE
+                if timeline.complete or read >= FOLD_FACTS:
                     break
+            self._evict(key)
             yield timeline
+
+
+async def extend_off_loop(timeline: Timeline, facts: Sequence[StoredFact]) -> None:
+    """``timeline.extend(facts)`` in a worker thread, returning only once the thread has stopped: a caller
+    cancelled meanwhile (its viewer left) stops it at the next entry, waits for that, then is cancelled."""
+    stop = threading.Event()
+    done = asyncio.get_running_loop().run_in_executor(None, timeline.extend, facts, stop)
+    try:
+        await asyncio.shield(done)
+    except asyncio.CancelledError:
+        stop.set()
+        while not done.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([done])
+        raise
