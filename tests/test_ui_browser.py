@@ -20,7 +20,6 @@ from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from proxy.keys import store_key
@@ -83,7 +82,15 @@ class Browser:
         """Click a form's button and wait for the page it leads to."""
         button = await self.find(By.CSS_SELECTOR, selector)
         await self.run(button.click)
-        await self.until(expected_conditions.staleness_of(button))
+
+        def left(_: WebDriver) -> bool:
+            try:
+                button.is_enabled()
+            except WebDriverException:  # stale, or mid-navigation Chromium's "Node ... does not belong to the document"
+                return True
+            return False
+
+        await self.until(left)
 
 
 @pytest.fixture(scope="module")
