@@ -293,20 +293,20 @@ async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_
 async def test_windows_learned_from_refusals_only_go_down_and_a_larger_success_raises_an_inferred_one(
         store: FactLog) -> None:
     engine = engine_over(store, context_window=64_000)
-    engine.learn_refusal("m", 16_500)  # no figure: the window is below what was refused, less 5 %, rounded down
+    engine.windows.refusal("m", 16_500)  # no figure: the window is below what was refused, less 5 %, rounded down
     assert engine.window_for("m") == 15_360 and engine.window_for("other") == 64_000
-    engine.learn_refusal("m", 20_000)
+    engine.windows.refusal("m", 20_000)
     assert engine.window_for("m") == 15_360, "a refusal above the learned window does not raise it"
-    engine.learn_success("m", 15_000)
+    engine.windows.success("m", 15_000)
     assert engine.window_for("m") == 15_360, "a success under it says nothing"
-    engine.learn_success("m", 18_100)
+    engine.windows.success("m", 18_100)
     assert engine.window_for("m") == 18_432, "the bound was too low: just above what succeeded"
-    engine.learn_success("m", 70_000)
+    engine.windows.success("m", 70_000)
     assert engine.window_for("m") == 64_000, "never above the configured window"
-    engine.learn_window("m", 12_000)  # stated by the upstream: its word stays
-    engine.learn_success("m", 13_000)
+    engine.windows.learn("m", 12_000)  # stated by the upstream: its word stays
+    engine.windows.success("m", 13_000)
     assert engine.window_for("m") == 12_000
-    engine.learn_refusal("m", 1_000)
+    engine.windows.refusal("m", 1_000)
     assert engine.window_for("m") == 1_024, "bounded below like a stated window"
 
 

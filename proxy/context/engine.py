@@ -25,6 +25,7 @@ from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
 from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
+from proxy.context.learned import LearnedWindows
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.pace import SessionPace
@@ -47,8 +48,6 @@ CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], No
 DEFAULT_WINDOW = 128_000
 #: Why a compaction planned before an undo (``proxy.context.undo``) records nothing.
 UNDONE = "a compaction was undone since this one was planned"
-#: Share taken off a refused prompt's estimate to learn a window from a refusal that states none.
-REFUSAL_MARGIN = 0.05
 #: Budget policies kept, one per context window (``ContextEngine.policy``).
 MAX_POLICIES = 64
 
@@ -160,67 +159,27 @@ class ContextEngine:
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
                                          cooldown=settings.failure_cooldown)
         self._policies: dict[int, ContextBudgetPolicy] = {}
-        #: Per model: the window learned from the upstream, and whether it stated it (else it was inferred).
-        self._learned: dict[str, tuple[int, bool]] = {}
+        #: The windows upstreams taught, per model (``proxy.context.learned``).
+        self.windows = LearnedWindows(self._configured_window)
         #: Checkpoints a background compaction made that no request's view has used yet (their view keys).
         self._unannounced: dict[SessionKey, str] = {}
         self.masker = Masker(self.counter, recall=settings.recall_tool)
 
     def window_for(self, model: str | None) -> int:
-        """The window to plan for: what the upstream taught us, else the flag, else the model map, else 128000."""
-        learned = self._learned.get(model or "")
-        return learned[0] if learned is not None else self._configured_window(model)
+        """The window to plan for: what the upstream taught us (``windows``), else the flag, else the model map,
+        else 128000."""
+        return self.windows.window_for(model)
 
     def _configured_window(self, model: str | None) -> int:
         if self.settings.context_window is not None:
             return self.settings.context_window
         return (context_window_for(model) if model else None) or DEFAULT_WINDOW
 
-    def learn_window(self, model: str | None, limit: int, *, stated: bool = True) -> None:
-        """Believe an upstream whose window is smaller than ours (a model served with a reduced context): one it
-        states, or (``stated`` False) one inferred from a refusal that states none (``learn_refusal``).
-
-        Refusals only ever lower it. Kept per model in this process only
-        (bounded): a restart forgets it and the reactive path learns it again
-        on the first refusal.
-        """
-        if limit < 1024 or limit >= self.window_for(model):
-            return
-        if len(self._learned) >= 1024 and (model or "") not in self._learned:
-            self._learned.pop(next(iter(self._learned)))
-        self._learned[model or ""] = (limit, stated)
-        logger.warning("upstream window for model %r is %s %d tokens, smaller than assumed; planning for it", model,
-                       "" if stated else "at most", limit)
-
-    def learn_refusal(self, model: str | None, refused_tokens: int) -> None:
-        """A too-long refusal that names no window (the Responses API's): the window is below what was refused,
-        ``refused_tokens`` (the prompt's estimate plus the answer room the request reserved). The bound learned
-        is that less ``REFUSAL_MARGIN`` (the estimate's error), rounded down to 1 Ki tokens."""
-        bound = (refused_tokens - int(refused_tokens * REFUSAL_MARGIN)) // 1024 * 1024
-        self.learn_window(model, max(1024, bound), stated=False)
-
-    def learn_success(self, model: str | None, prompt_tokens: int) -> None:
-        """An answer to a prompt larger than a window inferred from refusals: that bound was too low (the refused
-        view was overestimated, or the upstream counted a reserve this prompt did not ask for); it is raised to
-        just above what succeeded, rounded up to 1 Ki tokens, and dropped once that reaches the configured
-        window. A window the upstream stated is its word and stays."""
-        key = model or ""
-        learned = self._learned.get(key)
-        if learned is None or learned[1] or prompt_tokens <= learned[0]:
-            return
-        raised = -(-prompt_tokens // 1024) * 1024
-        if raised >= self._configured_window(model):
-            del self._learned[key]
-        else:
-            self._learned[key] = (raised, False)
-        logger.info("model %r answered a %d-token prompt: its window is at least that, raised to %d", model,
-                    prompt_tokens, min(raised, self._configured_window(model)))
-
     def policy(self, window: int) -> ContextBudgetPolicy:
         """The budget policy of ``window``, one per window, kept for the next request of that window.
 
         Bounded (``MAX_POLICIES``, the oldest made dropped first): windows come from the model map, the flag and
-        what upstreams taught (``learn_window``: any value), and a policy holds nothing a new one would not
+        what upstreams taught (``LearnedWindows.learn``: any value), and a policy holds nothing a new one would not
         rebuild (the token counts are the shared counter's).
         """
         policy = self._policies.get(window)

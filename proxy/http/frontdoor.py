@@ -147,7 +147,7 @@ class Turn:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
                 if prompt is not None:  # a window inferred from refusals may turn out too low
-                    self.engine.learn_success(self.parsed.model, prompt)
+                    self.engine.windows.success(self.parsed.model, prompt)
             if not reply:
                 return
             tokens = self.request_tokens(view)
@@ -227,9 +227,9 @@ class Turn:
             return None
         model = self.parsed.model or ""
         if overflow.limit_tokens is not None:
-            self.engine.learn_window(model, overflow.limit_tokens)
+            self.engine.windows.learn(model, overflow.limit_tokens)
         else:  # no figure, but the window is below what was refused: later views are planned under that too
-            self.engine.learn_refusal(model, refused.estimate.tokens + (self.max_output or 0))
+            self.engine.windows.refusal(model, refused.estimate.tokens + (self.max_output or 0))
         window = self.engine.window_for(model)
         items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
         compacted = False
