@@ -88,7 +88,9 @@ async def test_the_engine_starts_a_slow_sessions_summary_earlier(tmp_path) -> No
         engine.pace.summarised(key, summary)
 
     def soft(key: SessionKey) -> int:
-        return engine.soft_threshold(key, 16_000, 12_800, CHAT, messages, hashes, None)
+        view = engine.view(messages, hashes, None, dialect=CHAT, window=16_000, tools=None, max_output=None)
+        assert view.threshold == 12_800
+        return engine.soft_threshold(key, 16_000, view, CHAT, messages, hashes)
 
     growth = step_tokens(engine.policy(16_000), CHAT, messages, hashes)
     head = engine.head_tokens(16_000, CHAT, messages, hashes)
@@ -108,7 +110,9 @@ async def test_the_soft_threshold_leaves_the_leading_system_messages_out_of_the_
 
     def soft(messages: list[dict[str, str]]) -> int:
         hashes = [message_hash(m) for m in messages]
-        return engine.soft_threshold(key, 16_000, 12_800, CHAT, messages, hashes, None)
+        view = engine.view(messages, hashes, None, dialect=CHAT, window=16_000, tools=None, max_output=None)
+        assert view.threshold == 12_800
+        return engine.soft_threshold(key, 16_000, view, CHAT, messages, hashes)
 
     head = engine.head_tokens(16_000, CHAT, long, [message_hash(m) for m in long])
     assert head > 5_000

@@ -64,9 +64,6 @@ class MaskingEngine(Protocol):
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
 
-    def unfreed(self, window: int, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str],
-                tools: Sequence[Any] | None) -> int: ...
-
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              fit: bool = True, checkpoint: Checkpoint | None = None) -> PreparedView: ...
@@ -123,7 +120,7 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
         return None
     # A batch is at most a quarter of the room beside the tool definitions (and the leading system messages): with
     # 9k of tools in 16k, an eighth of the window was more than half that room, and summaries came before masking.
-    room = prepared.threshold - engine.unfreed(window, dialect, messages, hashes, tools)
+    room = prepared.threshold - prepared.unfreed
     batch = max(1, min(int(window * share), room // BATCH_ROOM_DIVISOR))
     if prepared.estimate.tokens <= batch:
         return None

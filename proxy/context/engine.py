@@ -213,7 +213,8 @@ class ContextEngine:
                                    view_key=checkpoint.view_key if checkpoint else "",
                                    source=(view if not changed else messages, hashes), made=self.masker.digests)
         limit = policy.hard_limit(max_output) if limit is None else limit
-        prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit)
+        prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit,
+                                unfreed=self.unfreed(window, dialect, messages, hashes, tools))
         if not fit or estimate.tokens <= limit:
             return prepared
         # Over the limit after compaction had its chance: rare, so whole-view work is fine here.
@@ -254,13 +255,13 @@ class ContextEngine:
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
-        soft = self.soft_threshold(key, window, prepared.threshold, dialect, messages, hashes, tools)
+        soft = self.soft_threshold(key, window, prepared, dialect, messages, hashes)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
         # while masking what is maskable now would bring the view under it (tier 1 comes first, and is free).
         ahead = soft < min(prepared.estimate.tokens, prepared.threshold)
         if ahead and state is not None and self.settings.mask_batch_share is not None:
             _, freed = maskable(self, messages, hashes, state, prepared.checkpoint, dialect=dialect, window=window,
-                                room=prepared.threshold - self.unfreed(window, dialect, messages, hashes, tools))
+                                room=prepared.threshold - prepared.unfreed)
             ahead = soft < prepared.estimate.tokens - freed
         # After an undo nothing is reduced ahead of need: the view compacts again only once it no longer fits.
         if allowed and ahead and state is not None and not state.undone and self.background.running(key) is None:
@@ -366,7 +367,7 @@ class ContextEngine:
                 policy = self.policy(window)
                 # Room for HEADROOM_STEPS steps below where the next background summary starts (budget.py).
                 growth = step_tokens(policy, dialect, messages, hashes)
-                soft = self.soft_threshold(key, window, fresh.threshold, dialect, messages, hashes, tools)
+                soft = self.soft_threshold(key, window, fresh, dialect, messages, hashes)
                 budget = policy.tail_budget(
                     dialect, fresh.estimate, fresh.threshold, retain_budget_for(window, self.settings.retain_fraction),
                     head=messages[:system], head_hashes=hashes[:system], tools=tools,
@@ -377,7 +378,7 @@ class ContextEngine:
                     fresh.estimate, fresh.threshold, tools, soft=soft, growth=growth,
                     head=self.head_tokens(window, dialect, messages, hashes))
                 seqs, keys = state.entries_for(hashes, len(hashes))
-                room = fresh.threshold - self.unfreed(window, dialect, messages, hashes, tools)
+                room = fresh.threshold - fresh.unfreed
                 result = await self._compactor(complete, window, dialect, room).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
@@ -441,15 +442,14 @@ class ContextEngine:
         head = leading_system_count(dialect, messages)
         return sum(policy.message_tokens(dialect, m, h) for m, h in zip(messages[:head], hashes[:head], strict=True))
 
-    def soft_threshold(self, key: SessionKey, window: int, threshold: int, dialect: ItemModel,
-                       messages: Sequence[Message], hashes: Sequence[str], tools: Sequence[Any] | None) -> int:
-        """Where a background summary starts (``ContextBudgetPolicy.soft_threshold``): the share applied to the
-        room beside the tool definitions, and as many steps of growth before the trigger as the session's
-        summaries take of its steps (``proxy.context.pace``), one at least."""
+    def soft_threshold(self, key: SessionKey, window: int, view: PreparedView, dialect: ItemModel,
+                       messages: Sequence[Message], hashes: Sequence[str]) -> int:
+        """Where a background summary starts for ``view`` (``ContextBudgetPolicy.soft_threshold``): the share
+        applied to the room beside what no compaction frees, and as many steps of growth before the trigger as
+        the session's summaries take of its steps (``proxy.context.pace``), one at least."""
         policy = self.policy(window)
         growth = step_tokens(policy, dialect, messages, hashes) * self.pace.steps_ahead(key)
-        return policy.soft_threshold(self.settings.precompact_threshold, threshold,
-                                     self.unfreed(window, dialect, messages, hashes, tools), growth)
+        return policy.soft_threshold(self.settings.precompact_threshold, view.threshold, view.unfreed, growth)
 
     def user_words_budget(self, window: int) -> int:
         """Tokens of user words a summary carries (``--keep-user-words``, else 10 % of ``window``)."""

@@ -32,6 +32,9 @@ class PreparedView:
     threshold: int
     limit: int
     clipped: tuple[int, ...] = ()
+    #: Tokens of what no compaction frees (``ContextEngine.unfreed``): the tool definitions and the leading system
+    #: messages. Measured once with the view; the thresholds beside it (soft, batch room, kept outputs) read it.
+    unfreed: int = 0
 
     @property
     def view_key(self) -> str:
