@@ -26,15 +26,17 @@ VERSION = "v2"
 _LABEL = b"ctxproxy ui session cookie v1"
 
 
-def _signature(token: str, payload: str) -> str:
-    key = hmac.new(token.encode(), _LABEL, hashlib.sha256).digest()
+def mac(token: str, label: bytes, payload: str) -> str:
+    """``payload`` signed with a key derived from the admin ``token`` for one use (``label``): the cookie's and
+    the CSRF tokens' (``proxy.ui.csrf``) keys differ, so neither can stand for the other."""
+    key = hmac.new(token.encode(), label, hashlib.sha256).digest()
     digest = hmac.new(key, payload.encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def issue(token: str, now: float, epoch: int) -> str:
     payload = f"{VERSION}.{int(now) + LIFETIME}.{epoch}.{secrets.token_urlsafe(16)}"
-    return f"{payload}.{_signature(token, payload)}"
+    return f"{payload}.{mac(token, _LABEL, payload)}"
 
 
 def valid(value: str | None, token: str, now: float, epoch: int) -> bool:
@@ -42,5 +44,5 @@ def valid(value: str | None, token: str, now: float, epoch: int) -> bool:
     parts = (value or "").split(".")
     if len(parts) != 5 or parts[0] != VERSION or not parts[1].isdecimal() or parts[2] != str(epoch):
         return False
-    signature = _signature(token, ".".join(parts[:4]))
+    signature = mac(token, _LABEL, ".".join(parts[:4]))
     return hmac.compare_digest(signature.encode(), parts[4].encode(errors="surrogatepass")) and int(parts[1]) > now

@@ -23,12 +23,12 @@ with nothing more (``proxy.http.ui.form_token`` gives the token for a page).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import secrets
 from html import escape
 from urllib.parse import urlsplit
+
+from proxy.ui.cookie import mac
 
 #: The hidden form field that carries the token.
 FIELD = "csrf_token"
@@ -41,9 +41,7 @@ _OWN_SITE = frozenset({"same-origin", "none"})
 
 def token(admin_token: str, binding: str) -> str:
     """The token for forms shown beside cookie value ``binding``."""
-    key = hmac.new(admin_token.encode(), _LABEL, hashlib.sha256).digest()
-    digest = hmac.new(key, binding.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    return mac(admin_token, _LABEL, binding)
 
 
 def presign_value() -> str:
