@@ -99,11 +99,17 @@ class Turn:
         return self.dialect.max_output(self.parsed.payload)
 
     @property
+    def history_upstream(self) -> bool:
+        """Whether the conversation's history lives upstream (the Responses API's ``previous_response_id``): the
+        request then carries only what is new, and goes as the client sent it."""
+        return "previous_response_id" in self.parsed.payload
+
+    @property
     def as_sent(self) -> bool:
         """Whether the conversation goes upstream as the client sent it, never compacted, masked or clipped ahead:
         its history lives upstream (``previous_response_id``), or the upstream was asked to compact or clear it
         itself (``Dialect.upstream_manages``). Its items and the reply are logged all the same."""
-        return "previous_response_id" in self.parsed.payload or self.dialect.upstream_manages(self.parsed.payload)
+        return self.history_upstream or self.dialect.upstream_manages(self.parsed.payload)
 
     @property
     def asks_usage(self) -> bool:
@@ -123,8 +129,8 @@ class Turn:
         """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
         must change: the view, the fields ``added_fields`` allows, the prompt cache's hints, the recall tool."""
         dialect, payload = self.dialect, self.parsed.payload
-        if "previous_response_id" in payload:
-            return self.parsed.raw  # the history lives upstream: the request goes as the client sent it
+        if self.history_upstream:
+            return self.parsed.raw
         extra = {**self.added_fields(), **(recall.tools_field(self) if recall.offered(self, view) else {})}
         if not view.changed and not any(name in payload for name in extra):
             return with_fields(self.parsed.raw, extra)
@@ -223,7 +229,7 @@ class Turn:
         """
         self.attempts += 1
         attempt = self.attempts
-        if attempt > self.settings.reactive_retries or "previous_response_id" in self.parsed.payload:
+        if attempt > self.settings.reactive_retries or self.history_upstream:
             return None
         model = self.parsed.model or ""
         if overflow.limit_tokens is not None:
