@@ -69,9 +69,11 @@ class UsageTotals:
     _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
 
     def add(self, fact: StoredFact) -> None:
+        if fact.kind != "message" or fact.source != "upstream":
+            return
         usage, tokens = fact.extra.get("usage"), request_tokens(fact)
         usage = usage if isinstance(usage, Mapping) else None
-        if fact.kind != "message" or fact.source != "upstream" or (usage is None and tokens is None):
+        if usage is None and tokens is None:
             return
         figures = (usage, fact.extra.get("view"), tokens)
         same_reply = self._last == (fact.seq - 1, *figures)

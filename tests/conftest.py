@@ -9,9 +9,18 @@ import pytest
 from proxy.store import FactLog
 from proxy.store.redis import RedisFactLog
 from proxy.store.sqlite import SqliteFactLog
+from proxy.ui import timeline
 from tests.redisproc import RedisProcess, free_port
 
 pytest_plugins = ["tests.proxyfixtures"]
+
+
+@pytest.fixture(autouse=True)
+def whole_folds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An inspector's look folds for at most ``FOLD_SECONDS``: a time bound, so how far a look gets would depend
+    on the machine's load. Tests fold to the end; a test of the bound sets it (to 0: a page of entries a look)."""
+    monkeypatch.setattr(timeline, "FOLD_SECONDS", float("inf"))
+
 
 # ---- fact log stores -------------------------------------------------------
 

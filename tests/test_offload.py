@@ -24,7 +24,7 @@ from proxy.context.tokens import BUDGET_CHARS, SAMPLE_CHARS, TokenCounter, bundl
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.keys import engine_key
-from proxy.render import Lineage
+from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
 from proxy.ui import timeline as timeline_module
 from proxy.ui.timeline import Timeline, TimelineCache, extend_off_loop
@@ -213,17 +213,17 @@ async def test_a_fold_whose_viewer_left_stops_before_its_lock_is_released() -> N
 
 async def test_a_long_log_is_folded_a_bounded_stretch_per_look(sqlite_store: FactLog,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(timeline_module, "FOLD_FACTS", 1_000)
+    monkeypatch.setattr(timeline_module, "FOLD_SECONDS", 0.0)  # each look stops after its first page of entries
     history = HistoryManager(sqlite_store, clock=lambda: 0.0)
     key = SessionKey("t", "long")
-    messages = long_history(2_500, tag="m")
+    messages = long_history(2 * PAGE + 200, tag="m")
     await history.sync(key, messages, [message_hash(m) for m in messages])
     cache = TimelineCache()
     looks = []
     for _ in range(3):
         async with cache.fold(sqlite_store, key) as timeline:
             looks.append((timeline.next_seq, timeline.complete))
-    assert looks == [(1_000, False), (2_000, False), (2_500, True)]
+    assert looks == [(PAGE, False), (2 * PAGE, False), (2 * PAGE + 200, True)]
 
 
 async def test_the_inspectors_folds_stay_within_their_byte_budget(sqlite_store: FactLog) -> None:

@@ -19,7 +19,7 @@ from proxy.keys import engine_key, store_key, timelines_key
 from proxy.sessions import tenant_of
 from proxy.settings import Secret
 from proxy.store.base import NewFact, SessionKey
-from proxy.ui import cookie
+from proxy.ui import cookie, timeline
 from proxy.ui.request import rebuild
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
@@ -332,11 +332,11 @@ async def test_live_answers_only_what_changed(make_proxy, fake) -> None:
     html = await page(proxy, session_path("s1"))
     since = int(re.search(r'data-since="(\d+)"', html).group(1))  # type: ignore[union-attr]
     live = f"{session_path('s1')}/live?since={since}&tail=1"
-    assert await (await proxy.get(live)).json() == {"since": since}
+    assert await (await proxy.get(live)).json() == {"since": since, "reading": False}
     messages.append({"role": "user", "content": "one more"})
     await step(proxy, messages, "s1")
     update = await (await proxy.get(live)).json()
-    assert set(update) == {"since", "summary", "timeline", "log"} and update["since"] == since + 2
+    assert set(update) == {"since", "reading", "summary", "timeline", "log"} and update["since"] == since + 2
     assert re.findall(r'<li class="entry kind-message source-(\w+)" id="e(\d+)">', update["log"]) == [
         ("client", str(since)), ("upstream", str(since + 1))]
     assert update["timeline"].count('<a class="point"') == 3
@@ -364,6 +364,39 @@ async def test_a_ten_thousand_entry_session_page_stays_small(make_proxy) -> None
     assert b'id="e9999"' in html and b'id="e9899"' not in html
     assert b"page 100 of 100" in html
     assert html.count("… 28,005 more characters.".encode()) == 100  # every 30,005-character text clipped to 2,000
+
+
+async def long_log(proxy: Any, session: str, entries: int) -> SessionKey:
+    """``entries`` log entries straight into the store: a user turn, then replies with usage, alternating."""
+    store, key = proxy.app[store_key], SessionKey(TENANT, session)
+    for start in range(0, entries, 500):
+        batch = [NewFact(kind="message", index=i, source="upstream" if i % 2 else "client",
+                         message={"role": "assistant" if i % 2 else "user", "content": f"entry {i}"}, hash=f"h{i}",
+                         extra={"usage": {"prompt_tokens": i}, "view": {"key": "", "length": i}} if i % 2 else {})
+                 for i in range(start, min(start + 500, entries))]
+        await store.append(key, start, batch, ts=1_800_000_000.0 + start)
+    return key
+
+
+async def test_a_long_log_is_shown_as_far_as_read_and_the_page_asks_for_the_rest(make_proxy,
+                                                                                  monkeypatch) -> None:
+    """A look folds for at most ``FOLD_SECONDS`` (0 here: a page of 500 entries a look): the page says how far it
+    read and that it is still reading (``data-reading``, which has the page poll again at once); each poll reads on,
+    and says when the log is whole."""
+    monkeypatch.setattr(timeline, "FOLD_SECONDS", 0.0)
+    proxy = await ui_proxy(make_proxy)
+    await sign_in(proxy)
+    await long_log(proxy, "long", 1_200)
+    html = await (await proxy.get(session_path("long"))).text()
+    assert "the first 500 entries of the log" in html
+    assert 'data-reading="1"' in html and 'data-since="500"' in html
+    live = session_path("long") + "/live?since=500"
+    assert orjson.loads(await (await proxy.get(live)).read())["reading"] is True  # 1,000 read
+    update = orjson.loads(await (await proxy.get(session_path("long") + "/live?since=1000")).read())
+    assert update["reading"] is False and update["since"] == 1_200
+    assert "Read so far" not in update["summary"] and "1,200 entries" in update["summary"]
+    html = await (await proxy.get(session_path("long"))).text()
+    assert 'data-reading="0"' in html and "Read so far" not in html
 
 
 async def test_a_masked_request_is_rebuilt_as_sent_with_its_masked_outputs_marked(make_proxy, fake) -> None:

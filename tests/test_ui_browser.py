@@ -24,9 +24,10 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from proxy.keys import store_key
 from proxy.store.base import SessionKey
+from proxy.ui import timeline
 from tests.proxyfixtures import read_log
 from tests.test_admin import forgive
-from tests.test_ui import POISON, TENANT, TOKEN, agent_session, session_path, step, ui_proxy
+from tests.test_ui import POISON, TENANT, TOKEN, agent_session, long_log, session_path, step, ui_proxy
 from tests.test_undo import view_of_ui
 
 CHROMIUM = "/usr/bin/chromium"
@@ -196,6 +197,21 @@ async def test_the_session_page_follows_new_requests(make_proxy, fake, browser: 
     await browser.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "svg.timeline a.point")) == 3)
     assert await browser.count("#log li.entry") == entries + 2
     assert "And one more thing." in await browser.text("#log li.entry:nth-last-child(2)")
+
+
+async def test_a_long_log_fills_in_without_the_viewer_doing_anything(make_proxy, browser: Browser,
+                                                                     monkeypatch) -> None:
+    """Each look reads a stretch of the log (500 entries here); the page asks for the next at once until whole."""
+    monkeypatch.setattr(timeline, "FOLD_SECONDS", 0.0)
+    proxy = await ui_proxy(make_proxy)
+    await long_log(proxy, "long", 1_700)
+    base = base_url(proxy)
+    await browser.sign_in(base, TOKEN)
+    await browser.open(base + session_path("long"))
+    await browser.until(lambda d: "1,700 entries" in d.find_element(By.ID, "summary").text)
+    assert "Read so far" not in await browser.text("#summary")
+    assert await browser.script("return document.querySelector('svg.timeline').dataset.requests") == "850"
+    assert await browser.script("return document.querySelector('main').dataset.reading") == "0"
 
 
 async def test_the_sessions_table_sorts_and_filters(make_proxy, fake, browser: Browser) -> None:

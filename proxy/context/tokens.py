@@ -183,10 +183,16 @@ class TokenCounter:
 
     def count_one(self, dialect: ItemModel, message: Message, digest: str, *, exact: bool) -> tuple[int, int]:
         """``message_tokens`` for a caller with a tokenizing budget of its own: the count and the characters it
-        tokenized (0 when cached); unless ``exact``, a message new to the cache is counted as characters ÷ 3."""
+        tokenized (0 when cached); unless ``exact``, a message new to the cache is counted as characters ÷ 3, and
+        that estimate is not cached (a later look with budget left counts the message exactly)."""
         key = dialect.count_key(message, digest)
         cached = self._cached(key)
-        return (cached, 0) if cached is not None else self._count(dialect, message, key, exact=exact)
+        if cached is not None:
+            return cached, 0
+        if not exact:
+            text, non_text = dialect.text(message)
+            return chars_tokens(len(text)) + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS, 0
+        return self._count(dialect, message, key, exact=True)
 
     def _count(self, dialect: ItemModel, message: Message, key: str, *, exact: bool) -> tuple[int, int]:
         """Count ``message`` (tokenized, or characters ÷ 3 unless ``exact``) and cache it under ``key``; the count

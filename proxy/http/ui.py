@@ -301,7 +301,7 @@ async def live(request: web.Request) -> web.Response:
     window, threshold = _window(request)
     events = app[compactions_key].events(key)
     async with app[timelines_key].fold(store, key) as t:
-        body: dict[str, object] = {"since": t.next_seq}
+        body: dict[str, object] = {"since": t.next_seq, "reading": not t.complete}
         if t.next_seq > since:
             body["summary"] = pages.summary_html(key, t, events, window, threshold)
             body["timeline"] = pages.timeline_html(t, events, links, window, threshold)

@@ -228,7 +228,8 @@ def _pager(page: int, pages: int, links: Links) -> str:
 def session_page(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], facts: Sequence[StoredFact], *,
                  page: int, pages: int, links: Links, window: int, threshold: int, csrf_token: str) -> str:
     tail = page == pages - 1
-    live = {"live": links.live(), "since": str(t.next_seq), "tail": "1" if tail else "0"}
+    live = {"live": links.live(), "since": str(t.next_seq), "tail": "1" if tail else "0",
+            "reading": "0" if t.complete else "1"}
     start = facts[0].seq if facts else 0
     body = (f'<section id="summary">{summary_html(key, t, events, window, threshold)}</section>'
             f'<section id="timeline">{timeline_html(t, events, links, window, threshold)}</section>'

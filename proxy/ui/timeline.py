@@ -14,8 +14,11 @@ last entry folded (a store that lost data) is folded afresh. Folding runs in a w
 thread, so a first look at a long session does not stall the proxy's requests;
 the request that started it holds the fold's lock until the thread has stopped,
 and a request that goes away stops it at the next entry (a fold never outlives
-its request, and two never write one timeline). One look tokenizes at most
-``tokens.BUDGET_CHARS``; past it messages count as characters ÷ 3. The folds
+its request, and two never write one timeline). A look folds for at most
+``FOLD_SECONDS``; a longer log is read in stretches, one a look, the page polling
+for the next at once. A catching-up (one look, or the stretches of a long log's
+first reading) tokenizes at most ``tokens.BUDGET_CHARS``; past it messages count
+as characters ÷ 3. The folds
 kept are bounded by count and by bytes (``TimelineCache.bytes``).
 Replay semantics are ``render.Lineage``'s; this module only follows it.
 """
@@ -26,6 +29,7 @@ import asyncio
 import bisect
 import contextlib
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -43,9 +47,11 @@ from proxy.store.base import FactLog, SessionKey, StoredFact
 #: Folds kept: each holds its session's lineage, so only a handful, and at most ``MAX_CACHED_BYTES`` of them.
 MAX_CACHED = 4
 MAX_CACHED_BYTES = 256 * 1024 * 1024
-#: Entries one look folds at most (about a second's work): a longer log is shown as far as it is read, and each
-#: live poll (or reload) reads on from there.
-FOLD_FACTS = 50_000
+#: Seconds one look folds for at most, a page of entries at a time: a longer log is shown as far as it is read
+#: (the page says so), and each live poll (or reload) reads on from there. Time, not a count of entries, since
+#: an entry's cost ranges from a short message to a megabyte: the first look at any session answers in about
+#: this, and a 40,000-entry session is whole a poll or two later.
+FOLD_SECONDS = 0.5
 #: What a fold keeps per entry besides the message's text (its dict, the state's index, the prefix sum).
 ENTRY_BYTES = 600
 
@@ -126,7 +132,7 @@ class Timeline:
         self.budget = BUDGET_CHARS
         #: What the fold holds, estimated: its messages as JSON and ``ENTRY_BYTES`` per entry.
         self.bytes = 0
-        #: Whether the last look read the log to its end (else it stopped after ``FOLD_FACTS`` entries).
+        #: Whether the last look read the log to its end (else it stopped after ``FOLD_SECONDS``).
         self.complete = True
 
     def extend(self, facts: Sequence[StoredFact], stop: threading.Event | None = None) -> None:
@@ -156,8 +162,10 @@ class Timeline:
     def _follow(self, *, fast: bool) -> None:
         """Bring the prefix sums to the lineage: one more message, or (after a rewind) whatever changed."""
         hashes, known = self.lineage.hashes, self._hashes
-        keep = len(known) if fast and len(hashes) == len(known) + 1 else common_prefix(known, hashes)
-        del known[keep:], self.prefix[keep + 1:]
+        keep = len(known)
+        if not fast or len(hashes) != keep + 1:
+            keep = common_prefix(known, hashes)
+            del known[keep:], self.prefix[keep + 1:]
         dialect, messages = self.lineage.dialect, self.lineage.messages
         for i in range(keep, len(hashes)):
             known.append(hashes[i])
@@ -255,8 +263,8 @@ class TimelineCache:
 
     @contextlib.asynccontextmanager
     async def fold(self, store: FactLog, key: SessionKey) -> AsyncIterator[Timeline]:
-        """The session's fold, caught up with its log (by at most ``FOLD_FACTS`` entries: see
-        ``Timeline.complete``) and held (no one else extends it) until the block ends."""
+        """The session's fold, caught up with its log (for at most ``FOLD_SECONDS``: see ``Timeline.complete``)
+        and held (no one else extends it) until the block ends."""
         entry = self._folds.get(key)
         if entry is None:
             entry = self._folds[key] = (asyncio.Lock(), Timeline())
@@ -264,8 +272,9 @@ class TimelineCache:
         self._folds.move_to_end(key)
         lock, timeline = entry
         async with lock:
-            timeline.budget = BUDGET_CHARS
-            read = 0
+            if timeline.complete:  # a log read in several looks shares one tokenizing budget
+                timeline.budget = BUDGET_CHARS
+            started = time.monotonic()
             while True:
                 known = timeline.next_seq
                 facts = await store.read(key, after=known - 2, limit=PAGE + 1 if known else PAGE)
@@ -279,9 +288,8 @@ class TimelineCache:
                     facts = facts[1:]
                 if facts:
                     await extend_off_loop(timeline, facts)
-                read += len(facts)
                 timeline.complete = len(facts) < PAGE
-                if timeline.complete or read >= FOLD_FACTS:
+                if timeline.complete or time.monotonic() - started >= FOLD_SECONDS:
                     break
             self._evict(key)
             yield timeline

@@ -68,12 +68,15 @@ function follow(main) {
         if (update.log) document.getElementById("log").insertAdjacentHTML("beforeend", update.log);
         main.dataset.since = update.since;
       }
+      reading = update.reading === true;
     } catch (error) {
-      // The proxy restarting or the network dropping: try again at the next tick.
+      reading = false;  // the proxy restarting or the network dropping: try again at the next tick
     }
-    setTimeout(tick, POLL_MS);
+    setTimeout(tick, reading ? 0 : POLL_MS);
   };
-  setTimeout(tick, POLL_MS);
+  // A long log is read a stretch per look: while the proxy is still reading it, ask for the next stretch at once.
+  let reading = main.dataset.reading === "1";
+  setTimeout(tick, reading ? 0 : POLL_MS);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
