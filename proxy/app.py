@@ -19,6 +19,7 @@ from proxy.context.compactor import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.history import HistoryManager
 from proxy.context.tokens import bundled_encoding
+from proxy.context.window import bundled_model_map
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, gemini, health, passthrough, ui
 from proxy.http.clients import client_key_middleware, open_route
@@ -81,6 +82,7 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     metrics.caches = lambda: {**history.bytes, "tokens": engine.counter.bytes, "timelines": timelines.bytes}
     if settings.estimator != "chars":
         await asyncio.to_thread(bundled_encoding)  # ~0.5 s: paid at startup, not by the first request
+    await asyncio.to_thread(bundled_model_map)  # windows and prices: ~40 ms of parsing, not the first request's
     try:
         yield
     finally:

@@ -68,3 +68,11 @@ def test_litellm_is_never_imported() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "False\n"
+
+
+async def test_the_model_map_is_read_at_startup_not_by_the_first_request(make_proxy) -> None:
+    """Parsing litellm's map takes tens of milliseconds: the proxy's startup pays it, off the loop."""
+    bundled_model_map.cache_clear()
+    await make_proxy()
+    assert bundled_model_map.cache_info().currsize == 1
+    assert bundled_model_map()  # the real map, found without importing litellm

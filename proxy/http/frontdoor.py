@@ -174,7 +174,7 @@ class Turn:
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
                                    after_response=previous if isinstance(previous, str) else None)
                 saved = max(0, tokens["client"] - tokens["view"])
-                self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved))
+                self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved) if saved else None)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
