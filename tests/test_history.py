@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any
 
 import pytest
@@ -43,6 +44,26 @@ def test_recent_requests_are_bounded_by_size() -> None:
         messages = [{"role": "user", "content": str(i)}]
         asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, 0, message_hash))
     assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
+
+
+class Messages(list):  # type: ignore[type-arg]  # a list that a weak reference can follow
+    pass
+
+
+async def test_the_previous_request_is_freed_after_the_request_goes_on_not_during_it() -> None:
+    """Freeing a long history's objects takes about as long as comparing them: it waits for the loop's next turn
+    (the request is on its way upstream by then) instead of delaying this request."""
+    history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    key = SessionKey("t", "s")
+    first = Messages([{"role": "user", "content": "one"}])
+    gone = weakref.ref(first)
+    await history.hashes_for(key, first, 0, message_hash)
+    del first
+    await history.hashes_for(key, [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}], 0,
+                             message_hash)
+    assert gone() is not None  # replaced, not yet freed
+    await asyncio.sleep(0)  # one turn of the loop: the callbacks scheduled so far run
+    assert gone() is None
 
 
 def _fact(seq: int, kind: str, index: int | None, **extra: Any) -> StoredFact:

@@ -219,13 +219,17 @@ class HistoryManager:
 
     def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int]) -> None:
         old = self._recent.pop(key, None)
+        dropped: list[tuple[list[Message], list[str], int]] = []
         if old is not None:
             self._recent_size -= old[2]
+            dropped.append(old)
         self._recent[key] = entry
         self._recent_size += entry[2]
         while self._recent_size > self._recent_bytes and self._recent:
-            _, dropped = self._recent.popitem(last=False)
-            self._recent_size -= dropped[2]
+            dropped.append(self._recent.popitem(last=False)[1])
+            self._recent_size -= dropped[-1][2]
+        if dropped:  # freeing a long history's objects takes a while: not before this request goes upstream
+            asyncio.get_running_loop().call_soon(dropped.clear)
 
     async def _catch_up(self, key: SessionKey, state: ConversationState) -> ConversationState:
         """``state`` with what the log holds beyond it folded in, or a new state when the log no longer continues it.
