@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.context.chain import chain_hash
-from proxy.context.history import HistoryManager
+from proxy.context.history import REUSE_FROM_BYTES, HistoryManager
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.planning import plan_sync
 from proxy.dialects.chat import message_hash
@@ -35,15 +35,31 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
     history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
     key = SessionKey("t", "s")
     for messages in requests:
-        assert asyncio.run(history.hashes_for(key, messages, 100, message_hash)) == [message_hash(m) for m in messages]
+        size = REUSE_FROM_BYTES  # large enough to be kept and compared with
+        assert asyncio.run(history.hashes_for(key, messages, size, message_hash)) == [message_hash(m) for m in messages]
 
 
 def test_recent_requests_are_bounded_by_size() -> None:
-    history = HistoryManager(log=None, clock=lambda: 0.0, recent_bytes=1000)  # type: ignore[arg-type]
+    history = HistoryManager(log=None, clock=lambda: 0.0,  # type: ignore[arg-type]
+                             recent_bytes=2 * REUSE_FROM_BYTES + 1000)
     for i in range(5):
         messages = [{"role": "user", "content": str(i)}]
-        asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, 0, message_hash))
+        asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, REUSE_FROM_BYTES, message_hash))
     assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
+
+
+def test_a_short_request_is_hashed_whole_and_not_kept() -> None:
+    """Thousands of short sessions would each keep their last request's objects: under ``REUSE_FROM_BYTES`` the
+    request is hashed anew instead; a session whose requests shrink below it drops what it kept."""
+    history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]
+    key = SessionKey("t", "s")
+    messages = [{"role": "user", "content": "a short request"}]
+    assert asyncio.run(history.hashes_for(key, messages, 200, message_hash)) == [message_hash(messages[0])]
+    assert key not in history._recent
+    asyncio.run(history.hashes_for(key, messages, REUSE_FROM_BYTES, message_hash))
+    assert key in history._recent
+    asyncio.run(history.hashes_for(key, messages, 200, message_hash))
+    assert key not in history._recent and history._recent_size == 0
 
 
 class Messages(list):  # type: ignore[type-arg]  # a list that a weak reference can follow
@@ -57,10 +73,10 @@ async def test_the_previous_request_is_freed_after_the_request_goes_on_not_durin
     key = SessionKey("t", "s")
     first = Messages([{"role": "user", "content": "one"}])
     gone = weakref.ref(first)
-    await history.hashes_for(key, first, 0, message_hash)
+    await history.hashes_for(key, first, REUSE_FROM_BYTES, message_hash)
     del first
-    await history.hashes_for(key, [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}], 0,
-                             message_hash)
+    await history.hashes_for(key, [{"role": "user", "content": "one"}, {"role": "user", "content": "two"}],
+                             REUSE_FROM_BYTES, message_hash)
     assert gone() is not None  # replaced, not yet freed
     await asyncio.sleep(0)  # one turn of the loop: the callbacks scheduled so far run
     assert gone() is None

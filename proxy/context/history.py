@@ -122,6 +122,11 @@ class _Writing:
             del self._writers[self._key]
 
 
+#: A request under this many bytes is hashed whole every time rather than kept to compare the next one with: about
+#: 20 µs more for it, against some 7 KB of parsed objects kept for each of thousands of short sessions (the memory
+#: of a proxy serving them grew by a fifth over 2,000 sessions; ``bench/hotpath.py``, issue 21).
+REUSE_FROM_BYTES = 16 * 1024
+
 class HistoryManager:
     """Syncs conversations into the fact log; one per process, shared by all sessions."""
 
@@ -208,23 +213,29 @@ class HistoryManager:
         An agent resends its whole history each step; comparing the parsed
         messages with the previous request's (a deep equality, mostly memcmp)
         costs a fraction of hashing them again. The previous requests are kept
-        in an LRU bounded by their body sizes (``recent_bytes``). A request of
+        in an LRU bounded by their body sizes (``recent_bytes``); one under
+        ``REUSE_FROM_BYTES`` is hashed whole instead, and not kept. A request of
         ``size`` bytes from ``offload.LARGE_BYTES`` compares and hashes in the
         worker pool; the LRU is only touched here, on the loop.
         """
+        if size < REUSE_FROM_BYTES:
+            self._remember_recent(key, None)
+            return [hash_item(m) for m in messages]
         hashes = await offload.run(offload.is_large(size), reused_hashes, self._recent.get(key), messages, hash_item)
         # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
         self._remember_recent(key, (messages, hashes, size + 400 * len(messages)))
         return hashes
 
-    def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int]) -> None:
+    def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int] | None) -> None:
+        """Keep ``entry`` as the session's previous request (None: keep none), within ``recent_bytes``."""
         old = self._recent.pop(key, None)
         dropped: list[tuple[list[Message], list[str], int]] = []
         if old is not None:
             self._recent_size -= old[2]
             dropped.append(old)
-        self._recent[key] = entry
-        self._recent_size += entry[2]
+        if entry is not None:
+            self._recent[key] = entry
+            self._recent_size += entry[2]
         while self._recent_size > self._recent_bytes and self._recent:
             dropped.append(self._recent.popitem(last=False)[1])
             self._recent_size -= dropped[-1][2]
