@@ -107,6 +107,18 @@ def test_counts_are_cached_per_digest() -> None:
     assert encoding.calls == 2
 
 
+def test_an_estimate_past_the_budget_is_not_cached_so_a_later_look_counts_exactly() -> None:
+    """The inspector's fold estimates past its tokenizing budget; the next look, with budget left, tokenizes."""
+    encoding = WordEncoding()
+    counter = TokenCounter(encoding)
+    message = {"role": "user", "content": "one two three four five six"}
+    estimate, spent = counter.count_one(CHAT, message, "d", exact=False)
+    assert (estimate, spent, encoding.calls) == (chars_tokens(27) + MESSAGE_OVERHEAD_TOKENS, 0, 0)
+    exact, spent = counter.count_one(CHAT, message, "d", exact=True)
+    assert (exact, encoding.calls) == (6 + MESSAGE_OVERHEAD_TOKENS, 1) and spent > 0
+    assert counter.count_one(CHAT, message, "d", exact=False) == (exact, 0)  # now cached: the count, not a guess
+
+
 def test_cache_is_a_bounded_lru() -> None:
     encoding = WordEncoding()
     counter = TokenCounter(encoding, maxsize=2)

@@ -127,6 +127,7 @@ class _Writing:
 #: of a proxy serving them grew by a fifth over 2,000 sessions; ``bench/hotpath.py``, issue 21).
 REUSE_FROM_BYTES = 16 * 1024
 
+
 class HistoryManager:
     """Syncs conversations into the fact log; one per process, shared by all sessions."""
 

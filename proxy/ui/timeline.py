@@ -18,8 +18,8 @@ its request, and two never write one timeline). A look folds for at most
 ``FOLD_SECONDS``; a longer log is read in stretches, one a look, the page polling
 for the next at once. A catching-up (one look, or the stretches of a long log's
 first reading) tokenizes at most ``tokens.BUDGET_CHARS``; past it messages count
-as characters ÷ 3. The folds
-kept are bounded by count and by bytes (``TimelineCache.bytes``).
+as characters ÷ 3. The folds kept are bounded by count and by bytes
+(``TimelineCache.bytes``).
 Replay semantics are ``render.Lineage``'s; this module only follows it.
 """
 
