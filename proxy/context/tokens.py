@@ -187,20 +187,16 @@ class TokenCounter:
         that estimate is not cached (a later look with budget left counts the message exactly)."""
         key = dialect.count_key(message, digest)
         cached = self._cached(key)
-        if cached is not None:
-            return cached, 0
-        if not exact:
-            text, non_text = dialect.text(message)
-            return chars_tokens(len(text)) + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS, 0
-        return self._count(dialect, message, key, exact=True)
+        return (cached, 0) if cached is not None else self._count(dialect, message, key, exact=exact, cache=exact)
 
-    def _count(self, dialect: ItemModel, message: Message, key: str, *, exact: bool) -> tuple[int, int]:
-        """Count ``message`` (tokenized, or characters ÷ 3 unless ``exact``) and cache it under ``key``; the count
-        and the characters tokenized."""
+    def _count(self, dialect: ItemModel, message: Message, key: str, *, exact: bool,
+               cache: bool = True) -> tuple[int, int]:
+        """Count ``message`` (tokenized, or characters ÷ 3 unless ``exact``), cached under ``key`` with ``cache``;
+        the count and the characters tokenized."""
         text, non_text = dialect.text(message)
         tokens = self.text_tokens(text) if exact else chars_tokens(len(text))
-        value = self._store(key, tokens + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS)
-        return value, min(len(text), SAMPLE_CHARS) if exact else 0
+        value = tokens + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS
+        return self._store(key, value) if cache else value, min(len(text), SAMPLE_CHARS) if exact else 0
 
     def count_many(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
         """Sum of ``message_tokens`` over a view: the per-request hot loop, so cache hits skip the LRU bookkeeping.
