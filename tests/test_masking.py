@@ -54,6 +54,23 @@ def test_a_responses_output_keeps_its_item_and_call_id() -> None:
     assert masked == {"type": "function_call_output", "id": "fco_1", "call_id": "c1", "output": placeholder()}
 
 
+@pytest.mark.parametrize(("dialect", "call", "output"), [
+    (CHAT, CHAT_CALL, {"role": "tool", "tool_call_id": "call_9"}),
+    (RESPONSES, {"type": "function_call", "call_id": "c1", "name": "run", "arguments": "{}"},
+     {"type": "function_call_output", "call_id": "c1"}),
+], ids=["chat", "responses"])
+def test_an_output_item_without_its_output_has_nothing_to_mask(dialect: Any, call: Any, output: Any) -> None:
+    """A tool message without ``content`` (the fuzzer found one: a 500 from the masker) holds no output: nothing
+    to mask, clip or recall, and nothing counted as freed."""
+    assert dialect.result_paths(output) == []
+    messages = [call, output]
+    masker = Masker(COUNTER)
+    assert masker.item(dialect, messages, 1, [56, 57], ["p0", "p1"]) is output  # left as it is
+    count = ContextBudgetPolicy().counter_for(dialect)
+    assert masker.freed(dialect, messages, [dialect.hash(m) for m in messages], 0, 2, [56, 57], ["p0", "p1"],
+                        count) == 0
+
+
 def test_a_screenshot_output_is_left_alone() -> None:
     call = {"type": "computer_call", "call_id": "c1", "action": {"type": "screenshot"}}
     output = {"type": "computer_call_output", "call_id": "c1", "output": {"type": "computer_screenshot",

@@ -106,7 +106,8 @@ class ItemModel(abc.ABC):
         return None
 
     def result_paths(self, item: Item) -> list[Path]:
-        """Where the item holds tool output (a string or a list of parts), for masking and clipping."""
+        """Where the item holds tool output (a string or a list of parts), for masking and clipping: only paths
+        the item has (a tool message may come without its content)."""
         return []
 
     def with_output(self, item: Item, path: Path, text: str) -> Item | None:

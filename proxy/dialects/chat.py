@@ -213,7 +213,7 @@ class ChatDialect(Dialect):
         return {**item, "content": f"{prior}\n\n{text}" if prior else text}
 
     def result_paths(self, item: Item) -> list[Path]:
-        return [("content",)] if item.get("role") in ("tool", "function") else []
+        return [("content",)] if item.get("role") in ("tool", "function") and "content" in item else []
 
     def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
         for call in item.get("tool_calls") or ():

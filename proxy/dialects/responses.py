@@ -142,7 +142,7 @@ class ResponsesDialect(Dialect):
         return {**item, "content": [part, *(content if isinstance(content, list) else [])]}
 
     def result_paths(self, item: Item) -> list[Path]:
-        return [("output",)] if _type(item) in OUTPUT_TYPES else []
+        return [("output",)] if _type(item) in OUTPUT_TYPES and "output" in item else []
 
     def with_output(self, item: Item, path: Path, text: str) -> Item | None:
         """A computer call's output is a screenshot object, which takes no text in its place."""
