@@ -39,6 +39,7 @@ from tests import test_store as contract
 from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import assistant_from_sse, read_log, replay, same_conversation
 from tests.redisproc import REDIS_CLI, RedisClusterProcess, free_ports
+from tests.test_links import first_look_contract
 
 TS = contract.TS
 msg = contract.msg
@@ -220,6 +221,11 @@ async def test_scripts_run_on_the_node_that_owns_the_session(cluster_store: Redi
     calls = {node.port: evalsha_calls(await client.info("commandstats", target_nodes=node))
              for node in client.get_primaries()}
     assert calls == {port: (6 if port == home.port else 0) for port in calls}, "no EVALSHA went astray"
+
+
+async def test_first_look_reads_two_slots_on_the_cluster(cluster_store: RedisFactLog) -> None:
+    """The session's log and link live in its slot, its id's tenants in another: two scripts there."""
+    await first_look_contract(cluster_store)
 
 
 async def test_scripts_reload_after_a_node_forgets_them(cluster_store: RedisFactLog) -> None:

@@ -12,7 +12,7 @@ from redis.crc import key_slot
 
 from proxy.constants import link_key, tenants_key
 from proxy.store import FactLog, NewFact, SessionKey
-from proxy.store.base import TENANTS_KEPT
+from proxy.store.base import TENANTS_KEPT, FirstLook
 from proxy.store.redis import RedisFactLog
 from proxy.store.sqlite import MIGRATIONS, SqliteFactLog, _migrate
 
@@ -82,28 +82,26 @@ async def test_sqlite_migration_notes_the_sessions_already_logged(tmp_path: Path
         await store.aclose()
 
 
-async def test_others_or_note_names_the_others_and_notes_a_tenant_only_when_alone(store: FactLog) -> None:
-    """One store call for a session id new here: who else holds it, and, when nobody does, note the own tenant."""
-    assert await store.others_or_note("run-1", "t-first", TS) == []
-    assert await store.tenants_of("run-1") == ["t-first"], "alone: noted in the same call"
-    assert await store.others_or_note("run-1", "t-first", TS + 1) == [], "only itself: still alone"
-    assert await store.others_or_note("run-1", "t-second", TS + 2) == ["t-first"]
-    assert await store.tenants_of("run-1") == ["t-first"], "not alone: not noted (the caller decides)"
-    await store.note_tenant("run-1", "t-third", TS + 3)
-    assert await store.others_or_note("run-1", "t-first", TS + 4) == ["t-third"]
-    assert await store.others_or_note("run-2", "t-first", TS + 5) == []
-    assert await store.tenants_of("run-2") == ["t-first"]
+async def test_first_look_is_the_log_its_link_and_who_else_holds_the_id(store: FactLog) -> None:
+    await first_look_contract(store)
 
 
-async def test_read_linked_is_the_log_and_the_link_in_one_call(store: FactLog) -> None:
+async def first_look_contract(store: FactLog) -> None:
+    """One store call for a session new here: its first entries, its link, and the other tenants of its session
+    id, noting the own tenant only when nobody else holds the id (the caller decides otherwise)."""
     key = SessionKey("t-new", "run-1")
-    assert await store.read_linked(key, 10) == ([], None)
+    assert await store.first_look(key, 10, TS) == FirstLook([], None, [])
+    assert await store.tenants_of("run-1") == ["t-new"], "alone: noted in the same call"
     facts = [NewFact(kind="message", index=i, source="client", message={"role": "user", "content": f"m{i}"},
                      hash=f"h{i}") for i in range(4)]
     await store.append(key, 0, facts, TS)
-    assert await store.read_linked(key, 10) == (await store.read(key), None)
+    assert await store.first_look(key, 10, TS + 1) == FirstLook(await store.read(key), None, []), "only itself"
+    assert await store.first_look(SessionKey("t-second", "run-1"), 10, TS + 2) == FirstLook([], None, ["t-new"])
+    assert await store.tenants_of("run-1") == ["t-new"], "not alone: not noted"
     await store.link(key, "t-old", TS)
-    logged, link = await store.read_linked(key, 3)
-    assert (logged, link) == (await store.read(key, limit=3), "t-old")
-    assert [f.digest for f in logged] == [f.digest for f in await store.read(key, limit=3)]
-    assert await store.read_linked(SessionKey("t-old", "run-1"), 10) == ([], None)
+    await store.note_tenant("run-1", "t-old", TS + 3)
+    looked = await store.first_look(key, 3, TS + 4)
+    assert looked == FirstLook(await store.read(key, limit=3), "t-old", ["t-old"])
+    assert [f.digest for f in looked.facts] == [f.digest for f in await store.read(key, limit=3)]
+    assert await store.first_look(SessionKey("t-old", "run-2"), 10, TS + 5) == FirstLook([], None, [])
+    assert await store.tenants_of("run-2") == ["t-old"]

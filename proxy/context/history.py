@@ -56,7 +56,7 @@ from proxy.context.lineage import ConversationState
 from proxy.context.pending import PendingReplies, PendingReply, pending_replies
 from proxy.context.planning import plan_pending, plan_sync
 from proxy.errors import ConflictError, StoreError
-from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
+from proxy.store.base import FactLog, FirstLook, NewFact, SessionKey, StoredFact
 from proxy.store.codec import fact_key
 from proxy.types import Message
 
@@ -184,11 +184,12 @@ class HistoryManager:
         stale = synced is None or time.monotonic() - synced >= self.fresh_for
         return await self.state(key, refresh=stale)
 
-    async def first_look(self, key: SessionKey) -> tuple[ConversationState, str | None]:
-        """The state of a session not cached here, and its link (``FactLog.link_of``), read together: one store
-        call unless the log is longer than a page. A session cached meanwhile (a concurrent first request) keeps
-        whichever state is furthest along, as in ``state``."""
-        facts, link = await self.log.read_linked(key, CATCH_UP_PAGE)
+    async def first_look(self, key: SessionKey) -> tuple[ConversationState, FirstLook]:
+        """The state of a session not cached here, and what else ``FactLog.first_look`` read with its log (its link,
+        the other tenants of its id): one store call unless the log is longer than a page. A session cached
+        meanwhile (a concurrent first request) keeps whichever state is furthest along, as in ``state``."""
+        looked = await self.log.first_look(key, CATCH_UP_PAGE, time.time())
+        facts = looked.facts
         fresh = ConversationState()
         for fact in facts:
             fresh.apply(fact)
@@ -197,7 +198,7 @@ class HistoryManager:
         state = self._furthest(key, fresh)
         self._synced[key] = time.monotonic()
         self._remember(key, state)
-        return state, link
+        return state, looked
 
     def _furthest(self, key: SessionKey, loaded: ConversationState) -> ConversationState:
         """Concurrent first requests of a session each load it: whichever state is furthest along."""

@@ -16,7 +16,6 @@ goes on under its own key, as with the store down), never the request.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import OrderedDict
@@ -33,7 +32,7 @@ from proxy.errors import StoreError
 from proxy.http import clientcompaction
 from proxy.keys import engine_key, history_key, links_key, metrics_key, store_key
 from proxy.secret import Reference
-from proxy.store.base import SessionKey
+from proxy.store.base import FirstLook, SessionKey
 
 logger = logging.getLogger(__name__)
 
@@ -64,19 +63,17 @@ class Candidates:
     def __init__(self, request: web.Request, own: SessionKey) -> None:
         self._request, self._own = request, own
         self._tenants: list[str] | None = None
-        #: Whether reading them noted the own tenant too (``FactLog.others_or_note``: there were none).
+        #: Whether reading them noted the own tenant too (``FactLog.first_look``: there were none).
         self.noted = False
 
-    async def get(self, *, note: bool = False) -> list[str]:
-        """With ``note``, a first read with no other tenant notes the own one in the same round trip (the caller
-        would note it next)."""
+    def read_with(self, looked: FirstLook) -> None:
+        """The others as ``FactLog.first_look`` read them with the session's log."""
+        self._tenants, self.noted = looked.others, not looked.others
+
+    async def get(self) -> list[str]:
         if self._tenants is None:
-            store, own = self._request.app[store_key], self._own
-            if note:
-                self._tenants = await store.others_or_note(own.session, own.tenant, time.time())
-                self.noted = not self._tenants
-            else:
-                self._tenants = [t for t in await store.tenants_of(own.session) if t != own.tenant]
+            own = self._own
+            self._tenants = [t for t in await self._request.app[store_key].tenants_of(own.session) if t != own.tenant]
         return self._tenants
 
 
@@ -132,17 +129,13 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, items:
     history, store = app[history_key], app[store_key]
     first_seen = history.cached(own) is None
     if first_seen:
-        # A session new here: its log and its link in one store call (the link is needed when the log proves
-        # nothing), and at the same time who else holds the session id, noting the own tenant if nobody does.
-        # (Noted when it turns out linked: only if no other tenant is noted, which a link leaves only if they
-        # were all pushed out of the TENANTS_KEPT newest; a tenant noted with nothing logged proves nothing.)
-        looked, others = await asyncio.gather(history.first_look(own), candidates.get(note=True),
-                                              return_exceptions=True)
-        if isinstance(looked, BaseException):
-            raise looked
-        if isinstance(others, BaseException):
-            raise others
-        state, linked = looked
+        # A session new here: its log, its link (needed when the log proves nothing) and who else holds the
+        # session id, noting the own tenant if nobody does, in one store call. (Noted when it turns out linked:
+        # only if no other tenant is noted, which a link leaves only if they were all pushed out of the
+        # TENANTS_KEPT newest; a tenant noted with nothing logged proves nothing.)
+        state, looked = await history.first_look(own)
+        candidates.read_with(looked)
+        linked = looked.link
     else:
         state, linked = await history.state(own), None
     if not holds(state, dialect, items, hashes):

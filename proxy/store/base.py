@@ -51,6 +51,7 @@ class SessionKey(NamedTuple):
     session: str
 
 
+
 @dataclass(frozen=True, slots=True)
 class NewFact:
     """A fact about to be appended; the store assigns ``id``, ``seq`` and ``ts``."""
@@ -106,6 +107,18 @@ class SessionInfo:
     entries: int = 0
 
 
+class FirstLook(NamedTuple):
+    """What a request needs of a session this process has not seen yet to tell whose it is (``FactLog.first_look``)."""
+
+    #: The log's first entries (``read(key, limit=limit)``).
+    facts: list[StoredFact]
+    #: The tenant the key is linked to (``link_of``), or None.
+    link: str | None
+    #: The tenants other than the key's own noted for its session id (``tenants_of``); with none, the own one was
+    #: noted in the same step (``note_tenant``).
+    others: list[str]
+
+
 class FactLog(abc.ABC):
     """Per-session append-only log. Implementations: ``SqliteFactLog``, ``RedisFactLog``."""
 
@@ -132,9 +145,10 @@ class FactLog(abc.ABC):
         """Facts with ``seq > after``, oldest first, at most ``limit``. An unknown session reads as empty."""
 
     @abc.abstractmethod
-    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
-        """The session's first ``limit`` facts (``read(key, limit=limit)``) and its link (``link_of(key)``), in one
-        round trip: what a request needs of a session this process has not seen yet, to tell whose it is."""
+    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
+        """The session's first ``limit`` facts, its link and the other tenants of its session id, noting the own
+        one (seen at ``ts``) when there are none: one store call where a request on a session new here would
+        otherwise make four (read, ask for the link, ask who else holds the id, note itself)."""
 
     @abc.abstractmethod
     def sessions(self) -> AsyncIterator[SessionInfo]:
@@ -178,12 +192,6 @@ class FactLog(abc.ABC):
     @abc.abstractmethod
     async def tenants_of(self, session: str) -> list[str]:
         """The tenants noted for ``session``, newest first, at most ``TENANTS_KEPT``."""
-
-    @abc.abstractmethod
-    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
-        """The tenants other than ``tenant`` noted for ``session`` (as ``tenants_of``); when there are none,
-        ``tenant`` is noted (as ``note_tenant``) in the same step. One round trip where a request on a session id
-        new here would otherwise make two: ask who else holds it, and, nobody, note itself."""
 
     @abc.abstractmethod
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:

@@ -93,7 +93,7 @@ from proxy.constants import (
 )
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import TENANTS_KEPT, FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import TENANTS_KEPT, FactLog, FirstLook, NewFact, SessionInfo, SessionKey, StoredFact
 from proxy.store.redis_scripts import APPEND_LUA, LOCK_LUA, UNLOCK_LUA
 
 RedisClient = Redis | RedisCluster
@@ -118,31 +118,46 @@ redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
 return 1
 """
 
-# The tenants of a session id other than ARGV[2], newest first, at most ARGV[3]; none: note ARGV[2] (as above).
-# KEYS: the session id's set. ARGV: ts, tenant, kept.
-OTHERS_OR_NOTE_LUA = """
-local kept = tonumber(ARGV[3])
-local others = {}
-for _, name in ipairs(redis.call('ZREVRANGE', KEYS[1], 0, kept - 1)) do
-  if name ~= ARGV[2] then
-    others[#others + 1] = name
+# The tenants of a session id other than ``tenant``, newest first, at most ``kept``; none: note ``tenant`` (as
+# NOTE_TENANT_LUA does).
+_OTHERS_OR_NOTE = """
+local function others_or_note(tenants, ts, tenant, kept)
+  local others = {}
+  for _, name in ipairs(redis.call('ZREVRANGE', tenants, 0, kept - 1)) do
+    if name ~= tenant then
+      others[#others + 1] = name
+    end
   end
+  if #others == 0 then
+    redis.call('ZADD', tenants, ts, tenant)
+    redis.call('ZREMRANGEBYRANK', tenants, 0, -(kept + 1))
+  end
+  return others
 end
-if #others == 0 then
-  redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(kept + 1))
-end
-return others
 """
 
-# The first ARGV[1] entries of a session's log and its link (false: none). KEYS: the log, the link.
-READ_LINKED_LUA = """
-local out = {redis.call('GET', KEYS[2])}
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))) do
-  out[#out + 1] = entry
+# A session's link (false: none), then the first ``limit`` entries of its log.
+_READ_LINKED = """
+local function read_linked(log, link, limit)
+  local out = {redis.call('GET', link)}
+  for _, entry in ipairs(redis.call('XRANGE', log, '-', '+', 'COUNT', limit)) do
+    out[#out + 1] = entry
+  end
+  return out
 end
+"""
+
+# ``FactLog.first_look`` in one script: {link, others, entry...}. KEYS: the log, the link, the session id's set of
+# tenants. ARGV: limit, ts, tenant, kept. Only where one script may touch keys of two slots (not on a cluster).
+FIRST_LOOK_LUA = _OTHERS_OR_NOTE + _READ_LINKED + """
+local out = read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))
+table.insert(out, 2, others_or_note(KEYS[3], ARGV[2], ARGV[3], tonumber(ARGV[4])))
 return out
 """
+# The same on a cluster, as two scripts: the log's slot {link, entry...} (KEYS: the log, the link; ARGV: limit),
+# and the tenants' slot (KEYS: the set; ARGV: ts, tenant, kept).
+READ_LINKED_LUA = _READ_LINKED + "return read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))"
+OTHERS_OR_NOTE_LUA = _OTHERS_OR_NOTE + "return others_or_note(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]))"
 
 
 class map_redis_errors:  # lower case: used as a function, ``with map_redis_errors("append"):``
@@ -281,6 +296,7 @@ class RedisFactLog(FactLog):
         self._lock = client.register_script(LOCK_LUA)
         self._unlock = client.register_script(UNLOCK_LUA)
         self._note_tenant = client.register_script(NOTE_TENANT_LUA)
+        self._first_look = client.register_script(FIRST_LOOK_LUA)
         self._others_or_note = client.register_script(OTHERS_OR_NOTE_LUA)
         self._read_linked = client.register_script(READ_LINKED_LUA)
 
@@ -350,12 +366,23 @@ class RedisFactLog(FactLog):
                 start = out[-1].seq + 1
         return out
 
-    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
-        with map_redis_errors("read_linked"):
-            link, *entries = await self._read_linked(keys=[log_key(*key), link_key(*key)], args=[limit])
+    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
+        linked, tenants = [log_key(*key), link_key(*key)], [tenants_key(key.session)]
+        noting: list[str | int] = [repr(ts), key.tenant, TENANTS_KEPT]
+        with map_redis_errors("first_look"):
+            if isinstance(self.client, RedisCluster):  # the session id's tenants live in a slot of their own
+                replies: tuple[Any, Any] = await asyncio.gather(self._read_linked(keys=linked, args=[limit]),
+                                                                self._others_or_note(keys=tenants, args=noting),
+                                                                return_exceptions=True)
+                for reply in replies:
+                    if isinstance(reply, BaseException):
+                        raise reply
+                (link, *entries), noted = replies
+            else:
+                link, noted, *entries = await self._first_look(keys=linked + tenants, args=[limit, *noting])
         facts = [_decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
                  for entry_id, fields in entries]
-        return facts, _text(link) if link else None
+        return FirstLook(facts, _text(link) if link else None, [_text(name) for name in noted])
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         suffix = f"}}:{META_SUFFIX}".encode()
@@ -417,11 +444,6 @@ class RedisFactLog(FactLog):
     async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
         with map_redis_errors("note_tenant"):
             await self._note_tenant(keys=[tenants_key(session)], args=[repr(ts), tenant, TENANTS_KEPT])
-
-    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
-        with map_redis_errors("others_or_note"):
-            names = await self._others_or_note(keys=[tenants_key(session)], args=[repr(ts), tenant, TENANTS_KEPT])
-        return [_text(name) for name in names if isinstance(name, bytes | str)]
 
     async def tenants_of(self, session: str) -> list[str]:
         with map_redis_errors("tenants_of"):

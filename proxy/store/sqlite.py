@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 from proxy.errors import ConflictError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import TENANTS_KEPT, FactLog, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import TENANTS_KEPT, FactLog, FirstLook, NewFact, SessionInfo, SessionKey, StoredFact
 
 T = TypeVar("T")
 
@@ -361,8 +361,9 @@ def _link_of(conn: sqlite3.Connection, key: SessionKey) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _read_linked(conn: sqlite3.Connection, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
-    return _read(conn, key, -1, limit), _link_of(conn, key)
+def _first_look(conn: sqlite3.Connection, key: SessionKey, limit: int, ts: float) -> FirstLook:
+    others = _others_or_note(conn, key.session, key.tenant, ts)
+    return FirstLook(_read(conn, key, -1, limit), _link_of(conn, key), others)
 
 
 class SqliteFactLog(FactLog):
@@ -399,8 +400,8 @@ class SqliteFactLog(FactLog):
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         return await self._run(_read, key, after, limit)
 
-    async def read_linked(self, key: SessionKey, limit: int) -> tuple[list[StoredFact], str | None]:
-        return await self._run(_read_linked, key, limit)
+    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
+        return await self._run(_first_look, key, limit, ts)
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         cursor = ("", "")
@@ -445,9 +446,6 @@ class SqliteFactLog(FactLog):
 
     async def tenants_of(self, session: str) -> list[str]:
         return await self._run(_tenants_of, session)
-
-    async def others_or_note(self, session: str, tenant: str, ts: float) -> list[str]:
-        return await self._run(_others_or_note, session, tenant, ts)
 
     async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
         return await self._run(_link, key, tenant, ts)
