@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from typing import Any
 
@@ -16,7 +18,8 @@ from proxy.errors import StoreUnavailable
 from proxy.keys import history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
-from proxy.store.base import SessionKey
+from proxy.store import redis as redis_store
+from proxy.store.base import NewFact, SessionKey
 from proxy.store.redis import RedisFactLog
 from tests.proxyfixtures import read_log, replay, same_conversation, sync_chat
 from tests.redisproc import RedisProcess, free_port
@@ -169,3 +172,30 @@ async def test_shutdown_cancels_the_background_retry(aiohttp_client, upstream, t
     finally:
         if redis.proc is not None:
             redis.stop()
+
+
+async def test_a_redis_that_stops_answering_fails_each_command_at_its_deadline_and_no_reply_goes_astray(
+        tmp_path, monkeypatch) -> None:
+    """A hung Redis (stopped, its connections open) fails a command as StoreUnavailable once the command's deadline
+    passes, not at the OS's TCP timeout; the late reply dies with its connection, so when Redis answers again each
+    command gets its own reply (one connection: the next command would otherwise read the last one's)."""
+    monkeypatch.setattr(redis_store, "SOCKET_TIMEOUT", 0.2)
+    with RedisProcess(free_port(), tmp_path / "redis") as redis:
+        store = RedisFactLog.from_url(f"{redis.url}?max_connections=1")
+        key = SessionKey("t-hung", "run-1")
+        try:
+            await store.append(key, 0, [NewFact(kind="message", index=0, source="client",
+                                                message={"role": "user", "content": "hi"}, hash="h0")], time.time())
+            assert redis.proc is not None
+            os.kill(redis.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(StoreUnavailable):
+                    await store.read(key)
+                with pytest.raises(StoreUnavailable):
+                    await store.link_of(key)
+            finally:
+                os.kill(redis.proc.pid, signal.SIGCONT)
+            assert await store.link_of(key) is None
+            assert [fact.message for fact in await store.read(key)] == [{"role": "user", "content": "hi"}]
+        finally:
+            await store.aclose()

@@ -42,8 +42,8 @@ disagree (keys edited by hand), it refuses with an error, which surfaces as
 truncated AOF loses the stream's and ``meta``'s last writes together: one
 script's writes replicate and persist as one MULTI/EXEC block.)
 
-Failure handling: short socket timeouts make a dead Redis fail fast; a
-connection error is retried a few times with a backoff totalling well under a
+Failure handling: short timeouts (a deadline per command, ``PooledRedis``)
+make a dead Redis fail fast; a connection error is retried a few times with a backoff totalling well under a
 second, which is what reconnects transparently after a Redis restart. Timeouts
 are not retried (each would cost another socket timeout). Connections come
 from a pool of ``?max_connections=N`` (``DEFAULT_MAX_CONNECTIONS``) with as many
@@ -249,7 +249,7 @@ class PooledRedis(Redis):
         self._turns = Turns(self.connection_pool.max_connections)
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
-        async with self._turns:  # redis-py leaves its Redis.execute_command untyped
+        async with self._turns, asyncio.timeout(SOCKET_TIMEOUT):  # redis-py leaves execute_command untyped
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
 
 
@@ -317,6 +317,7 @@ class RedisFactLog(FactLog):
             "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(RedisConnectionError,)),
         }
         if not cluster:
+            options["socket_timeout"] = None  # a deadline per command instead (PooledRedis)
             return cls(PooledRedis.from_pool(ConnectionPool.from_url(url, max_connections=max_connections, **options)))
         try:
             return cls(ClusterClient.from_url(url, max_connections=max_connections, **options))
