@@ -20,7 +20,7 @@ STARTUP = ("<module>", "_find_and_load", "bundled_encoding", "_make_server", "Ap
            "CleanupContext._on_startup")
 #: (group, what marks a frame of it): a sample goes to the group of its innermost frame that has one.
 GROUPS = (
-    ("store: Redis client", ("redis/", "RedisFactLog", "PooledRedis")),
+    ("store: Redis client", ("redis/", "redisclient.py", "RedisFactLog", "PooledRedis")),
     ("store: SQLite", ("sqlite",)),
     ("access log", ("logging/", "_account")),
     ("history: sync, state, log", ("history.py", "lineage.py", "planning.py", "codec.py", "continuity")),

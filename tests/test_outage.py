@@ -18,7 +18,7 @@ from proxy.errors import StoreUnavailable
 from proxy.keys import history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
-from proxy.store import redis as redis_store
+from proxy.store import redisclient
 from proxy.store.base import NewFact, SessionKey
 from proxy.store.redis import RedisFactLog
 from tests.proxyfixtures import read_log, replay, same_conversation, sync_chat
@@ -179,7 +179,7 @@ async def test_a_redis_that_stops_answering_fails_each_command_at_its_deadline_a
     """A hung Redis (stopped, its connections open) fails a command as StoreUnavailable once the command's deadline
     passes, not at the OS's TCP timeout; the late reply dies with its connection, so when Redis answers again each
     command gets its own reply (one connection: the next command would otherwise read the last one's)."""
-    monkeypatch.setattr(redis_store, "SOCKET_TIMEOUT", 0.2)
+    monkeypatch.setattr(redisclient, "SOCKET_TIMEOUT", 0.2)
     with RedisProcess(free_port(), tmp_path / "redis") as redis:
         store = RedisFactLog.from_url(f"{redis.url}?max_connections=1")
         key = SessionKey("t-hung", "run-1")

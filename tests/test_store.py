@@ -13,11 +13,13 @@ from typing import Any
 import orjson
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.crc import key_slot
 
 from proxy.errors import ConflictError, StoreUnavailable, UnencodableFact
 from proxy.store import FactLog, NewFact, SessionInfo, SessionKey, StoredFact, codec, open_store
-from proxy.store.redis import DEFAULT_MAX_CONNECTIONS, RedisFactLog
+from proxy.store.redis import RedisFactLog
+from proxy.store.redisclient import DEFAULT_MAX_CONNECTIONS, HiredisPacking, PackedConnection
 from proxy.store.sqlite import MIGRATIONS, SqliteFactLog
 from tests.redisproc import RedisProcess, free_port
 
@@ -475,6 +477,21 @@ async def test_redis_pool_size_comes_from_the_url() -> None:
     for bad in ("0", "-1", "many", ""):
         with pytest.raises(ValueError, match="max_connections"):
             RedisFactLog.from_url(f"redis://127.0.0.1:1/0?max_connections={bad}")
+
+
+async def test_redis_connections_pack_commands_with_hiredis_as_redis_py_would() -> None:
+    """Each scheme keeps the connection class redis-py gives it (TLS, a unix socket), packing commands with hiredis
+    into the very bytes redis-py's own packing makes."""
+    for url, kind in (("redis://127.0.0.1:1/0", Connection), ("rediss://127.0.0.1:1/0", SSLConnection),
+                      ("unix:///tmp/ctxproxy-none.sock", UnixDomainSocketConnection)):
+        store = RedisFactLog.from_url(url)
+        try:
+            made = store.client.connection_pool.connection_class
+            assert issubclass(made, kind) and issubclass(made, HiredisPacking), url
+        finally:
+            await store.aclose()
+    args = ("EVALSHA", "0" * 40, 3, "ctxproxy:{t:é}:log", 1.5, repr(TS), "", b"\x00\xff raw", "text 😀", -7)
+    assert b"".join(PackedConnection().pack_command(*args)) == b"".join(Connection().pack_command(*args))
 
 
 async def test_redis_restart_keeps_log_and_reconnects(tmp_path: Path) -> None:

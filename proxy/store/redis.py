@@ -42,8 +42,8 @@ disagree (keys edited by hand), it refuses with an error, which surfaces as
 truncated AOF loses the stream's and ``meta``'s last writes together: one
 script's writes replicate and persist as one MULTI/EXEC block.)
 
-Failure handling: short timeouts (a deadline per command, ``PooledRedis``)
-make a dead Redis fail fast; a connection error is retried a few times with a backoff totalling well under a
+Failure handling (the client, ``proxy.store.redisclient``): a deadline per command
+makes a dead Redis fail fast; a connection error is retried a few times with a backoff totalling well under a
 second, which is what reconnects transparently after a Redis restart. Timeouts
 are not retried (each would cost another socket timeout). Connections come
 from a pool of ``?max_connections=N`` (``DEFAULT_MAX_CONNECTIONS``) with as many
@@ -70,14 +70,9 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, RedisClusterException, RedisError, SlotNotCoveredError
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
 
 from proxy.constants import (
     KEY_PREFIX,
@@ -94,70 +89,19 @@ from proxy.constants import (
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
 from proxy.store.base import TENANTS_KEPT, FactLog, FirstLook, NewFact, SessionInfo, SessionKey, StoredFact
-from proxy.store.redis_scripts import APPEND_LUA, LOCK_LUA, UNLOCK_LUA
+from proxy.store.redis_scripts import (
+    APPEND_LUA,
+    FIRST_LOOK_LUA,
+    LOCK_LUA,
+    NOTE_TENANT_LUA,
+    OTHERS_OR_NOTE_LUA,
+    READ_LINKED_LUA,
+    UNLOCK_LUA,
+)
+from proxy.store.redisclient import RedisClient, client_from_url
 
-RedisClient = Redis | RedisCluster
-
-SOCKET_TIMEOUT = 5.0
-CONNECT_TIMEOUT = 2.0
-#: Connections per client unless the URL says ``?max_connections=N``. Redis runs one command at a time, so
-#: connections beyond what covers the network round trip only queue inside Redis: 128 keep a Redis at ~100k
-#: commands/s busy across a 1 ms round trip. More requests than that in flight (300 sessions or more) wait
-#: their turn for a connection, a few command times, instead of failing.
-DEFAULT_MAX_CONNECTIONS = 128
-#: How long a command waits for a free connection before it fails: as long as a hung command may hold one.
-POOL_WAIT = SOCKET_TIMEOUT
-HEALTH_CHECK_INTERVAL = 10
 #: Entries per XRANGE round trip when reading a long log; keeps each command short for the server.
 READ_PAGE = 1000
-
-# Note a tenant of a session id and keep only the newest ARGV[3]. KEYS: the session id's set. ARGV: ts, tenant, kept.
-NOTE_TENANT_LUA = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
-return 1
-"""
-
-# The tenants of a session id other than ``tenant``, newest first, at most ``kept``; none: note ``tenant`` (as
-# NOTE_TENANT_LUA does).
-_OTHERS_OR_NOTE = """
-local function others_or_note(tenants, ts, tenant, kept)
-  local others = {}
-  for _, name in ipairs(redis.call('ZREVRANGE', tenants, 0, kept - 1)) do
-    if name ~= tenant then
-      others[#others + 1] = name
-    end
-  end
-  if #others == 0 then
-    redis.call('ZADD', tenants, ts, tenant)
-    redis.call('ZREMRANGEBYRANK', tenants, 0, -(kept + 1))
-  end
-  return others
-end
-"""
-
-# A session's link (false: none), then the first ``limit`` entries of its log.
-_READ_LINKED = """
-local function read_linked(log, link, limit)
-  local out = {redis.call('GET', link)}
-  for _, entry in ipairs(redis.call('XRANGE', log, '-', '+', 'COUNT', limit)) do
-    out[#out + 1] = entry
-  end
-  return out
-end
-"""
-
-# ``FactLog.first_look`` in one script: {link, others, entry...}. KEYS: the log, the link, the session id's set of
-# tenants. ARGV: limit, ts, tenant, kept. Only where one script may touch keys of two slots (not on a cluster).
-FIRST_LOOK_LUA = _OTHERS_OR_NOTE + _READ_LINKED + """
-local out = read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))
-table.insert(out, 2, others_or_note(KEYS[3], ARGV[2], ARGV[3], tonumber(ARGV[4])))
-return out
-"""
-# The same on a cluster, as two scripts: the log's slot {link, entry...} (KEYS: the log, the link; ARGV: limit),
-# and the tenants' slot (KEYS: the set; ARGV: ts, tenant, kept).
-READ_LINKED_LUA = _READ_LINKED + "return read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))"
-OTHERS_OR_NOTE_LUA = _OTHERS_OR_NOTE + "return others_or_note(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]))"
 
 
 class map_redis_errors:  # lower case: used as a function, ``with map_redis_errors("append"):``
@@ -193,100 +137,6 @@ def _decode_entry(entry_id: bytes | str | None, fields: Mapping[bytes | str, byt
     return codec.decode(_text(entry_id), fields[b"f"])
 
 
-def _split_options(url: str) -> tuple[str, bool, int]:
-    """Take our own query parameters out of the URL: ``cluster`` (a flag) and ``max_connections`` (at least 1).
-
-    redis-py would reject ``cluster`` as a connection option and silently read
-    ``max_connections=0`` as its own default, so both are read here, once.
-    """
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {name: value for name, value in query if name in {"cluster", "max_connections"}}
-    rest = [(name, value) for name, value in query if name not in ours]
-    cluster = ours.get("cluster", "").lower() in {"1", "true", "yes", "on"}
-    raw = ours.get("max_connections", str(DEFAULT_MAX_CONNECTIONS))
-    if not raw.isdigit() or int(raw) < 1:
-        raise ValueError(f"max_connections in the store URL must be a positive integer, not {raw!r}")
-    return urlunsplit(parts._replace(query=urlencode(rest))), cluster, int(raw)
-
-
-class Turns:
-    """At most ``n`` commands in flight; one past that waits up to ``POOL_WAIT`` for a turn, then fails as a
-    connection error. A free turn costs one uncontended semaphore acquire (no timer)."""
-
-    __slots__ = ("_free",)
-
-    def __init__(self, n: int) -> None:
-        self._free = asyncio.Semaphore(n)
-
-    async def __aenter__(self) -> None:
-        if not self._free.locked():
-            await self._free.acquire()  # returns at once
-            return
-        try:
-            async with asyncio.timeout(POOL_WAIT):
-                await self._free.acquire()
-        except TimeoutError as exc:
-            raise RedisConnectionError("No connection available.") from exc
-
-    async def __aexit__(self, *exc: object) -> None:
-        self._free.release()
-
-
-class PooledRedis(Redis):
-    """redis-py's client on its plain pool, with at most the pool's size of commands in flight (``Turns``).
-
-    The behaviour of redis-py's ``BlockingConnectionPool`` (a command waits up to
-    ``POOL_WAIT`` for a connection instead of failing) without its cost: that pool
-    takes an ``asyncio.Condition`` under a timeout on every checkout, about a third
-    of the client's CPU per command (measured: 75 against 55 µs). A command uses
-    one connection at a time, so with the turns bounded by the pool's size the pool
-    is never exhausted.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._turns = Turns(self.connection_pool.max_connections)
-
-    async def execute_command(self, *args: Any, **options: Any) -> Any:
-        async with self._turns, asyncio.timeout(SOCKET_TIMEOUT):  # redis-py leaves execute_command untyped
-            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
-
-
-class ClusterClient(RedisCluster):
-    """redis-py's async cluster client with three corrections, all found against a real cluster.
-
-    - It initializes before every command. redis-py picks a command's route
-      before it initializes, and a client that has no slot map yet sends keyed
-      commands to its default node: the first requests of a busy replica then
-      draw MOVED replies, and every fifth MOVED makes redis-py close all
-      connections, in-flight ones included, which fails those requests with
-      AttributeError/RuntimeError instead of a Redis error. ``initialize`` is a
-      flag check once the slot map is known.
-    - It does not retry after a socket timeout. Re-reading the slot map and
-      retrying is right after a refused connection or a failover, but against
-      a hung node each retry waits out another socket timeout (20 s instead of
-      5 s in all). The slot map is still re-read on the next command.
-    - It has no blocking pool: past ``max_connections`` to one node a command
-      fails at once (``MaxConnectionsError``). Commands in flight are bounded
-      here by the same number, waiting up to ``POOL_WAIT`` for a turn, and a
-      command uses one connection at a time, so no node's limit is reached.
-    """
-
-    # redis-py types the attribute as exactly its own four-class tuple.
-    ERRORS_ALLOW_RETRY = (RedisConnectionError, ClusterDownError, SlotNotCoveredError)  # type: ignore[assignment]
-
-    def __init__(self, *args: Any, max_connections: int = DEFAULT_MAX_CONNECTIONS, **kwargs: Any) -> None:
-        kwargs["max_connections"] = max_connections
-        super().__init__(*args, **kwargs)
-        self._turns = Turns(max_connections)
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        async with self._turns:
-            await self.initialize()
-            return await super().execute_command(*args, **kwargs)
-
-
 class RedisFactLog(FactLog):
     """``FactLog`` on Redis or Redis Cluster. Build it with ``RedisFactLog.from_url``; connecting is lazy."""
 
@@ -304,25 +154,11 @@ class RedisFactLog(FactLog):
     def from_url(cls, url: str) -> RedisFactLog:
         """``redis://`` or ``rediss://``; ``?cluster=1`` selects Redis Cluster with the URL's node as seed.
 
-        ``?max_connections=N`` sizes the connection pool (``DEFAULT_MAX_CONNECTIONS``):
+        ``?max_connections=N`` sizes the connection pool (``proxy.store.redisclient.DEFAULT_MAX_CONNECTIONS``):
         with a command waiting up to ``POOL_WAIT`` for a free connection rather than failing (redis-py's
         default pool fails at once; ``PooledRedis``).
         """
-        url, cluster, max_connections = _split_options(url)
-        options: dict[str, Any] = {
-            "socket_timeout": SOCKET_TIMEOUT,
-            "socket_connect_timeout": CONNECT_TIMEOUT,
-            "health_check_interval": HEALTH_CHECK_INTERVAL,
-            # Backoff 0.1 + 0.2 + 0.25 s: enough to ride over a restart, short enough not to stall requests.
-            "retry": Retry(ExponentialBackoff(cap=0.25, base=0.05), 3, supported_errors=(RedisConnectionError,)),
-        }
-        if not cluster:
-            options["socket_timeout"] = None  # a deadline per command instead (PooledRedis)
-            return cls(PooledRedis.from_pool(ConnectionPool.from_url(url, max_connections=max_connections, **options)))
-        try:
-            return cls(ClusterClient.from_url(url, max_connections=max_connections, **options))
-        except RedisClusterException as exc:  # a database other than 0, a unix socket
-            raise ValueError(f"unusable Redis Cluster URL: {exc}") from exc
+        return cls(client_from_url(url))
 
     async def append(
         self, key: SessionKey, expected_seq: int, facts: Sequence[NewFact], ts: float, *, tail: str | None = None

@@ -81,3 +81,51 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+# Note a tenant of a session id and keep only the newest ARGV[3]. KEYS: the session id's set. ARGV: ts, tenant, kept.
+NOTE_TENANT_LUA = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
+return 1
+"""
+
+# The tenants of a session id other than ``tenant``, newest first, at most ``kept``; none: note ``tenant`` (as
+# NOTE_TENANT_LUA does).
+_OTHERS_OR_NOTE = """
+local function others_or_note(tenants, ts, tenant, kept)
+  local others = {}
+  for _, name in ipairs(redis.call('ZREVRANGE', tenants, 0, kept - 1)) do
+    if name ~= tenant then
+      others[#others + 1] = name
+    end
+  end
+  if #others == 0 then
+    redis.call('ZADD', tenants, ts, tenant)
+    redis.call('ZREMRANGEBYRANK', tenants, 0, -(kept + 1))
+  end
+  return others
+end
+"""
+
+# A session's link (false: none), then the first ``limit`` entries of its log.
+_READ_LINKED = """
+local function read_linked(log, link, limit)
+  local out = {redis.call('GET', link)}
+  for _, entry in ipairs(redis.call('XRANGE', log, '-', '+', 'COUNT', limit)) do
+    out[#out + 1] = entry
+  end
+  return out
+end
+"""
+
+# ``FactLog.first_look`` in one script: {link, others, entry...}. KEYS: the log, the link, the session id's set of
+# tenants. ARGV: limit, ts, tenant, kept. Only where one script may touch keys of two slots (not on a cluster).
+FIRST_LOOK_LUA = _OTHERS_OR_NOTE + _READ_LINKED + """
+local out = read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))
+table.insert(out, 2, others_or_note(KEYS[3], ARGV[2], ARGV[3], tonumber(ARGV[4])))
+return out
+"""
+# The same on a cluster, as two scripts: the log's slot {link, entry...} (KEYS: the log, the link; ARGV: limit),
+# and the tenants' slot (KEYS: the set; ARGV: ts, tenant, kept).
+READ_LINKED_LUA = _READ_LINKED + "return read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))"
+OTHERS_OR_NOTE_LUA = _OTHERS_OR_NOTE + "return others_or_note(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]))"
