@@ -10,6 +10,7 @@ import pytest
 
 from proxy.context import userwords
 from proxy.context.batches import checkpoint_fact
+from proxy.context.budget import REPLY_PRIMING_TOKENS
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint
 from proxy.context.engine import MAX_POLICIES, ContextEngine, EngineSettings, active_checkpoint
 from proxy.context.history import HistoryManager
@@ -345,3 +346,16 @@ async def test_the_policies_kept_per_window_are_bounded(sqlite_store: FactLog) -
     again = engine.policy(2048)
     assert again is not first and again.threshold(None) == first.threshold(None)
     assert again.counter is first.counter, "the token counts stay shared"
+
+
+async def test_a_sessions_routine_view_keeps_its_sums_for_the_next_step(sqlite_store: FactLog) -> None:
+    """``prepare`` names the session to the token sum, which counts its next view from where the two part."""
+    engine = engine_over(sqlite_store, context_window=1_000_000)
+    messages = conversation(40)
+    hashes = [message_hash(m) for m in messages]
+    state = await engine.history.sync(KEY, messages, hashes)
+    first = await engine.prepare(KEY, messages, hashes, state, dialect=CHAT, model="m", tools=None, max_output=None,
+                                 complete=Summariser())
+    kept = engine.counter.views.get(KEY)
+    assert kept is not None and kept.digests == tuple(hashes)
+    assert kept.sums[-1] + REPLY_PRIMING_TOKENS == first.estimate.tokenizer

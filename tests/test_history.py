@@ -39,6 +39,18 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
         assert asyncio.run(history.hashes_for(key, messages, size, message_hash)) == [message_hash(m) for m in messages]
 
 
+def test_a_message_equal_to_the_last_requests_gets_its_very_hash_and_a_message_hashed_anew_a_new_one() -> None:
+    """What the token sums kept per session know a message by (``proxy.context.tokens.RunningCount``)."""
+    history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
+    key = SessionKey("t", "s")
+    first = [{"role": "user", "content": f"m{i}"} for i in range(4)]
+    before = asyncio.run(history.hashes_for(key, first, REUSE_FROM_BYTES, message_hash))
+    second = [dict(m) for m in first[:2]] + [{"role": "user", "content": "edited"}, dict(first[3])]
+    after = asyncio.run(history.hashes_for(key, second, REUSE_FROM_BYTES, message_hash))
+    assert [a is b for a, b in zip(after, before, strict=True)] == [True, True, False, False]
+    assert after[3] == before[3], "the same value, hashed anew past the first difference"
+
+
 def test_recent_requests_are_bounded_by_size() -> None:
     history = HistoryManager(log=None, clock=lambda: 0.0,  # type: ignore[arg-type]
                              recent_bytes=2 * REUSE_FROM_BYTES + 1000)

@@ -4,18 +4,24 @@ import hashlib
 import os
 import subprocess
 import sys
+from array import array
 from pathlib import Path
+from typing import Any
 
 from proxy.context.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     NON_TEXT_PART_TOKENS,
+    RUNNING_FROM,
+    RunningCount,
     TokenCounter,
+    ViewCounts,
     bundled_encoding,
     bundled_encoding_name,
     chars_tokens,
     tools_chars,
 )
 from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
 
 
 class WordEncoding:
@@ -141,3 +147,65 @@ def test_tools_tokens_are_cached() -> None:
     assert counter.tools_tokens(tools) == first
     assert first == 2  # '[{"function":{"name":"read' and 'file","parameters":{}},"type":"function"}]'
     assert encoding.calls == 1
+
+
+class Watched:
+    """A dialect that counts the messages whose count keys a sum looked up."""
+
+    def __init__(self) -> None:
+        self.looked = 0
+
+    def count_key(self, item: dict[str, Any], digest: str) -> str:
+        self.looked += 1
+        return CHAT.count_key(item, digest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(CHAT, name)
+
+
+def fresh(digest: str) -> str:
+    """The same hash, as a new string (what hashing a message again gives)."""
+    return digest[:1] + digest[1:]
+
+
+def test_a_sessions_view_is_summed_from_where_it_parts_from_its_last() -> None:
+    counter, watched = TokenCounter(WordEncoding()), Watched()
+    messages = [{"role": "user" if i % 2 else "assistant", "content": f"step {i} " + "word " * (i % 7)}
+                for i in range(RUNNING_FROM + 36)]
+    digests = [message_hash(m) for m in messages]
+
+    def running(view: list[dict[str, Any]], hashes: list[str | None]) -> int:
+        watched.looked = 0
+        total = counter.count_many(watched, view, hashes, session="s")  # type: ignore[arg-type]
+        assert total == TokenCounter(WordEncoding()).count_many(CHAT, view, hashes), "the whole view's sum"
+        return watched.looked
+
+    assert running(messages, digests) == 100, "the first view: all of it"
+    step = [{"role": "assistant", "content": "ran the tests"}, {"role": "user", "content": "now the docs"}]
+    grown, grown_digests = messages + step, digests + [message_hash(m) for m in step]
+    assert running(grown, grown_digests) == 2, "a step: only what it added"
+    edited = [*grown[:50], {"role": "user", "content": "another question"}, *grown[51:]]
+    assert running(edited, [*grown_digests[:50], message_hash(edited[50]), *grown_digests[51:]]) == 52
+    assert running(grown[:70], grown_digests[:70]) == 20, "back to before the edit: from where the two part"
+    assert running(grown[:70], [fresh(d) for d in grown_digests[:70]]) == 70, \
+        "equal hashes made again are not known: only the very strings a request reused from the last say so"
+    with_reasoning = [{**m, "reasoning_content": "thought it through"} if i == 3 else m for i, m in enumerate(messages)]
+    reasoned = [fresh(d) if i == 3 else d for i, d in enumerate(digests)]  # the hash leaves reasoning out
+    running(messages, digests)
+    assert running(with_reasoning, reasoned) == 97, "a message unlike the last one's counts anew, reasoning too"
+    unnamed: list[str | None] = [*digests[:10], None, *digests[11:]]
+    running(messages, unnamed)
+    assert running(messages, unnamed) == 90, "the sums kept end before a message without a digest"
+    assert len(counter.views) == 1
+    counter.count_many(CHAT, messages[: RUNNING_FROM - 1], digests[: RUNNING_FROM - 1], session="short")
+    assert len(counter.views) == 1, "a short view is summed whole and not kept"
+
+
+def test_the_sums_kept_are_bounded_by_their_messages_in_all() -> None:
+    views = ViewCounts(max_entries=250)
+    for name in ("a", "b", "c"):
+        views.put(name, RunningCount(tuple("x" * 100), array("q", range(101))))
+    assert views.get("a") is None and views.get("b") is not None and len(views) == 2, "the oldest out first"
+    views.put("b", RunningCount(tuple("x" * 10), array("q", range(11))))  # replaced: its old size is freed
+    views.put("d", RunningCount(tuple("x" * 100), array("q", range(101))))
+    assert [views.get(name) is not None for name in "bcd"] == [True, True, True]

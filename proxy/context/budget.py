@@ -26,7 +26,7 @@ compaction starts, ``hard_limit`` what the upstream would refuse.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -250,6 +250,7 @@ class ContextBudgetPolicy:
         view_key: str = "",
         source: tuple[Sequence[Message], Sequence[str]] | None = None,
         made: Mapping[int, str] | None = None,
+        session: Hashable | None = None,
     ) -> Estimate:
         """Estimate for sending ``view``.
 
@@ -258,7 +259,9 @@ class ContextBudgetPolicy:
         those hashes as cache keys instead of hashing megabytes again. When
         ``source[0]`` is ``view`` itself, the hashes are taken by position.
         ``made`` maps ``id()`` of items the projection made (masked outputs) to
-        their hashes, for the same reason.
+        their hashes, for the same reason. ``session`` names whose view this
+        is: the tokenizer's sum then starts where it parts from that session's
+        last (``TokenCounter.count_many``).
         """
         if source is not None and source[0] is view:
             digests: Sequence[str | None] = source[1]
@@ -270,7 +273,8 @@ class ContextBudgetPolicy:
             chars = chars_tokens(sum(text_length(dialect, m) for m in view) + tools_chars(tools))
         tokenized = None
         if self._uses_tokenizer:
-            counted = self.counter.count_many(dialect, view, digests) + self.counter.tools_tokens(tools)
+            counted = self.counter.count_many(dialect, view, digests, session=session)
+            counted += self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
         measured = self._usage_estimate(dialect, view, digests, usage, view_key)
         figures = [figure for figure in (chars, measured, tokenized) if figure is not None]

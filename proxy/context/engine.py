@@ -197,11 +197,13 @@ class ContextEngine:
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none", limit: int | None = None, fit: bool = True,
-             checkpoint: Checkpoint | None = None) -> PreparedView:
+             checkpoint: Checkpoint | None = None, session: SessionKey | None = None) -> PreparedView:
         """Build and estimate the view under the session's active checkpoint (or ``checkpoint``). Read-only.
 
         With ``fit``, a view over ``limit`` (default: what the upstream would
         refuse) has tool results clipped until it fits (``proxy.context.clipping``).
+        ``session``: whose routine view this is, so that its count starts where
+        the session's last view's parts from it (``TokenCounter.count_many``).
         """
         checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes)
         seqs, keys = (state.entries_for(hashes, checkpoint.covers) if state is not None and checkpoint is not None
@@ -211,7 +213,8 @@ class ContextEngine:
         policy = self.policy(window)
         estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state),
                                    view_key=checkpoint.view_key if checkpoint else "",
-                                   source=(view if not changed else messages, hashes), made=self.masker.digests)
+                                   source=(view if not changed else messages, hashes), made=self.masker.digests,
+                                   session=session)
         limit = policy.hard_limit(max_output) if limit is None else limit
         prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit,
                                 unfreed=self.unfreed(window, dialect, messages, hashes, tools))
@@ -247,7 +250,7 @@ class ContextEngine:
         window = self.window_for(model)
         self.pace.step(key)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
-        prepared = self.view(messages, hashes, state, fit=False, **options)
+        prepared = self.view(messages, hashes, state, fit=False, session=key, **options)
         if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
             del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
             prepared = replace(prepared, compacted="background")

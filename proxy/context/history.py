@@ -49,6 +49,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import compress, count
+from operator import ne
 from typing import Any
 
 from proxy import offload
@@ -489,9 +491,8 @@ def reused_hashes(previous: tuple[list[Message], list[str], int] | None, message
     hashes: list[str] = []
     if previous is not None:
         old_messages, old_hashes, _ = previous
-        limit = min(len(old_messages), len(messages))
-        while reused < limit and messages[reused] == old_messages[reused]:
-            reused += 1
+        # The first unequal pair, found in C: the comparison itself is most of the cost, not a loop around it.
+        reused = next(compress(count(), map(ne, messages, old_messages)), min(len(old_messages), len(messages)))
         hashes = old_hashes[:reused]
     hashes.extend(hash_item(m) for m in messages[reused:])
     return hashes

@@ -11,6 +11,10 @@ Counting is the hot path of every request, so counts are cached per message
 hash in an LRU bounded by count and by bytes: a conversation that grows by two
 messages costs two tokenisations, not two hundred.
 
+The sum over a view is kept per session too (``ViewCounts``): a session's next
+view is summed from where it parts from the last one, so that a step adding two
+messages to three hundred looks at two, not at three hundred cache entries.
+
 A request's own tokenizing is bounded too (issue 23): a text over
 ``SAMPLE_CHARS`` is counted from evenly spaced samples of that many characters
 in all and scaled (BPE on 30 MiB of one repeated character took 25 s), and one
@@ -26,10 +30,14 @@ import hashlib
 import logging
 import os
 import threading
+from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, compress, count
+from operator import is_not
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import orjson
 
@@ -56,6 +64,10 @@ BUDGET_CHARS = 4 * 1024 * 1024
 #: Bytes an LRU entry of the count cache costs besides its key (the dict's slot, the link, the int).
 ENTRY_BYTES = 120
 TOKENIZERS_SUBDIR = ("litellm_core_utils", "tokenizers")
+#: Messages a view needs for its sums to be kept (``ViewCounts``): a shorter one is summed whole in microseconds.
+RUNNING_FROM = 64
+#: Messages the kept sums cover in all (about 100 bytes each, with their digests), least recently used out first.
+RUNNING_ENTRIES = 200_000
 
 
 class MessageCounter(Protocol):
@@ -128,6 +140,53 @@ def bundled_encoding() -> Any | None:
             os.environ["TIKTOKEN_CACHE_DIR"] = previous
 
 
+def identical_prefix(old: Sequence[object], new: Sequence[object]) -> int:
+    """How many leading elements of ``old`` and ``new`` are the very same objects (``is``), found in C."""
+    return next(compress(count(), map(is_not, old, new)), min(len(old), len(new)))
+
+
+@dataclass(frozen=True, slots=True)
+class RunningCount:
+    """A session's last counted view: its digests, and ``sums[i]`` the count of its first ``i`` messages.
+
+    A message is known by the identity of its digest, not by its value: ``HistoryManager.hashes_for``
+    gives each message equal to the previous request's (deep equality: what a count reads, reasoning
+    included, where a Chat digest leaves reasoning out) that request's very hash string, and a new string
+    to every message it hashes; the masker gives a masked item the same string each time. So the same
+    string at the same place is the same message, and has the same count.
+    """
+
+    digests: tuple[str, ...]
+    sums: array[int]
+
+
+class ViewCounts:
+    """The ``RunningCount`` of each session with views of ``RUNNING_FROM`` messages or more, least recently used
+    out first past ``max_entries`` messages in all. An entry is replaced whole, never changed: a count in the
+    offload pool and one on the loop each read a complete one."""
+
+    def __init__(self, max_entries: int = RUNNING_ENTRIES) -> None:
+        self._runs: OrderedDict[Hashable, RunningCount] = OrderedDict()
+        self._entries = 0
+        self._max_entries = max_entries
+        self._lock = threading.Lock()
+
+    def get(self, session: Hashable) -> RunningCount | None:
+        return self._runs.get(session)
+
+    def put(self, session: Hashable, run: RunningCount) -> None:
+        with self._lock:
+            old = self._runs.pop(session, None)
+            self._entries += len(run.digests) - (len(old.digests) if old is not None else 0)
+            self._runs[session] = run
+            while self._runs and self._entries > self._max_entries:
+                _, dropped = self._runs.popitem(last=False)
+                self._entries -= len(dropped.digests)
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+
 class TokenCounter:
     """Tokenizer counts of messages, cached per message hash in an LRU bounded by ``maxsize`` and ``max_bytes``.
 
@@ -147,6 +206,7 @@ class TokenCounter:
         self._cache: OrderedDict[str, int] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self.views = ViewCounts()
 
     @property
     def bytes(self) -> int:
@@ -198,28 +258,44 @@ class TokenCounter:
         value = tokens + non_text * NON_TEXT_PART_TOKENS + MESSAGE_OVERHEAD_TOKENS
         return self._store(key, value) if cache else value, min(len(text), SAMPLE_CHARS) if exact else 0
 
-    def count_many(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None]) -> int:
+    def count_many(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None], *,
+                   session: Hashable | None = None) -> int:
         """Sum of ``message_tokens`` over a view: the per-request hot loop, so cache hits skip the LRU bookkeeping.
 
         Hits are not moved to the end of the LRU here; the messages of a live
         session are hit on every request anyway, and eviction only costs a recount.
         Past ``BUDGET_CHARS`` tokenized, a message new to the cache is counted
         as characters ÷ 3 (and cached so): the request's own work stays bounded.
+        With ``session``, a view of ``RUNNING_FROM`` messages or more is summed
+        from where it parts from that session's last (``ViewCounts``).
         """
+        if session is None or len(messages) < RUNNING_FROM:
+            return sum(self._counts(dialect, messages, digests))
+        last = self.views.get(session)
+        start = identical_prefix(last.digests, digests) if last is not None else 0
+        base = last.sums[start] if last is not None else 0
+        tail = accumulate(self._counts(dialect, messages[start:], digests[start:]), initial=base)
+        sums = last.sums[:start] if last is not None else array("q")
+        sums.extend(tail)
+        # A message without a digest has no identity to be known by: the kept sums end before the first one.
+        known = digests.index(None) if None in digests else len(digests)
+        self.views.put(session, RunningCount(cast(tuple[str, ...], tuple(digests[:known])), sums[:known + 1]))
+        return sums[-1]
+
+    def _counts(self, dialect: ItemModel, messages: Sequence[Message], digests: Sequence[str | None]) -> Iterator[int]:
+        """``message_tokens`` of each message, with ``count_many``'s budget."""
         cache = self._cache
-        total = 0
         budget = BUDGET_CHARS
         for message, digest in zip(messages, digests, strict=True):
             if digest is None:
-                total += self.message_tokens(dialect, message)
+                yield self.message_tokens(dialect, message)
                 continue
             key = dialect.count_key(message, digest)
             value = cache.get(key)
             if value is None:
                 value, spent = self._count(dialect, message, key, exact=budget > 0)
                 budget -= spent
-            total += value
-        return total
+            yield value
 
     def tools_tokens(self, tools: Sequence[Any] | None) -> int:
         if not tools:
