@@ -11,8 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.context.tokens import RUNNING_FROM
 from proxy.context.window import input_price_for
 from proxy.dialects import CHAT
+from proxy.http.frontdoor import CLIENT_SUM
 from proxy.keys import engine_key, store_key
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
@@ -93,6 +95,24 @@ async def test_the_cache_folds_only_what_was_appended_since(store: FactLog) -> N
 
 
 # -- through the proxy: recorded per request, shown by the admin API, the CLI, the inspector and /metrics ---------
+
+
+async def test_a_long_compacted_sessions_whole_request_is_summed_from_where_it_parts_from_its_last(
+        make_proxy, fake) -> None:
+    """Each reply's count of the client's request is the whole request's, though the sum carries over steps."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    rounds = RUNNING_FROM // 4 + 3  # four messages a round: the last requests have RUNNING_FROM messages or more
+    await agent_session(proxy, fake, "long", rounds)
+    key = SessionKey(TENANT, "long")
+    facts = await read_log(proxy.app[store_key], key)
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+    policy = proxy.app[engine_key].policy(4000)
+    long_ones = [r for r in replies if r.index >= RUNNING_FROM]
+    assert len(long_ones) >= 4
+    for fact in long_ones:
+        assert fact.extra["tokens"]["client"] == policy.estimate(CHAT, replay(facts)[: fact.index], tools=TOOLS).local
+    kept = proxy.app[engine_key].counter.views.get((CLIENT_SUM, key))
+    assert kept is not None and len(kept.digests) == replies[-1].index
 
 
 async def test_every_surface_shows_what_the_log_says_was_saved(make_proxy, fake, store_url: str) -> None:

@@ -59,6 +59,8 @@ from proxy.upstream import client_timeout, map_upstream_errors, request_headers,
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger("proxy.access")
+#: Under ``(CLIENT_SUM, key)`` the token sum keeps a session's last whole request, beside its view (``key``).
+CLIENT_SUM = "client"
 
 
 @dataclass
@@ -183,12 +185,13 @@ class Turn:
 
     def request_tokens(self, view: PreparedView) -> dict[str, int]:
         """The proxy's count of what the client sent and of the view sent instead (``proxy.savings``); the
-        client's whole request is counted only when the view differs (its items' counts are cached by hash)."""
+        client's whole request is counted only when the view differs, from where it parts from the session's
+        last (``TokenCounter.count_many``, under a name beside the view's: the two part at the summary)."""
         if not view.changed:
             return {"client": view.estimate.local, "view": view.estimate.local}
         policy = self.engine.policy(self.engine.window_for(self.parsed.model or ""))
         whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.tools,
-                                source=(self.parsed.items, self.hashes))
+                                source=(self.parsed.items, self.hashes), session=(CLIENT_SUM, self.key))
         return {"client": whole.local, "view": view.estimate.local}
 
     def headers(self, view: PreparedView, started: float) -> dict[str, str]:
