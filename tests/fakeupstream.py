@@ -4,6 +4,9 @@ Replies are scripted per test (``FakeUpstream.script``) or derived from the
 conversation: a request whose last message is from the user, with tools
 offered, gets a tool call; anything else gets text. Streams are cut into many
 small SSE events, tool-call arguments included, the way OpenAI sends them.
+Usage reports the prompt as a tokenizer counts it (``count``, the proxy's own
+tokenizer, which the ``window`` check uses too), not as bytes ÷ 4: an overcount
+there starts every compaction early and hides how often the proxy summarises.
 With ``strict_roles`` it refuses what strict chat templates refuse (Mistral,
 Gemma, Llama-2 style on vLLM), as vLLM answers them; with ``strict_fields``
 (``StrictFields``) it refuses a request carrying a top-level field it does not
@@ -343,7 +346,7 @@ class FakeUpstream:
         if reply.error is not None:
             status, raw, ctype = reply.error
             return web.Response(status=status, body=raw, content_type=ctype)
-        prompt = sum(len(orjson.dumps(m)) for m in body["messages"]) // 4
+        prompt = self.count(body)
         message: dict[str, Any] = {"role": "assistant", "content": reply.content, **reply.extra}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls

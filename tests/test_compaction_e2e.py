@@ -53,7 +53,9 @@ async def check_log(proxy: Any, session: str, messages: list[dict[str, Any]]) ->
 
 
 async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy, fake: FakeUpstream) -> None:
-    proxy = await make_proxy(context_window=WINDOW, keep_tool_output_share=1.0)  # the summary path
+    # The summary path: masking off (``keep_tool_outputs`` above the run's length), since with honest usage ten
+    # kept outputs of 450 words (about 4,600 tokens) plus masked stubs never reach the threshold.
+    proxy = await make_proxy(context_window=WINDOW, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
     fake.window = WINDOW
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
@@ -123,7 +125,8 @@ async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: Fak
         summaries.append(len(fake.summary_requests))
         messages.append(reply)
         if shape == "tool-steps":
-            messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 450)})
+            # honest usage: 36 outputs of 450 words (about 16,500 tokens) compact once; 700 words compact twice or more
+            messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 700)})
     if shape == "tool-steps":
         fake.script.append(Reply(content="All done."))
         messages.append((await send(proxy, messages, session, stream=False))[1])

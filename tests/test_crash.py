@@ -62,7 +62,10 @@ HANG_UPSTREAM_STEP = 17
 ARM_SUMMARY_HANG_STEP = 35
 BETWEEN_STEPS_KILL = 60
 RANDOM_KILL_STEP = 81
-PROXY_ARGS = ["--context-window", str(WINDOW), "--min-retain-rounds", "2", "--summary-timeout", "0.5"]
+# Kept tool outputs counted, not capped at a share of the window, and outputs of 250 words: with honest usage,
+# masking under the default share keeps 4,096 below the threshold for 35 steps, so the first kill found no summary.
+PROXY_ARGS = ["--context-window", str(WINDOW), "--min-retain-rounds", "2", "--summary-timeout", "0.5",
+              "--keep-tool-output-share", "1"]
 
 
 def summarised_indices(body: dict[str, Any]) -> list[int]:
@@ -153,7 +156,7 @@ class Agent:
         if reply.get("tool_calls"):
             fact = " The deploy key lives in FACT-Vault9." if step == 3 else ""
             self.messages.append({"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
-                                  "content": f"contents for step {step}: " + prose(self.rng, 110) + fact})
+                                  "content": f"contents for step {step}: " + prose(self.rng, 250) + fact})
         else:
             self.messages.append({"role": "user", "content": f"Now part {step // 10 + 1}: " + prose(self.rng, 30)})
 

@@ -66,8 +66,10 @@ def entries(facts: list[StoredFact], kind: str) -> list[StoredFact]:
 
 async def test_a_title_call_mid_run_leaves_the_main_checkpoint_in_use(make_proxy: ProxyFactory,
                                                                       fake: FakeUpstream) -> None:
-    # Kept outputs by count only: masking (tier 1) would keep the run under the trigger; this is about summaries.
-    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2, keep_tool_output_share=1.0)
+    # No output masked (100 kept, no token budget): masking (tier 1) would keep the run under the trigger; this is
+    # about summaries. With honest usage, the batches below the threshold alone push the first summary past 30 steps.
+    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2, keep_tool_output_share=1.0,
+                             keep_tool_outputs=100)
     rng = random.Random(3)
     main: list[dict[str, Any]] = [{"role": "system", "content": "You are opencode, an agent for coding tasks."},
                                   {"role": "user", "content": "Refactor the parser module."}]

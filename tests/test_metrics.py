@@ -152,7 +152,8 @@ async def test_overhead_header_on_whole_and_streamed_answers(proxy) -> None:
 async def test_access_line_carries_structured_fields(make_proxy, fake: FakeUpstream, caplog) -> None:
     proxy = await make_proxy(context_window=4000)
     caplog.set_level(logging.INFO, logger="proxy.access")
-    compacted = await long_conversation(proxy, fake, "logged", 8)
+    # honest usage: 8 rounds (about 3,100 tokens) stay under 4,000's threshold; the 9th compacts
+    compacted = await long_conversation(proxy, fake, "logged", 10)
     records = [r for r in caplog.records if r.name == "proxy.access"]
     assert len(records) == len(compacted)
     assert [r.fields["compacted"] for r in records] == compacted

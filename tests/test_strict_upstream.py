@@ -42,7 +42,9 @@ async def chat(proxy: Any, messages: list[dict[str, Any]], stream: bool) -> tupl
 async def test_chat_turns_and_their_summary_calls_pass_an_upstream_that_refuses_unknown_fields(
         make_proxy: Any, fake: FakeUpstream) -> None:
     fake.strict_fields = StrictFields(allowed=AZURE_CHAT_FIELDS)
-    proxy = await make_proxy(context_window=WINDOW, keep_tool_output_share=1.0)  # the summary path, not masking
+    # The summary path, not masking: with honest usage, masking the outputs past the last 10 keeps 16 steps under
+    # the threshold.
+    proxy = await make_proxy(context_window=WINDOW, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
     rng = random.Random(3)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "Refactor the parser module."}]

@@ -148,7 +148,8 @@ def b_summaries(facts: list[Any]) -> set[str]:
 async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_proxy, fake: NumberedSummaries,
                                                                          route: str) -> None:
     # Masking off: it would make a summary unnecessary, and whose summary A's view carries is the point here.
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, keep_tool_outputs=1_000,
+    # 2,048: B's conversation counts about 2,100 tokens, so it passes the threshold (1,638) on the way.
+    proxy = await make_proxy(context_window=2048, min_retain_rounds=2, keep_tool_outputs=1_000,
                              keep_tool_output_share=1.0)  # masking off: the summary path
     store = proxy.app[store_key]
     messages = conversation(1)
@@ -323,7 +324,9 @@ async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_prox
     as ``api-key`` when the client used that header (Azure OpenAI's style), else as a bearer token.
     """
     # Masking off: it would make the summary call, one of the routes checked here, unnecessary.
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
+    # 2,650: conversation(1) counts 2,232 tokens, over the threshold (2,120) from the first step, and what it folds
+    # fits one summary call (from 2,500 down it takes two).
+    proxy = await make_proxy(context_window=2650, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
                              client_keys=(Secret(KEY_A),), keep_tool_outputs=1_000, keep_tool_output_share=1.0)
     headers = {name: CLIENT_CREDENTIALS[name] for name in names}
     messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too

@@ -261,7 +261,9 @@ async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_p
 
 
 async def test_a_rebuilt_request_is_exactly_what_went_upstream(make_proxy, fake) -> None:
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    # Honest usage: in 4,000 masking alone keeps the view under the threshold for most of the run, and a masking
+    # checkpoint has no summary to show; the summary path, in a window small enough for two summaries in 10 rounds.
+    proxy = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2, keep_tool_output_share=1.0)
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 10)
     store, engine, key = proxy.app[store_key], proxy.app[engine_key], SessionKey(TENANT, "s1")
@@ -299,7 +301,9 @@ async def test_failed_compactions_are_marked_from_this_process_record(make_proxy
 
 
 async def test_the_model_free_tier_is_marked_on_the_timeline_and_in_the_log(make_proxy, fake) -> None:
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    # Honest usage: masking alone would keep 6 rounds under the threshold of 4,000; the summary path (no masking)
+    # in 3,000 reaches it in 6 rounds.
+    proxy = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2, keep_tool_output_share=1.0)
     fake.summary_mode = "fail"  # every view past the threshold is past the hard limit here: the tier stands in
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 6)

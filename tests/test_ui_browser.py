@@ -146,7 +146,9 @@ async def test_the_inspector_needs_the_admin_token(make_proxy, browser: Browser)
 
 async def test_a_session_page_plots_each_request_and_opens_what_the_model_saw(make_proxy, fake,
                                                                               browser: Browser) -> None:
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    # Honest usage: in 4,000 masking alone carries 8 rounds and no summary is made; in 3,000 two masking checkpoints
+    # come before a summary, which the last request's view carries.
+    proxy = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2)
     await agent_session(proxy, fake, "run", 8, poison_round=6)
     facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "run"))
     replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]

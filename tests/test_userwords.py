@@ -103,7 +103,8 @@ async def test_thirty_constraints_survive_many_compactions_by_a_summariser_that_
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful coding agent."}]
     for constraint in CONSTRAINTS:
         messages.append({"role": "user", "content": constraint})
-        fake.script.append(Reply(content=prose(rng, 1300)))
+        # honest usage: replies of 1,300 words (about 1,300 tokens) compact only three times in 30 rounds
+        fake.script.append(Reply(content=prose(rng, 2200)))
         resp = await proxy.post("/v1/chat/completions", data=orjson.dumps({"model": "m", "messages": messages}),
                                 headers={"Authorization": "Bearer sk-words", "X-Session-Id": "words"})
         assert resp.status == 200

@@ -90,7 +90,9 @@ async def test_a_long_tool_result_that_fits_the_window_goes_upstream_whole(make_
 async def test_a_small_window_with_a_large_answer_reserve_compacts_every_few_steps(make_proxy,
                                                                                    fake: FakeUpstream) -> None:
     """Window 8,000 and ``max_tokens`` 5,500: the threshold (2,500) is below 35 % of the window (2,800)."""
-    proxy = await make_proxy(context_window=8_000)
+    # Masking off, 175-word outputs: counted honestly, 100-word outputs under masking reach the threshold only at
+    # step 26 (one summary in 30 steps); these summarise at steps 13, 18 and 24.
+    proxy = await make_proxy(context_window=8_000, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
     fake.window = 8_000
     rng = random.Random(8)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
@@ -100,7 +102,7 @@ async def test_a_small_window_with_a_large_answer_reserve_compacts_every_few_ste
         fake.script.append(tool_call(step))
         _, reply = await post(proxy, messages, "reserve", max_tokens=5_500)
         summaries.append(len(fake.summary_requests))
-        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 100)}]
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 175)}]
 
     compacted_at = [i for i in range(1, len(summaries)) if summaries[i] > summaries[i - 1]]
     gaps = [b - a for a, b in itertools.pairwise(compacted_at)]
