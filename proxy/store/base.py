@@ -51,7 +51,6 @@ class SessionKey(NamedTuple):
     session: str
 
 
-
 @dataclass(frozen=True, slots=True)
 class NewFact:
     """A fact about to be appended; the store assigns ``id``, ``seq`` and ``ts``."""
