@@ -17,6 +17,10 @@ from proxy.store.base import FactLog, SessionKey, StoredFact
 from tests.fakeupstream import FakeUpstream
 from tests.redisproc import RedisProcess, free_port
 
+#: Settings that mask no tool output (tier 1 off): more outputs kept than any test's run makes, and no share of the
+#: window capping them. For a test about summaries, which masking alone would otherwise make unnecessary.
+MASKING_OFF: dict[str, Any] = {"keep_tool_outputs": 1_000, "keep_tool_output_share": 1.0}
+
 
 @pytest.fixture
 def fake() -> FakeUpstream:

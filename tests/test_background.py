@@ -18,7 +18,7 @@ from proxy.sessions import tenant_of
 from proxy.store import open_store
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.test_compaction_e2e import prose, send, tool_call
 
 WINDOW = 16_000
@@ -41,8 +41,7 @@ def compactions(proxy: Any, trigger: str) -> float:
 async def background_proxy(make_proxy: Any, fake: FakeUpstream) -> Any:
     """A proxy compacting in the background past 0.6 of the window, in front of ``fake`` with that window."""
     fake.window = WINDOW
-    return await make_proxy(context_window=WINDOW, precompact_threshold=0.6, keep_tool_outputs=1_000,
-                            keep_tool_output_share=1.0)  # masking off: the summary path
+    return await make_proxy(context_window=WINDOW, precompact_threshold=0.6, **MASKING_OFF)  # the summary path
 
 
 async def until_a_summary_is_held(make_proxy: Any, fake: FakeUpstream, session: str,

@@ -12,7 +12,7 @@ from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import assistant_from_sse, read_log, replay, same_conversation
+from tests.proxyfixtures import MASKING_OFF, assistant_from_sse, read_log, replay, same_conversation
 
 WINDOW = 16_000
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
@@ -53,9 +53,9 @@ async def check_log(proxy: Any, session: str, messages: list[dict[str, Any]]) ->
 
 
 async def test_one_round_of_sixty_tool_steps_stays_inside_the_window(make_proxy, fake: FakeUpstream) -> None:
-    # The summary path: masking off (``keep_tool_outputs`` above the run's length), since with honest usage ten
-    # kept outputs of 450 words (about 4,600 tokens) plus masked stubs never reach the threshold.
-    proxy = await make_proxy(context_window=WINDOW, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
+    # The summary path: masking off, since with honest usage ten kept outputs of 450 words (about 4,600 tokens)
+    # plus masked stubs never reach the threshold.
+    proxy = await make_proxy(context_window=WINDOW, **MASKING_OFF)
     fake.window = WINDOW
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
@@ -103,11 +103,10 @@ async def test_compacted_views_pass_a_strict_chat_template(make_proxy, fake: Fak
                                                            shape: str) -> None:
     """No two user messages in a row, no late system message, a user message first; the summary byte-stable.
 
-    Masking is off (``keep_tool_outputs`` above the run's length): it would keep the tool steps under the
+    Masking is off (``MASKING_OFF``): it would keep the tool steps under the
     threshold without a summary, and summaries are what this test places (tests/test_masking_e2e.py runs masked
     views through the same strict template)."""
-    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement, keep_tool_outputs=1_000,
-                             keep_tool_output_share=1.0)
+    proxy = await make_proxy(context_window=WINDOW, summary_placement=placement, **MASKING_OFF)
     fake.window, fake.strict_roles = WINDOW, True
     rng = random.Random(13)
     session = f"strict-{placement}-{shape}"

@@ -22,7 +22,7 @@ from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey
 from tests.fakeupstream import full_summary
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.test_compaction_e2e import prose
 
 KEY = SessionKey("tenant", "engine")
@@ -265,7 +265,7 @@ async def test_tool_definitions_count_when_a_checkpoint_exists(store: FactLog) -
 
 async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_the_batch_masked(
         store: FactLog) -> None:
-    engine = engine_over(store, keep_tool_outputs=1_000, keep_tool_output_share=1.0)  # only the batch masks
+    engine = engine_over(store, **MASKING_OFF)  # only the batch masks
     rng = random.Random(7)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     for i in range(16):

@@ -19,7 +19,7 @@ from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey, StoredFact
 from tests.fakeresponses import FakeResponses
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import ProxyFactory, read_log, replay, same_conversation
+from tests.proxyfixtures import MASKING_OFF, ProxyFactory, read_log, replay, same_conversation
 from tests.scripted import KEY, rig
 from tests.test_compaction_e2e import prose
 
@@ -66,10 +66,9 @@ def entries(facts: list[StoredFact], kind: str) -> list[StoredFact]:
 
 async def test_a_title_call_mid_run_leaves_the_main_checkpoint_in_use(make_proxy: ProxyFactory,
                                                                       fake: FakeUpstream) -> None:
-    # No output masked (100 kept, no token budget): masking (tier 1) would keep the run under the trigger; this is
-    # about summaries. With honest usage, the batches below the threshold alone push the first summary past 30 steps.
-    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2, keep_tool_output_share=1.0,
-                             keep_tool_outputs=100)
+    # No output masked: masking (tier 1) would keep the run under the trigger; this is about summaries. With honest
+    # usage, the batches below the threshold alone push the first summary past 30 steps.
+    proxy = await make_proxy(context_window=WINDOW, min_retain_rounds=2, **MASKING_OFF)
     rng = random.Random(3)
     main: list[dict[str, Any]] = [{"role": "system", "content": "You are opencode, an agent for coding tasks."},
                                   {"role": "user", "content": "Refactor the parser module."}]

@@ -33,7 +33,7 @@ from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
 from tests.fakeupstream import MISBEHAVIOURS, FakeUpstream, Reply
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.test_compaction_e2e import prose
 
 WINDOW = 12_000
@@ -42,9 +42,6 @@ KEY = "sk-no-run-dies"
 SESSION = "long-run"
 #: Styles whose answer is a summary (another format, or sections with nothing in them): accepted, no fallback.
 USABLE = ("bold", "numbered", "translated", "prose", "lazy")
-#: Masking off at the Chat door: the fake counts its prompt as a tokenizer does, and masking alone keeps the run
-#: under the threshold (about 7,000 tokens at the 60th step), so no compaction would ask the summary model.
-CHAT_SETTINGS: dict[str, Any] = {"keep_tool_outputs": 1_000, "keep_tool_output_share": 1.0}
 
 
 @dataclass
@@ -158,7 +155,9 @@ async def start(aiohttp_server: Any, aiohttp_client: Any, store_url: str, door: 
     fake = make_fake()
     if door == "chat":
         fake.window, fake.summary_mode = WINDOW, style
-        settings = {**CHAT_SETTINGS, **settings}
+        # Masking off at the Chat door: its fake counts the prompt as a tokenizer does, and masking alone keeps
+        # the run under the threshold (about 7,000 tokens at the 60th step), so no summary would be asked for.
+        settings = {**MASKING_OFF, **settings}
     else:
         fake.summary_style = style
     upstream = await aiohttp_server(fake.app())

@@ -23,7 +23,7 @@ from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.test_compaction_e2e import prose
 
 KEY = "sk-cache"
@@ -150,7 +150,7 @@ async def test_an_anthropic_view_gets_a_breakpoint_on_its_summary_when_the_clien
         aiohttp_server: Any, aiohttp_client: Any, store_url: str, taken: int) -> None:
     fake = FakeMessages(Script(steps=40), window=16_000)
     proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, context_window=16_000,
-                            keep_tool_outputs=1_000, keep_tool_output_share=1.0)  # masking off: a summary gets it
+                            **MASKING_OFF)  # a summary gets it
     system = [{"type": "text", "text": f"part {i}", "cache_control": EPHEMERAL} for i in range(taken)]
     await claude_steps(proxy, 24, system)
     turns = [r.body for r in fake.turns()]

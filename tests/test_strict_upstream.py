@@ -21,7 +21,7 @@ from proxy.store.base import SessionKey
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script
 from tests.fakeupstream import AZURE_CHAT_FIELDS, FakeUpstream, Reply, StrictFields
-from tests.proxyfixtures import assistant_from_sse, read_log
+from tests.proxyfixtures import MASKING_OFF, assistant_from_sse, read_log
 from tests.scripted import Codex, rig
 from tests.test_compaction_e2e import HEADERS, TOOLS, prose, tool_call
 
@@ -44,7 +44,7 @@ async def test_chat_turns_and_their_summary_calls_pass_an_upstream_that_refuses_
     fake.strict_fields = StrictFields(allowed=AZURE_CHAT_FIELDS)
     # The summary path, not masking: with honest usage, masking the outputs past the last 10 keeps 16 steps under
     # the threshold.
-    proxy = await make_proxy(context_window=WINDOW, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
+    proxy = await make_proxy(context_window=WINDOW, **MASKING_OFF)
     rng = random.Random(3)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
                                       {"role": "user", "content": "Refactor the parser module."}]

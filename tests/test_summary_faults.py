@@ -22,7 +22,7 @@ from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply, full_summary, summary_response
-from tests.proxyfixtures import read_log, replay, same_conversation
+from tests.proxyfixtures import MASKING_OFF, read_log, replay, same_conversation
 from tests.test_compaction_e2e import prose
 
 API_KEY = "sk-summary-faults"
@@ -178,8 +178,7 @@ async def test_a_broken_summariser_changes_nothing_and_the_session_keeps_working
 async def test_a_summary_in_another_shape_is_a_summary(make_proxy, fake: BrokenSummariser, mode: str) -> None:
     # No output masked: with honest usage masking keeps 4,096 under the threshold until the history is too long to
     # fold in one call, and this is about the first answer being accepted.
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, keep_tool_output_share=1.0,
-                             keep_tool_outputs=100)
+    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, **MASKING_OFF)
     fake.summary_mode = mode
     session = Session(proxy, fake, f"shape-{mode}")
     while not any(f.kind == "summary" for f in await session.facts()):

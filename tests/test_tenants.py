@@ -38,7 +38,7 @@ from proxy.settings import Secret
 from proxy.store import sqlite_path
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FACT, FakeUpstream, Reply, full_summary, summary_response
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.proxyproc import ProxyProcess
 from tests.test_admin import forgive
 from tests.test_compaction_e2e import prose
@@ -149,8 +149,7 @@ async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_pr
                                                                          route: str) -> None:
     # Masking off: it would make a summary unnecessary, and whose summary A's view carries is the point here.
     # 2,048: B's conversation counts about 2,100 tokens, so it passes the threshold (1,638) on the way.
-    proxy = await make_proxy(context_window=2048, min_retain_rounds=2, keep_tool_outputs=1_000,
-                             keep_tool_output_share=1.0)  # masking off: the summary path
+    proxy = await make_proxy(context_window=2048, min_retain_rounds=2, **MASKING_OFF)
     store = proxy.app[store_key]
     messages = conversation(1)
     session = fingerprint_session(CHAT, messages) if route == "auto" else SESSION
@@ -327,7 +326,7 @@ async def test_with_an_upstream_key_no_client_credential_goes_upstream(make_prox
     # 2,650: conversation(1) counts 2,232 tokens, over the threshold (2,120) from the first step, and what it folds
     # fits one summary call (from 2,500 down it takes two).
     proxy = await make_proxy(context_window=2650, min_retain_rounds=2, upstream_key=Secret("sk-upstream-owned"),
-                             client_keys=(Secret(KEY_A),), keep_tool_outputs=1_000, keep_tool_output_share=1.0)
+                             client_keys=(Secret(KEY_A),), **MASKING_OFF)
     headers = {name: CLIENT_CREDENTIALS[name] for name in names}
     messages = conversation(1)  # over the window: the first step compacts, so a summary call goes upstream too
     for stream in (False, True):

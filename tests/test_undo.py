@@ -24,7 +24,7 @@ from proxy.sessions import tenant_of
 from proxy.settings import Secret
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import read_log
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.test_admin import ADMIN, TOKEN, chat, error_of
 from tests.test_admin import TENANT as ADMIN_TENANT
 from tests.test_background import WINDOW, compactions
@@ -230,8 +230,7 @@ class AgentRun:
     async def start(cls, make_proxy: Any, fake: FakeUpstream) -> AgentRun:
         fake.window = WINDOW
         run = cls(await make_proxy(admin_token=Secret(TOKEN), context_window=WINDOW, precompact_threshold=0.6,
-                                   keep_tool_outputs=1_000, keep_tool_output_share=1.0),
-                  fake)  # masking off: the summary path
+                                   **MASKING_OFF), fake)  # the summary path
         while True:  # steps until a manual compaction has something to summarise, before any background one
             await run.step()
             resp = await run.proxy.post(f"/admin/sessions/{AGENT_TENANT}/bg/compact", headers=ADMIN)

@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import MASKING_OFF
 from tests.test_compaction_e2e import HEADERS, TOOLS, prose, tool_call
 
 CLIPPED = re.compile(r"(.*)\n\[… (\d+) characters elided by ctxproxy; full text in the fact log, entry seq 3 …\]\n(.*)",
@@ -92,7 +93,7 @@ async def test_a_small_window_with_a_large_answer_reserve_compacts_every_few_ste
     """Window 8,000 and ``max_tokens`` 5,500: the threshold (2,500) is below 35 % of the window (2,800)."""
     # Masking off, 175-word outputs: counted honestly, 100-word outputs under masking reach the threshold only at
     # step 26 (one summary in 30 steps); these summarise at steps 13, 18 and 24.
-    proxy = await make_proxy(context_window=8_000, keep_tool_outputs=1_000, keep_tool_output_share=1.0)
+    proxy = await make_proxy(context_window=8_000, **MASKING_OFF)
     fake.window = 8_000
     rng = random.Random(8)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."},
