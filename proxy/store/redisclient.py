@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -48,7 +48,10 @@ def _split_options(url: str) -> tuple[str, bool, int]:
     raw = ours.get("max_connections", str(DEFAULT_MAX_CONNECTIONS))
     if not raw.isdigit() or int(raw) < 1:
         raise ValueError(f"max_connections in the store URL must be a positive integer, not {raw!r}")
-    return urlunsplit(parts._replace(query=urlencode(rest))), cluster, int(raw)
+    # The URL as given but for its query: urlunsplit would write ``unix:///path`` back as ``unix:/path``, which
+    # redis-py refuses from 8.2 on.
+    base = url.partition("#")[0].partition("?")[0]
+    return base + (f"?{urlencode(rest)}" if rest else ""), cluster, int(raw)
 
 
 class Turns:
@@ -78,7 +81,7 @@ class HiredisPacking(AbstractConnection):
     """Commands packed by hiredis (C), as redis-py's sync connections pack them; its asyncio ones pack in Python,
     one encode call per argument (measured: about 12 of 100 µs of client CPU for the append of a step)."""
 
-    _packer = HiredisRespSerializer()
+    _packer = HiredisRespSerializer()  # type: ignore[no-untyped-call,unused-ignore]  # untyped in redis-py 8.2
 
     def pack_command(self, *args: Any) -> list[bytes]:
         packed: list[bytes] = self._packer.pack(*args)
