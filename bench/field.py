@@ -749,7 +749,7 @@ class Fleet:
             pending.append(Target("litellm", "LiteLLM", f"http://127.0.0.1:{port}/v1", child,
                                   f"http://127.0.0.1:{port}/health/liveliness"))
         for key in keys:
-            if key.split("-w")[0] == "floor":
+            if key.split("-w")[0] in ("floor", "floor-log"):
                 pending.append(self.floor(key, root))
         for key in keys:
             if key.split("-w")[0] in ("sqlite", "redis"):
@@ -757,13 +757,25 @@ class Fleet:
         return direct, pending
 
     def floor(self, key: str, root: str) -> Target:
-        """``floor`` or ``floor-wN`` (N processes on one port, the floor for ``--workers N``)."""
+        """``floor`` or ``floor-wN`` (N processes on one port, the floor for ``--workers N``); ``floor-log``:
+        the floor with the log on the private Redis (``bench.floor --log``)."""
         workers = workers_of(key)
         port = free_port()
+        log = ["--log", self.store_url("redis", key)] if key == "floor-log" else []
         child = self.spawn(key, [sys.executable, "-m", "bench.floor", "--port", str(port), "--upstream", root,
-                                 "--workers", str(workers)])
-        label = "floor" if workers == 1 else f"floor ({workers} processes)"
+                                 "--workers", str(workers), *log])
+        label = "floor + the log (redis)" if log else "floor" if workers == 1 else f"floor ({workers} processes)"
         return Target(key, label, f"http://127.0.0.1:{port}/v1", child, f"http://127.0.0.1:{port}/healthz")
+
+    def store_url(self, store: str, key: str) -> str:
+        """The private ``redis-server`` the Redis targets share (started on first use), or a SQLite file of
+        the target's own."""
+        if store == "redis":
+            if self.redis is None:
+                self.redis = RedisProcess(free_port(), self.workdir / "redis")
+                self.redis.start()
+            return self.redis.url
+        return f"sqlite:///{self.workdir / f'facts-{key}.db'}"
 
     def ctxproxy(self, key: str, upstream: str, wrapper: list[str] | None = None, tag: str = "") -> Target:
         """``sqlite``, ``redis``, ``sqlite-wN`` or ``redis-wN`` (``--workers N``); the Redis targets share one
@@ -771,13 +783,7 @@ class Fleet:
         targets of one key (its key becomes ``key.tag``, its label says it)."""
         store, workers = key.split("-w")[0], workers_of(key)
         key = f"{key}.{tag}" if tag else key
-        if store == "redis":
-            if self.redis is None:
-                self.redis = RedisProcess(free_port(), self.workdir / "redis")
-                self.redis.start()
-            url = self.redis.url
-        else:
-            url = f"sqlite:///{self.workdir / f'facts-{key}.db'}"
+        url = self.store_url(store, key)
         port = free_port()
         extra = ["--workers", str(workers)] if workers > 1 else []
         args = [*(wrapper or []), sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--store", url,

@@ -4,7 +4,10 @@ Run from the repository root: ``python3 -m bench.hotpath [--quick] [--workers N]
 
 Issue 21's benchmark. One run, one fake upstream (``bench.fakeserver``), one
 client (this process); every target its own process: **direct** (the zero),
-the **floor** (``bench.floor``, a bare aiohttp forwarder), ctxproxy with a
+the **floor** (``bench.floor``, a bare aiohttp forwarder), the **floor with
+the log** (``bench.floor --log``, on the private Redis: the floor doing only
+the store calls the design cannot skip, the bound of any proxy that keeps its
+promises on this stack; its ratios are checked against the targets too), ctxproxy with a
 private ``redis-server`` and with a SQLite file, and for ``--workers N`` the
 floor with N processes and ctxproxy (redis) with ``--workers N``. Every figure
 that matters is a ratio to the floor measured in the same run, the targets
@@ -170,7 +173,7 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
     sizes = shape.fields
     direct = next(t for t in targets if t.key == "direct")
     floor = next(t for t in targets if t.key == "floor")
-    ours = [t for t in targets if t.ctxproxy and "-w" not in t.key]
+    ours = [t for t in targets if (t.ctxproxy or t.key == "floor-log") and "-w" not in t.key]
     n = info["workers"]
     broken = [f"- {t.label}: **not measured past the failure**: {t.broken}" for t in targets if t.broken]
     return "\n".join([
@@ -186,7 +189,10 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
         f"session every {info['length']} requests. Latency in ms, client-side, to the end of the body; added = "
         "target - direct at the same percentile. CPU per request: the target's process (and its children), user + "
         "system, over the phase, ÷ the requests it served in it (less sensitive to other jobs than latency; the "
-        "Redis server's own CPU is not in it). "
+        "Redis server's own CPU is not in it). The floor + the log (`bench.floor --log`) is the floor doing only "
+        "what the design cannot skip, with ctxproxy's own store code: a session new to it read from the log "
+        "before the upstream is called, the new messages and the reply appended before the client is answered; "
+        "the bound of any proxy that keeps those promises on this stack. "
         + (f"**{len(COMPACTED)} answers were compacted.**" if COMPACTED else "No ctxproxy answer was compacted.")
         + (f" Targets marked baseline run the code of `{info['baseline']}` (`--baseline`), in the same run."
            if info["baseline"] else ""),
@@ -275,7 +281,7 @@ async def amain(opts: argparse.Namespace, info: dict[str, Any]) -> list[Target]:
     fleet = Fleet(workdir, say)
     wrapper = shlex.split(opts.proxy_wrapper) if opts.proxy_wrapper else None
     try:
-        keys = ["floor"] + ([f"floor-w{opts.workers}"] if opts.workers > 1 else [])
+        keys = ["floor", "floor-log"] + ([f"floor-w{opts.workers}"] if opts.workers > 1 else [])
         direct, pending = fleet.start(keys, None)
         pending += [fleet.ctxproxy(k, direct.base, [w.replace("{key}", k) for w in wrapper or []])
                     for k in ("redis", "sqlite")]
