@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, TextIO
 
 import orjson
 from aiohttp.http_exceptions import HttpProcessingError
@@ -82,6 +84,79 @@ class TextFormatter(logging.Formatter):
         return f"{self._stamp},{int(record.msecs):03d}"
 
 
+#: The per-request access line's logger (``proxy.http.frontdoor``).
+ACCESS_LOGGER = "proxy.access"
+#: Access lines are held at most this long, and up to this many characters, before they are written.
+ACCESS_FLUSH_SECONDS = 1.0
+ACCESS_HELD_CHARS = 64 * 1024
+
+
+class StderrHandler(logging.StreamHandler[TextIO]):
+    """The log's handler: stderr, with access lines written in batches when it is not a terminal.
+
+    One write, a system call, for every proxied request cost 6–17 µs of the
+    460 µs of CPU a small request takes at 16 concurrent fresh sessions (two
+    A/B runs; issue 21). Access lines are therefore held, already formatted,
+    until ``ACCESS_HELD_CHARS`` have gathered, ``ACCESS_FLUSH_SECONDS`` have
+    passed (a daemon thread writes them), any other record is logged (they go
+    before it, so the file keeps its order), or logging shuts down at exit.
+    Envoy flushes its file access log the same way (every 10 s by default),
+    nginx with ``access_log … buffer= flush=``. A terminal gets each line at
+    once: somebody is reading it. A process killed outright loses at most the
+    last second's access lines; the fact log and the metrics do not rest on them.
+    """
+
+    def __init__(self, stream: TextIO | None = None, flush_seconds: float = ACCESS_FLUSH_SECONDS) -> None:
+        super().__init__(stream)
+        self.flush_seconds = flush_seconds
+        isatty = getattr(self.stream, "isatty", None)
+        self.batches = not (callable(isatty) and isatty())
+        self._held: list[str] = []
+        self._held_chars = 0
+        self._flusher: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.batches or record.name != ACCESS_LOGGER:
+            self._write_held()  # first: the file keeps the records' order
+            super().emit(record)
+            return
+        try:
+            line = self.format(record) + self.terminator
+        except Exception:
+            self.handleError(record)
+            return
+        self._held.append(line)
+        self._held_chars += len(line)
+        if self._held_chars >= ACCESS_HELD_CHARS:
+            self.flush()
+        elif self._flusher is None:
+            self._flusher = threading.Thread(target=self._flush_every, name="ctxproxy-log-flush", daemon=True)
+            self._flusher.start()
+
+    def flush(self) -> None:
+        """Write the held access lines, then flush the stream."""
+        with self.lock or contextlib.nullcontext():
+            self._write_held()
+            super().flush()
+
+    def _write_held(self) -> None:
+        if self._held:
+            held, self._held, self._held_chars = "".join(self._held), [], 0
+            self.stream.write(held)
+
+    def close(self) -> None:
+        self._closed.set()
+        super().close()
+
+    def _flush_every(self) -> None:
+        while not self._closed.wait(self.flush_seconds):
+            try:
+                self.flush()
+            except (OSError, ValueError):  # stderr closed or gone: nothing left to write to
+                return
+
+
 def default_log_config(level: str, fmt: str) -> dict[str, Any]:
     formatter: dict[str, Any] = (
         {"()": JsonFormatter}
@@ -98,7 +173,7 @@ def default_log_config(level: str, fmt: str) -> dict[str, Any]:
         "disable_existing_loggers": False,
         "formatters": {"default": formatter},
         "filters": {"redact": {"()": RedactRequestBytes}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "default", "filters": ["redact"]}},
+        "handlers": {"stderr": {"()": StderrHandler, "formatter": "default", "filters": ["redact"]}},
         "root": {"handlers": ["stderr"], "level": level.upper()},
         "loggers": {"aiohttp.access": {"level": "WARNING"}},
     }
