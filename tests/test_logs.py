@@ -100,7 +100,8 @@ def test_held_access_lines_are_written_by_the_flushing_thread_with_nothing_else_
 
 
 async def test_a_proxy_stopped_with_sigterm_has_written_every_access_line(aiohttp_server, tmp_path: Path) -> None:
-    """``ctxproxy serve`` as a user runs it, its stderr a file: the access lines it held reach the file at exit."""
+    """``ctxproxy serve`` as a user runs it, its stderr a file: every access line is in the file once it exited
+    (written by the flushing thread or at exit, whichever came first)."""
     upstream = await aiohttp_server(FakeUpstream().app())
     proxy = ProxyProcess(str(upstream.make_url("/v1")), f"sqlite:///{tmp_path / 'facts.db'}", tmp_path)
     await proxy.start()
