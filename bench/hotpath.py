@@ -31,7 +31,8 @@ Workloads, in this order:
 Added latency = target - direct at the same percentile. Issue 21's targets, checked for each
 single-process ctxproxy: added p50 ≤ 2 x the floor's (small and large), 16-concurrent throughput ≥ 0.5
 of the floor's and p99 (client-side, whole request) ≤ 3 x the floor's, RSS growth < 10 % between
-request 5,000 and 20,000. ``--write`` replaces the section ``## The hot path against the floor
+request 5,000 and 20,000. Each ctxproxy is also given as a ratio to the floor with the log (what it
+costs beyond what the design cannot skip). ``--write`` replaces the section ``## The hot path against the floor
 (issue 21)`` of ``docs/BENCHMARKS.md``. ``--proxy-wrapper CMD`` runs the single-process ctxproxies
 under CMD (a profiler; ``{key}`` in it becomes ``redis`` or ``sqlite``; see docs/BENCHMARKS.md).
 """
@@ -143,6 +144,25 @@ def goals_table(ours: list[Target], floor: Target, direct: Target, sizes: Sizes)
     return "\n".join(rows)
 
 
+def bound_table(ours: list[Target], bound: Target, direct: Target) -> str:
+    """Each ctxproxy against the floor with the log: what it costs beyond what the design cannot skip."""
+    def cpu(t: Target) -> float | None:
+        return t.wall.get("cpu-c16")
+
+    measures: list[tuple[str, Callable[[Target], float | None]]] = [
+        ("added p50, small request on a fresh session", lambda t: added(t, direct, "small", 50)),
+        ("added p50, ~100k tokens growing by one step", lambda t: added(t, direct, "large", 50)),
+        ("req/s, 16 concurrent", lambda t: rate(t, "c16")),
+        ("p99, 16 concurrent", lambda t: _p(t, "c16", 99)),
+        ("CPU per request, 16 concurrent", cpu),
+    ]
+    rows = ["| ÷ the floor with the log | " + " | ".join(t.label for t in ours) + " |",
+            "| --- |" + " ---: |" * len(ours)]
+    rows += [f"| {what} | " + " | ".join(_f(_ratio(value(t), value(bound))) for t in ours) + " |"
+             for what, value in measures]
+    return "\n".join(rows)
+
+
 def workers_table(targets: list[Target], n: int) -> str:
     floor = next((t for t in targets if t.key == f"floor-w{n}"), None)
     ours = next((t for t in targets if t.key == f"redis-w{n}"), None)
@@ -202,6 +222,10 @@ def section(targets: list[Target], shape: Shape, info: dict[str, Any]) -> str:
         "**Issue 21's targets** (ratios to the floor in this run):",
         "",
         goals_table(ours, floor, direct, sizes),
+        "",
+        "**Against the bound** (ctxproxy ÷ the floor with the log, in this run):",
+        "",
+        bound_table([t for t in ours if t.ctxproxy], next(t for t in ours if t.key == "floor-log"), direct),
         "",
         f"**`--workers {n}`** (ctxproxy on Redis) against the floor with {n} processes, "
         f"{shape.w_blocks} blocks each:",
