@@ -94,7 +94,7 @@ ACCESS_HELD_CHARS = 64 * 1024
 class StderrHandler(logging.StreamHandler[TextIO]):
     """The log's handler: stderr, with access lines written in batches when it is not a terminal.
 
-    One write, a system call, for every proxied request cost 6–17 µs of the
+    One write, a system call, for every proxied request cost 6 to 17 µs of the
     460 µs of CPU a small request takes at 16 concurrent fresh sessions (two
     A/B runs; issue 21). Access lines are therefore held, already formatted,
     until ``ACCESS_HELD_CHARS`` have gathered, ``ACCESS_FLUSH_SECONDS`` have
