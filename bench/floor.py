@@ -181,6 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1, help="processes serving the port (SO_REUSEPORT)")
     parser.add_argument("--log", default="", help="a --store URL: the floor with the log (see above)")
     args = parser.parse_args(argv)
+    if args.log and args.workers > 1:  # each worker would keep its own seqs of the sessions, and conflict
+        parser.error("--log serves from one process only")
     if args.workers <= 1:
         _run(args.host, args.port, args.upstream, reuse_port=False, log=args.log)
         sys.exit(0)
