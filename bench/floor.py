@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 import orjson
@@ -58,13 +58,18 @@ known_key: web.AppKey[dict[str, tuple[int, int]]] = web.AppKey("known", dict)
 FIRST_LOOK = 1000
 
 
+def end_to_end(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` less the hop-by-hop ones."""
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+
+
 async def forward(request: web.Request) -> web.StreamResponse:
     body = await request.read()
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = end_to_end(request.headers)
     url = request.app[upstream_key] + request.path_qs
     async with request.app[client_key].request(request.method, url, data=body, headers=headers) as up:
         resp = web.StreamResponse(status=up.status, reason=up.reason,
-                                  headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP})
+                                  headers=end_to_end(up.headers))
         if up.content_length is not None:
             resp.content_length = up.content_length
         await resp.prepare(request)
@@ -87,12 +92,12 @@ async def forward_logged(request: web.Request) -> web.StreamResponse:
     seq, held = at
     parsed = orjson.loads(body)
     messages = parsed["messages"]
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+    headers = end_to_end(request.headers)
     url = request.app[upstream_key] + request.path_qs
     async with request.app[client_key].request(request.method, url, data=body, headers=headers) as up:
         facts = [NewFact("message", i, "client", m) for i, m in enumerate(messages[held:], held)]
         resp = web.StreamResponse(status=up.status, reason=up.reason,
-                                  headers={k: v for k, v in up.headers.items() if k.lower() not in HOP_BY_HOP})
+                                  headers=end_to_end(up.headers))
         if parsed.get("stream"):  # relayed as it comes but for its last chunk; the whole text is the reply
             await resp.prepare(request)
             chunks: list[bytes] = []

@@ -146,15 +146,12 @@ def goals_table(ours: list[Target], floor: Target, direct: Target, sizes: Sizes)
 
 def bound_table(ours: list[Target], bound: Target, direct: Target) -> str:
     """Each ctxproxy against the floor with the log: what it costs beyond what the design cannot skip."""
-    def cpu(t: Target) -> float | None:
-        return t.wall.get("cpu-c16")
-
     measures: list[tuple[str, Callable[[Target], float | None]]] = [
         ("added p50, small request on a fresh session", lambda t: added(t, direct, "small", 50)),
         ("added p50, ~100k tokens growing by one step", lambda t: added(t, direct, "large", 50)),
         ("req/s, 16 concurrent", lambda t: rate(t, "c16")),
         ("p99, 16 concurrent", lambda t: _p(t, "c16", 99)),
-        ("CPU per request, 16 concurrent", cpu),
+        ("CPU per request, 16 concurrent", lambda t: t.wall.get("cpu-c16")),
     ]
     rows = ["| ÷ the floor with the log | " + " | ".join(t.label for t in ours) + " |",
             "| --- |" + " ---: |" * len(ours)]

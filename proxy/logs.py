@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -136,9 +135,12 @@ class StderrHandler(logging.StreamHandler[TextIO]):
 
     def flush(self) -> None:
         """Write the held access lines, then flush the stream."""
-        with self.lock or contextlib.nullcontext():
+        self.acquire()
+        try:
             self._write_held()
             super().flush()
+        finally:
+            self.release()
 
     def _write_held(self) -> None:
         if self._held:

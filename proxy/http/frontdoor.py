@@ -46,6 +46,7 @@ from proxy.http.relay import (
     relay_whole,
 )
 from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
+from proxy.logs import ACCESS_LOGGER
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow
 from proxy.savings import dollars_saved
@@ -58,7 +59,7 @@ from proxy.types import Message
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
 logger = logging.getLogger(__name__)
-access_logger = logging.getLogger("proxy.access")
+access_logger = logging.getLogger(ACCESS_LOGGER)
 #: Under ``(CLIENT_SUM, key)`` the token sum keeps a session's last whole request, beside its view (``key``).
 CLIENT_SUM = "client"
 
