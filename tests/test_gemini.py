@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
-from proxy.constants import HEADER_COMPACTED, HEADER_SESSION
+from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.http.recall import NAME as RECALL
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -201,6 +201,24 @@ async def test_a_too_long_refusal_is_rescued_and_the_current_turn_goes_byte_iden
     sent = accepted.body["contents"]
     assert [orjson.dumps(c) for c in sent[-2:]] == [orjson.dumps(c) for c in contents[-2:]]
     assert kept(parse_sse(await resp.read()))["parts"][-1]["functionCall"]["args"]["command"] == "echo step-13"
+
+
+
+async def test_the_estimate_counts_the_system_instruction_the_tools_and_the_tool_config(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Issue 35: what the proxy estimates a Gemini request at is what the upstream counts, all its prompt fields
+    included: a system instruction of about 5,000 tokens left out put the estimate 5,000 low, so the proactive
+    trigger fired late."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)))
+    system = {"parts": [{"text": " ".join(f"Rule {n}: keep the build green." for n in range(700))}]}
+    body = {"contents": [{"role": "user", "parts": [{"text": "Say done."}]}], "systemInstruction": system,
+            "tools": TOOLS, "toolConfig": {"functionCallingConfig": {"mode": "AUTO"}}}
+    resp = await parts.client.post(f"/v1beta/models/{MODEL}:generateContent", headers={"x-goog-api-key": KEY},
+                                   json=body)
+    assert resp.status == 200
+    counted = parts.fake.turns()[0].tokens
+    assert counted is not None and counted > 5_000
+    assert abs(int(resp.headers[HEADER_VIEW_TOKENS]) - counted) < counted * 0.05
 
 
 MALFORMED = [

@@ -58,6 +58,13 @@ class ParsedRequest:
         tools = self.payload.get("tools")
         return tools if isinstance(tools, list) else None
 
+    @property
+    def fixed(self) -> list[Any] | None:
+        """What the model reads of the request besides its items, which no compaction frees: the budget counts it
+        in every estimate and threshold (``ContextBudgetPolicy``, as its ``tools``). The tool definitions here; an
+        API whose system prompt is a request field the proxy never touches adds it (``GeminiRequest``)."""
+        return self.tools
+
 
 class Verdict(enum.Enum):
     """What the relay does with one upstream event."""

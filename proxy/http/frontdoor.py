@@ -191,7 +191,7 @@ class Turn:
         if not view.changed:
             return {"client": view.estimate.local, "view": view.estimate.local}
         policy = self.engine.policy(self.engine.window_for(self.parsed.model or ""))
-        whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.tools,
+        whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.fixed,
                                 source=(self.parsed.items, self.hashes), session=(CLIENT_SUM, self.key))
         return {"client": whole.local, "view": view.estimate.local}
 
@@ -202,7 +202,7 @@ class Turn:
 
     async def prepare(self) -> PreparedView:
         """The view to send: the proactive trigger, unless the conversation goes as sent (``as_sent``)."""
-        tools, model = self.parsed.tools, self.parsed.model or ""
+        tools, model = self.parsed.fixed, self.parsed.model or ""
         if offload.is_large(len(self.parsed.raw)):  # counted in the pool: the view then finds every count cached
             await offload.run(True, self.engine.counter.count_many, self.dialect, self.parsed.items, self.hashes)
         if self.as_sent:
@@ -214,7 +214,7 @@ class Turn:
     def sent_view(self) -> PreparedView:
         """The client's items as they are, estimated: no checkpoint, no clipping."""
         return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
-                                window=self.engine.window_for(self.parsed.model or ""), tools=self.parsed.tools,
+                                window=self.engine.window_for(self.parsed.model or ""), tools=self.parsed.fixed,
                                 max_output=self.max_output, fit=False)
 
     async def rescue(self, overflow: Overflow, refused: PreparedView) -> PreparedView | None:
@@ -241,7 +241,7 @@ class Turn:
         else:  # no figure, but the window is below what was refused: later views are planned under that too
             self.engine.windows.refusal(model, refused.estimate.tokens + (self.max_output or 0))
         window = self.engine.window_for(model)
-        items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
+        items, tools, max_output = self.parsed.items, self.parsed.fixed, self.max_output
         compacted = False
         if self.state is not None:  # without a state the store is down: no compaction, clipping still helps
             result, state = await self.engine.compact(self.key, items, self.hashes, trigger="reactive",
