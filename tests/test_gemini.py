@@ -243,7 +243,7 @@ async def test_a_compacted_run_of_calls_without_ids_names_every_command_path_and
     trailed = 0
     for k in range(rounds):
         line = f"- $ make t{k} — exit {k % 3} ("
-        assert line in summary or f"Exit Code: {k % 3}" in kept and f"make t{k}" in kept, k
+        assert line in summary or (f"Exit Code: {k % 3}" in kept and f"make t{k}" in kept), k
         assert f"- src/f{k}.py — written (" in summary or f"src/f{k}.py" in kept, k
         trailed += line in summary
     assert trailed >= rounds // 2, summary
