@@ -24,7 +24,7 @@ streaming choice and every other field, except:
   answer in text), and fields that shape the answer's form or tie it to state
   upstream are dropped (``Dialect.summary_drops``). The tools stay, so the
   request's prefix is the client's and its prompt cache serves it; a reply that
-  calls a tool and says nothing is a failed summary.
+  calls a tool is a failed summary, whatever text comes with the call.
 
 A streamed answer is read with the dialect's ``ReplyReader``. Without a client
 request (the admin compact endpoint) the call is the dialect's canonical one
@@ -167,9 +167,16 @@ async def streamed_body(resp: aiohttp.ClientResponse, dialect: Dialect, limit: i
 
 
 def answer_of(dialect: Dialect, body: Mapping[str, Any]) -> SummaryAnswer:
-    """The summary an answer holds; ``SummaryCallFailed`` for one that calls a tool and says nothing."""
-    calls, says = dialect.reply_calls(dialect.reply_from_body(body)[0])
-    if calls and not says:
+    """The summary an answer holds; ``SummaryCallFailed`` for one that calls a tool, whatever it also says.
+
+    A call is the model going on with the agent's work, not summing it up: the
+    text beside it is a preamble ("Let me look at the files first."), and taken
+    as the summary it would stand for the whole compacted range. Every door
+    refuses it the same way, before the dialect's finish reason is read (the
+    Chat and Messages APIs end such an answer with ``tool_calls``/``tool_use``,
+    the Responses and Gemini APIs with a normal finish)."""
+    calls, _ = dialect.reply_calls(dialect.reply_from_body(body)[0])
+    if calls:
         raise SummaryCallFailed(f"the summary answer calls a tool ({calls[0][1]}) instead of answering")
     try:
         text, finished, reason = dialect.summary_answer(body)

@@ -92,6 +92,10 @@ def full_summary(goals: str, identifiers: str = "None") -> str:
 #: (``bold``, ``numbered``, ``translated``, ``prose``), sections with nothing in them (``lazy``), a refusal, an HTTP
 #: 500 (``error``), or no answer at all (``hang``).
 MISBEHAVIOURS = ("bold", "numbered", "translated", "prose", "lazy", "refusal", "error", "hang")
+#: One more misbehaviour, which each fake answers in its own API's shape: a one-line preamble and a call to the
+#: first tool the summary request offers (the model going on with the agent's work instead of summing it up).
+PREAMBLE_CALL = "preamble_call"
+PREAMBLE = "Let me look at the files first."
 GERMAN = ("Ziele", "Erledigte Arbeit", "Entscheidungen", "Geänderte Dateien", "Fehler", "Aktueller Stand",
           "Nächste Schritte", "Bezeichner")
 _SECTION = re.compile(r"^#+\s*\d+\.\s*(.+)$", re.MULTILINE)
@@ -283,12 +287,13 @@ class FakeUpstream:
             return fault
         if self.summary_gate is not None:
             await self.summary_gate.wait()
-        if self.summary_mode == "tool_call":  # a model that calls the client's tool instead of answering
+        if self.summary_mode in ("tool_call", PREAMBLE_CALL):  # a model that calls the client's tool instead
             call = {"id": "call_summary", "type": "function",
                     "function": {"name": body["tools"][0]["function"]["name"], "arguments": "{}"}}
+            content = PREAMBLE if self.summary_mode == PREAMBLE_CALL else None
             return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
                                       "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                                          "role": "assistant", "content": None, "tool_calls": [call]}}]})
+                                          "role": "assistant", "content": content, "tool_calls": [call]}}]})
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
         text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
@@ -407,14 +412,17 @@ class FakeUpstream:
         return resp
 
     async def _stream_completion(self, request: web.Request, completion: dict[str, Any]) -> web.StreamResponse:
-        """A whole ``chat.completion`` (a summary's) sent as a stream of small chunks, then ``[DONE]``."""
+        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks,
+        then ``[DONE]``."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         choice = completion["choices"][0]
         base = {"id": completion.get("id"), "object": "chat.completion.chunk", "model": completion.get("model")}
+        calls = [_delta(base, {"tool_calls": [{"index": i, **call}]})
+                 for i, call in enumerate(choice["message"].get("tool_calls") or [])]
         events = [_delta(base, {"role": "assistant", "content": ""}),
                   *(_delta(base, {"content": piece}) for piece in _pieces(choice["message"].get("content") or "")),
-                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+                  *calls, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
         for event in events:
             await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
