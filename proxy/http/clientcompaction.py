@@ -17,6 +17,14 @@ expects back); this module is the wiring:
   store, so it survives an OAuth refresh, a restart and a lost store. A forged, altered or unknown reference
   gets a 400.
 
+What an answer holds is bound by what the request's own history proves: only a checkpoint whose whole covered
+prefix the request holds (its prefix hash is the request's own) answers, never the session's newest one, which may
+cover messages of another lineage or another credential's that the request never showed. So Gemini CLI's
+``/compress``, which asks about the older part of its history only, gets a checkpoint made for that part or a
+summary made now of its own items. An empty history is a prefix of every conversation and proves nothing: it is
+not answered here at all, but goes upstream as the client sent it (the model summarises nothing, as without a
+proxy), with no summary, user words or trail of the session.
+
 When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.fallback``). Only when no
 checkpoint can be had at all (a conversation too short to summarise) does ``answer`` return None and the request
 go upstream as the client sent it: the model writes the summary, as without a proxy.
@@ -61,14 +69,16 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
         return None
     dialect = turn.dialect
     items = request.conversation(turn.parsed.items)
+    if not items:
+        return None  # an empty history proves nothing: the upstream answers it, as without a proxy
     same = request.index if request.index is not None else len(items)  # items before it are the request's own
     hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
+    # Only a checkpoint whose whole covered prefix the request holds (its prefix hash proves it) answers; the
+    # session's newer checkpoints, of this lineage or another, cover what the request never showed.
     checkpoint = active_checkpoint(turn.state, hashes)
     # A client asking about the older part of the conversation its log holds: nothing to log (logging it would
-    # rewind the log to that part), and the conversation's checkpoint answers, though it covers more than asked.
+    # rewind the log to that part).
     logged = request.prefix_only and turn.state is not None and list(turn.state.hashes[:len(hashes)]) == hashes
-    if checkpoint is None and logged:
-        checkpoint = active_checkpoint(turn.state)
     model = turn.parsed.model or ""
     window = turn.engine.window_for(model)
     if checkpoint is None or not checkpoint.summary.strip() or request.instructions:
