@@ -39,7 +39,7 @@ from tests.fakescript import Script
 from tests.proxyfixtures import read_log
 from tests.test_client_compaction import KEY as CLIENT_KEY
 from tests.test_client_compaction import claude_run, codex_run
-from tests.test_gemini import KEY, MODEL, GeminiClient, Rig, log_of, rig
+from tests.test_gemini import KEY, MODEL, STREAM, SYSTEM, TOOLS, GeminiClient, Rig, log_of, rig
 
 #: The prompt's opening words and its section skeleton, as Gemini CLI 0.61.0 sends them (shortened).
 COMPRESSION_PROMPT = GEMINI_SYSTEM + "\n\n### CRITICAL SECURITY RULE\n…\n<state_snapshot>\n    <overall_goal>…"
@@ -282,3 +282,30 @@ async def test_an_empty_compression_call_on_another_doors_session_gets_none_of_i
     assert [r.body["contents"] for r in fake.requests] == [[{"role": "user", "parts": [{"text": ASK}]}], [
         {"role": "model", "parts": [{"text": "<state_snapshot></state_snapshot>"}]},
         {"role": "user", "parts": [{"text": CHECK}]}]], "the upstream got the calls as they came"
+
+
+async def test_an_empty_compression_call_under_a_key_linked_by_a_shared_start_gets_none_of_the_session(
+        aiohttp_server, aiohttp_client, store_url: str) -> None:
+    """Another key proves the owner's session while it is only its stock start (a long stock first prompt and the
+    first reply), and is linked to it; the owner works on. That key's empty compression call proves nothing, so it
+    gets none of the owner's later work (it got the owner's newest summary, steps and words, before)."""
+    fake = FakeGemini(Script(steps=30))
+    parts = await gemini_rig(aiohttp_server, aiohttp_client, store_url, fake, context_window=4_000,
+                             min_retain_rounds=1)
+    owner = GeminiClient(parts.client, padding=" lorem ipsum" * 150)
+    await owner.run("Run the steps. " + "Keep the repository's conventions. " * 40, 0)
+    session = owner.answers[-1].headers[HEADER_SESSION]
+    other = "gemini-other-key"
+    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": other},
+                                   json={"contents": owner.contents, "systemInstruction": SYSTEM, "tools": TOOLS})
+    assert resp.status == 200 and resp.headers[HEADER_SESSION] == session
+    links = await parts.store.link_of(SessionKey(tenant_of(other), session))
+    assert links == tenant_of(KEY), "linked by the shared start"
+    await owner.run("Go on. FACT-owner3 is mine.", 12)
+    summaries = [f for f in await log_of(parts.store, session) if f.kind == "summary"]
+    assert summaries and "FACT-owner3" in orjson.dumps(summaries[-1].message).decode()
+
+    before = len(fake.requests)
+    for text in await compress(parts.client, [], key=other, prefix=f"/s/{session}"):
+        assert "FACT-owner3" not in text and not steps_in(text), text[:300]
+    assert [r.kind for r in fake.requests[before:]] == ["client_compaction"] * 2, "relayed as it came"
