@@ -208,9 +208,9 @@ def recallable(turn: Turn, view: PreparedView) -> frozenset[int]:
         whole = turn.engine.projection(dialect).build(items, checkpoint, seqs=seqs, keys=keys)
         positions = {id(item): index for index, item in enumerate(items)}
         for at in view.clipped:
-            index = positions.get(id(whole[at])) if at < len(whole) else None
-            if index is not None and index < len(seqs):
-                hidden.add(seqs[index])
+            shown = positions.get(id(whole[at])) if at < len(whole) else None
+            if shown is not None and shown < len(seqs):
+                hidden.add(seqs[shown])
     return frozenset(hidden)
 
 
