@@ -52,9 +52,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from proxy.context.callusage import CallUsage
 from proxy.context.items import leading_system_count
 from proxy.context.summarizer import Complete, SummaryAnswer, SummaryInputTooLong
-from proxy.dialects.base import Dialect, ParsedRequest
+from proxy.dialects.base import Dialect, ParsedRequest, answered_model
 from proxy.http.relay import event_data
 from proxy.overflow import classify_overflow, classify_sse_event
 from proxy.settings import Settings
@@ -209,6 +210,7 @@ async def streamed_body(resp: aiohttp.ClientResponse, dialect: Dialect, limit: i
     reader = dialect.reader()
     splitter = SSESplitter(min(limit, cap))
     size = 0
+    model: str | None = None
     try:
         async for chunk in resp.content.iter_chunked(STREAM_SLICE_BYTES):
             size += len(chunk)
@@ -223,6 +225,7 @@ async def streamed_body(resp: aiohttp.ClientResponse, dialect: Dialect, limit: i
                 if classify_sse_event(event.data if refusal is data else orjson.dumps(refusal)) is not None:
                     raise SummaryInputTooLong("summary input refused as too long (in the stream)")
                 reader.feed(event.event, data)
+                model = model or answered_model(data)
             await asyncio.sleep(0)  # from a fast upstream the next slice is there at once: let other tenants in
     except EventTooLarge:
         if limit > cap:
@@ -230,11 +233,13 @@ async def streamed_body(resp: aiohttp.ClientResponse, dialect: Dialect, limit: i
         raise SummaryCallFailed(f"the summary stream sent an event over {limit} bytes") from None
     if not reader.received:
         raise SummaryCallFailed("the summary stream holds no answer")
-    return reader.body()
+    body = reader.body()
+    return {**body, "model": model} if model is not None else body
 
 
 def answer_of(dialect: Dialect, body: Mapping[str, Any]) -> SummaryAnswer:
-    """The summary an answer holds; ``SummaryCallFailed`` for one that calls a tool, whatever it also says.
+    """The summary an answer holds, with what the call cost; ``SummaryCallFailed`` for one that calls a tool,
+    whatever it also says.
 
     A call is the model going on with the agent's work, not summing it up: the
     text beside it is a preamble ("Let me look at the files first."), and taken
@@ -242,11 +247,12 @@ def answer_of(dialect: Dialect, body: Mapping[str, Any]) -> SummaryAnswer:
     refuses it the same way, before the dialect's finish reason is read (the
     Chat and Messages APIs end such an answer with ``tool_calls``/``tool_use``,
     the Responses and Gemini APIs with a normal finish)."""
-    calls, _ = dialect.reply_calls(dialect.reply_from_body(body)[0])
+    items, usage, _ = dialect.reply_from_body(body)
+    calls, _ = dialect.reply_calls(items)
     if calls:
         raise SummaryCallFailed(f"the summary answer calls a tool ({calls[0][1]}) instead of answering")
     try:
         text, finished, reason = dialect.summary_answer(body)
     except ValueError as exc:
         raise SummaryCallFailed(str(exc)) from None
-    return SummaryAnswer(text, finished=finished, reason=reason)
+    return SummaryAnswer(text, finished=finished, reason=reason, usage=CallUsage(usage, answered_model(body)))

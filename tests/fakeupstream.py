@@ -159,12 +159,15 @@ AZURE_CHAT_FIELDS = frozenset({
     "response_format", "seed", "logprobs", "top_logprobs", "reasoning_effort"})
 
 
-def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
-    """A Chat Completions answer to a summary request."""
+def summary_response(text: str, finish_reason: str = "stop", model: str | None = None,
+                     usage: tuple[int, int] = (1, 1)) -> web.Response:
+    """A Chat Completions answer to a summary request; ``usage``: the prompt and completion tokens it reports."""
+    prompt, completion = usage
     return web.json_response({"id": "sum", "object": "chat.completion", "model": model,
                               "choices": [{"index": 0, "finish_reason": finish_reason,
                                            "message": {"role": "assistant", "content": text}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                              "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                        "total_tokens": prompt + completion}})
 
 
 def role_error(messages: list[dict[str, Any]]) -> str | None:
@@ -217,6 +220,8 @@ class FakeUpstream:
         self.overflow_in_stream = False
         self.summary_mode = "facts"
         self.summary_requests: list[dict[str, Any]] = []
+        #: The text of each summary answered with one (the requests a failure mode refuses are left out).
+        self.summary_answers: list[str] = []
         #: When set, summary requests wait for it (a slow summary model); ``summaries_answered`` counts the done.
         self.summary_gate: asyncio.Event | None = None
         self.summaries_answered = 0
@@ -250,6 +255,8 @@ class FakeUpstream:
         self.strict_refusals: list[tuple[str, dict[str, Any]]] = []
         #: Each summary request's path with its query string, and its headers.
         self.summary_calls: list[tuple[str, dict[str, str]]] = []
+        #: Answer naming this model whatever the request named (a gateway that routes by rules of its own).
+        self.answer_model: str | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -297,7 +304,9 @@ class FakeUpstream:
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
         text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
-        return summary_response(text, model=body.get("model"))
+        self.summary_answers.append(text)
+        usage = (self.count(body), self._counter.text_tokens(text))  # what a model would bill for it
+        return summary_response(text, model=self.answer_model or body.get("model"), usage=usage)
 
     def strict_refusal(self, body: dict[str, Any]) -> web.Response | None:
         """The strict modes' answer to ``body``, or None when they let it through."""
@@ -362,7 +371,7 @@ class FakeUpstream:
             return await self._stream(request, body, message, usage, reply)
         return web.json_response({
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model"), "system_fingerprint": "fp_fake",
+            "model": self.answer_model or body.get("model"), "system_fingerprint": "fp_fake",
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
             "usage": usage,
@@ -374,7 +383,7 @@ class FakeUpstream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": body.get("model"), "system_fingerprint": "fp_fake"}
+                "model": self.answer_model or body.get("model"), "system_fingerprint": "fp_fake"}
         if include_usage:
             base["usage"] = None
         events = [_delta(base, {"role": "assistant", "content": ""})]

@@ -43,7 +43,8 @@ CLAUDE_MODEL = "claude-opus-5-5"  # Claude Code's default
 EXIT_LINE = re.compile(
     r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests, (?P<compactions>[\d,]+) compactions, "
     r"(?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by the model \((?P<cached>[\d,]+) "
-    r"cached\), (?P<saved>[\d,]+) saved(?:, about \$(?P<dollars>[\d,.]+))?; inspector (?P<inspector>\S+)")
+    r"cached\), (?P<saved>-?[\d,]+) saved(?:, about \$(?P<dollars>-?[\d,.]+))?(?: \(net: (?P<gross>[\d,]+) taken "
+    r"out of requests, (?P<costs>[\d,]+) spent on [\d,]+ summary calls?\))?; inspector (?P<inspector>\S+)")
 
 
 @dataclass
@@ -103,8 +104,9 @@ def check_figures(figures: dict[str, Any], totals: UsageTotals, checkpoints: int
     assert (int(figures["client"]), int(figures["model"]), int(figures["cached"]), int(figures["saved"])) == (
         totals.client_tokens, totals.model_tokens, totals.cached_tokens, totals.saved_tokens)
     assert totals.model_tokens == sum(t.tokens for t in turns), "usage as the upstream reported it"
-    assert totals.saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.saved_tokens
-    assert totals.cost_saved == pytest.approx(totals.saved_tokens * litellm_price(model))
+    assert totals.gross_saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.gross_saved_tokens
+    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens
+    assert totals.gross_cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model))
     assert figures["dollars"] == f"{totals.cost_saved:,.2f}".replace(",", "")
 
 

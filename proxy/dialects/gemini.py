@@ -284,6 +284,12 @@ class GeminiDialect(Dialect):
         value = usage.get("cachedContentTokenCount")
         return value if isinstance(value, int) else None
 
+    def output_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """The answer's tokens and the thinking before it (Gemini bills both as output)."""
+        parts = [usage.get(key) for key in ("candidatesTokenCount", "thoughtsTokenCount")]
+        numbers = [part for part in parts if isinstance(part, int)]
+        return sum(numbers) if numbers else None
+
     # -- the recall tool ------------------------------------------------------------------------
 
     def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -151,7 +151,8 @@ class Turn:
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
 
-        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None) -> None:
+        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None,
+                       answered: str | None) -> None:
             if usage is not None:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
@@ -160,8 +161,8 @@ class Turn:
             if not reply:
                 return
             tokens = self.request_tokens(view)
-            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens,
-                                     "model": self.parsed.model}
+            model = answered or self.parsed.model  # what the upstream bills; the client's name where it gave none
+            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens, "model": model}
             if usage is not None:
                 extra["usage"] = usage
             if not complete:
@@ -177,7 +178,7 @@ class Turn:
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
                                    after_response=previous if isinstance(previous, str) else None)
                 saved = max(0, tokens["client"] - tokens["view"])
-                self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved) if saved else None)
+                self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
