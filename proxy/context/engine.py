@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from proxy.context.background import BackgroundCompactions
-from proxy.context.callusage import CallUsage
 from proxy.context.batches import checkpoint_fact, mask_batch, maskable
 from proxy.context.budget import ContextBudgetPolicy, UsageSample
+from proxy.context.callusage import CallUsage
 from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
