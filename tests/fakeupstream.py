@@ -332,7 +332,9 @@ class FakeUpstream:
             self.summary_calls.append((request.path_qs, dict(request.headers)))
             answer = await self.summary(body)
             if body.get("stream") is True and answer.status == 200 and answer.content_type == "application/json":
-                return await self._stream_completion(request, orjson.loads(answer.body))  # type: ignore[arg-type]
+                usage = (body.get("stream_options") or {}).get("include_usage") is True
+                return await self._stream_completion(request, orjson.loads(answer.body),  # type: ignore[arg-type]
+                                                     include_usage=usage)
             return answer
         self.requests.append(body)
         self.bodies.append(raw)
@@ -420,9 +422,10 @@ class FakeUpstream:
             raise
         return resp
 
-    async def _stream_completion(self, request: web.Request, completion: dict[str, Any]) -> web.StreamResponse:
-        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks,
-        then ``[DONE]``."""
+    async def _stream_completion(self, request: web.Request, completion: dict[str, Any], *,
+                                 include_usage: bool = False) -> web.StreamResponse:
+        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks (its usage last, when asked
+        for), then ``[DONE]``."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         choice = completion["choices"][0]
@@ -432,6 +435,8 @@ class FakeUpstream:
         events = [_delta(base, {"role": "assistant", "content": ""}),
                   *(_delta(base, {"content": piece}) for piece in _pieces(choice["message"].get("content") or "")),
                   *calls, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+        if include_usage:
+            events.append({**base, "choices": [], "usage": completion.get("usage")})
         for event in events:
             await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from html import escape as html_escape
 from typing import Any
 
@@ -18,9 +19,11 @@ from proxy.http.frontdoor import CLIENT_SUM
 from proxy.keys import engine_key, store_key
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
-from tests.fakeupstream import is_summary_request
+from tests.fakeupstream import Reply, is_summary_request
 from tests.proxyfixtures import read_log, replay
+from tests.test_compaction_e2e import prose
 from tests.test_run_agents import litellm_price
+from tests.test_ui import KEY as KEY_UI
 from tests.test_ui import TENANT, TOKEN, TOOLS, agent_session, page, session_path, sign_in, ui_proxy
 
 KEY = SessionKey("t", "s")
@@ -260,3 +263,27 @@ async def test_each_summary_entry_carries_its_calls_usage_and_every_surface_subt
     assert f"ctxproxy_tokens_saved_total {float(totals.saved_tokens)}" in metrics
     cost = next(line for line in metrics if line.startswith("ctxproxy_cost_saved_dollars_total "))
     assert float(cost.split()[1]) == pytest.approx(totals.cost_saved)
+
+
+async def test_a_streamed_summary_call_is_counted_as_a_whole_one_is(make_proxy, fake) -> None:
+    """A streaming client's summary call is streamed too (with the usage the client asks for): its usage (the last
+    chunk) and the model its chunks name are what the summary entry carries."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    fake.answer_model = "gpt-4o-2024-08-06"
+    rng = random.Random(7)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for n in range(12):
+        messages.append({"role": "user", "content": f"Round {n}: " + prose(rng, 300)})
+        answer = prose(rng, 60)
+        fake.script.append(Reply(content=answer))
+        resp = await proxy.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_UI}",
+                                                                 "X-Session-Id": "streamed"},
+                                data=orjson.dumps({"model": "gpt-4o", "messages": messages, "stream": True,
+                                                   "stream_options": {"include_usage": True}}))
+        assert resp.status == 200 and b"data: [DONE]" in await resp.read()
+        messages.append({"role": "assistant", "content": answer})
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "streamed"))
+    summaries = [f for f in facts if f.kind == "summary"]
+    assert summaries and all(body.get("stream") is True for body in fake.summary_requests)
+    assert [f.extra["model"] for f in summaries] == ["gpt-4o-2024-08-06"] * len(summaries)
+    assert sum(f.extra["usage"]["prompt_tokens"] for f in summaries) == sum(map(fake.count, fake.summary_requests))
