@@ -424,8 +424,8 @@ class FakeUpstream:
 
     async def _stream_completion(self, request: web.Request, completion: dict[str, Any], *,
                                  include_usage: bool = False) -> web.StreamResponse:
-        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks (its usage last, when asked
-        for), then ``[DONE]``."""
+        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks (its
+        usage last, when asked for), then ``[DONE]``."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         choice = completion["choices"][0]
