@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 import orjson
@@ -21,6 +20,7 @@ import orjson
 from proxy import render
 from proxy.errors import StoreError
 from proxy.launch.command import run
+from proxy.launch.run import redacted
 from proxy.logs import default_log_config
 from proxy.savings import SavingsCache, saved_text
 from proxy.serveflags import serve_options, settings_from, store_option
@@ -62,15 +62,6 @@ def serve(workers: int, **options: Any) -> None:
 
 
 # -- for people: sessions and check -------------------------------------------------------------
-
-
-def _redacted(url: str) -> str:
-    """The store URL without its password, fit to print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @asynccontextmanager
@@ -263,9 +254,9 @@ def check(store: str | None) -> None:
 
     problem = _run(work)
     if problem is not None:
-        click.echo(f"store {_redacted(url)}: failed: {problem}", err=True)
+        click.echo(f"store {redacted(url)}: failed: {problem}", err=True)
         raise SystemExit(1)
-    click.echo(f"store {_redacted(url)}: ok")
+    click.echo(f"store {redacted(url)}: ok")
 
 
 main.add_command(run)
