@@ -184,7 +184,7 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
     for path in (home, work, codex_home):
         path.mkdir()
-    # The user's own Codex setup: a provider straight at the upstream, and a login the overlay must keep.
+    # The user's own Codex setup: a provider straight at the upstream, and a login that must stay theirs.
     user_config = codex_config(root + "/v1")
     (codex_home / "config.toml").write_text(user_config)
     (codex_home / "auth.json").write_text('{"OPENAI_API_KEY": null}')
@@ -200,6 +200,7 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     assert answers[-1:] == [final_text(STEPS)]
     assert {t.path for t in fake.turns()} == {"/v1/responses"}
     assert (codex_home / "config.toml").read_text() == user_config, "the user's config is untouched"
+    assert list((codex_home / "sessions").rglob("*.jsonl")), "Codex recorded the run where `codex resume` looks"
     figures = run.figures()
     session = figures["session"]
     assert session.startswith("codex-")
