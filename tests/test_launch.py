@@ -27,7 +27,8 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from proxy.cli import main
-from proxy.launch.agents import AGENTS
+from proxy.launch.agents import AGENTS, Plan
+from proxy.launch.run import agent_argv
 from tests.agents import codex_config
 from tests.fakeupstream import FakeUpstream
 from tests.test_run_agents import EXIT_LINE, ROOT
@@ -445,3 +446,10 @@ def test_keep_agent_compaction_leaves_every_agents_own_switch_alone(tmp_path: Pa
     assert "CTXPROXY_PI_NO_AUTO_COMPACTION" not in kept["pi"]
     assert "context" not in orjson.loads(Path(kept["qwen"]["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_bytes())
     assert "model" not in orjson.loads(Path(kept["gemini"]["GEMINI_CLI_SYSTEM_SETTINGS_PATH"]).read_bytes())
+
+
+def test_pis_commands_that_call_no_model_get_no_extension() -> None:
+    plan = Plan({}, ["-e", "ext.ts"])
+    assert agent_argv("pi", "/bin/pi", plan, ["install", "npm:x"]) == ["/bin/pi", "install", "npm:x"]
+    assert agent_argv("pi", "/bin/pi", plan, ["-p", "install it"]) == ["/bin/pi", "-e", "ext.ts", "-p", "install it"]
+    assert agent_argv("codex", "/bin/codex", plan, ["exec", "hi"]) == ["/bin/codex", "-e", "ext.ts", "exec", "hi"]

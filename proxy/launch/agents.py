@@ -56,6 +56,8 @@ from proxy.settings import Settings
 OUT_OF_REACH = 1_000_000_000
 #: The pi extension ``ctxproxy run pi`` loads (``-e``): shipped with the package, so nothing is written for it.
 PI_EXTENSION = Path(__file__).with_name("pi_extension.ts")
+#: pi's commands that call no model (``pi install …``): ``-e`` before them would make them a prompt.
+PI_COMMANDS = frozenset({"install", "remove", "uninstall", "update", "list", "config", "auth"})
 #: The ``Settings`` field of each door's upstream.
 OPENAI, ANTHROPIC, GEMINI = "upstream", "anthropic_upstream", "gemini_upstream"
 
@@ -104,6 +106,8 @@ class Recipe:
     #: Where the user's environment already sends the agent: ``Settings`` field of the door -> base URL, in the
     #: form that field takes (OpenAI's with its ``/v1``, Anthropic's and Gemini's without a version).
     endpoints: Callable[[Mapping[str, str]], dict[str, str]]
+    #: The agent's commands that call no model: run without the plan's arguments.
+    bare_commands: frozenset[str] = frozenset()
 
 
 def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -272,7 +276,7 @@ AGENTS: dict[str, Recipe] = {r.name: r for r in (
     Recipe("claude", "claude", claude, _claude_endpoints),
     Recipe("codex", "codex", codex, _codex_endpoints),
     Recipe("opencode", "opencode", opencode, _opencode_endpoints),
-    Recipe("pi", "pi", pi, _pi_endpoints),
+    Recipe("pi", "pi", pi, _pi_endpoints, PI_COMMANDS),
     Recipe("aider", "aider", aider, lambda e: _named(e, upstream=("OPENAI_BASE_URL", "OPENAI_API_BASE"))),
     Recipe("qwen", "qwen", qwen, lambda e: _named(e, upstream="OPENAI_BASE_URL")),
     Recipe("gemini", "gemini", gemini, lambda e: _named(e, gemini_upstream="GOOGLE_GEMINI_BASE_URL")),

@@ -10,7 +10,8 @@ SIGHUP, SIGUSR1 and SIGUSR2 are; an agent still running ``GRACE_SECONDS`` after
 a SIGTERM, SIGHUP, SIGINT or SIGQUIT it was passed is killed. The agent dies
 with ``ctxproxy`` (Linux: a parent-death signal), so a ``kill -9`` of the
 launcher leaves no agent behind; the launcher writes no file (a recipe's files
-are memory files read through ``/proc``, gone with the process). Its exit
+are memory files read through ``/proc``, gone with the process; where there are
+none, a temporary directory removed after the run). Its exit
 status is the agent's (128 + N after signal N).
 
 The closing line is read from the store, not from this process's metrics, so
@@ -28,6 +29,7 @@ import ctypes
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -120,6 +122,11 @@ class DirectoryFiles:
             self.directory = Path(tempfile.mkdtemp(prefix=f"ctxproxy-{self.agent}-"))
         (path := self.directory / name).write_bytes(content)
         return str(path)
+
+    def close(self) -> None:
+        """Remove the directory (where there are no memory files, after the run)."""
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def tenant_recorder(tenants: set[str]) -> Middleware:
@@ -241,19 +248,23 @@ def exit_line(session: str, run: RunFigures | None, inspector_root: str) -> str:
             f"{saved_text(t)}; inspector {where}")
 
 
-def agent_argv(program: str, plan: Plan, args: Sequence[str]) -> list[str]:
+def agent_argv(agent: str, program: str, plan: Plan, args: Sequence[str]) -> list[str]:
+    """The recipe's arguments before the user's, unless the user's name a command that calls no model (``pi
+    install …``: the recipe's flags would turn the command into a prompt)."""
+    if args[:1] and args[0] in AGENTS[agent].bare_commands:
+        return [program, *args]
     return [program, *plan.args, *args]
 
 
 async def launch_agent(launch: Launch, program: str) -> int:
     """Run the agent through the proxy and return its status; the closing line is printed by the caller."""
-    files = MemoryFiles()
+    files = MemoryFiles() if hasattr(os, "memfd_create") else DirectoryFiles(launch.agent)
     try:
         async with proxy_root(launch) as root:
             target = Target(root, launch.session, launch.keep_compaction, files, os.environ)
             plan = agent_plan(launch.agent, target)
             env = {**agent_environ(os.environ), **plan.env}
-            return await run_agent(agent_argv(program, plan, launch.args), env)
+            return await run_agent(agent_argv(launch.agent, program, plan, launch.args), env)
     finally:
         files.close()
 
