@@ -31,7 +31,8 @@ from proxy.app import create_app
 from proxy.savings import SavingsCache, UsageTotals
 from proxy.settings import Settings
 from proxy.store import open_store
-from tests.agents import BIN, CODEX_MODEL, TIMEOUT, base_env, codex_config
+from tests.agents import BIN, CODEX_MODEL, GEMINI_MODEL, TIMEOUT, base_env, codex_config, gemini_settings
+from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script, final_text
@@ -137,7 +138,7 @@ async def serve_proxy(aiohttp_server: Any, root: str, store: str, window: int) -
     return str(proxy.make_url("")).rstrip("/")
 
 
-async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses) -> str:
+async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses | FakeGemini) -> str:
     """The fake upstream served on loopback: its root URL."""
     upstream: TestServer = await aiohttp_server(fake.app())
     return str(upstream.make_url("")).rstrip("/")
@@ -209,3 +210,31 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     check_figures(figures, totals, checkpoints, fake.turns(), CODEX_MODEL)
 
     await check_metrics(proxy_url, "responses", figures, totals)
+
+
+async def test_ctxproxy_run_gemini_keeps_the_users_gateway_and_headers_and_its_settings_layer_applies(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # The user's own setup: Gemini CLI sent to their gateway (the fake) with a header of its own, and a login
+    # choice (Google OAuth) that the recipe's system settings layer, a memory file, must override.
+    gateway = FakeGemini(Script(steps=2))
+    root, store = await serve_fake(aiohttp_server, gateway), f"sqlite:///{tmp_path}/facts.db"
+    home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
+    for path in (home / ".gemini", work, tmp):
+        path.mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_bytes(orjson.dumps(
+        {**gemini_settings(0.5), "security": {"auth": {"selectedType": "oauth-personal"}}}))
+    env = {**base_env(home), "GOOGLE_GEMINI_BASE_URL": root, "GEMINI_API_KEY": "gemini-gateway-key",
+           "GEMINI_CLI_CUSTOM_HEADERS": "X-Gateway-Team: blue", "TMPDIR": str(tmp)}
+
+    run = await ctxproxy_run(["--store", store, "--session", "gemini-run", "gemini", "--", "-p", PROMPT, "--yolo",
+                              "--skip-trust", "-m", GEMINI_MODEL, "--output-format", "json"], env, work)
+
+    assert run.returncode == 0, run.stderr
+    assert orjson.loads(run.stdout)["response"] == final_text(2)
+    turns = gateway.turns()
+    assert len(turns) == 3, "every request reached the user's gateway"
+    assert all(t.headers.get("x-goog-api-key") == "gemini-gateway-key" for t in turns)
+    assert all(t.headers.get("X-Gateway-Team") == "blue" for t in turns), "the user's header was kept"
+    figures = run.figures()
+    assert (figures["session"], figures["requests"]) == ("gemini-run", "3")
+    assert list(tmp.iterdir()) == [], "the settings layer was no file"

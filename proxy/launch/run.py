@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import platformdirs
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -101,6 +102,7 @@ class MemoryFiles:
     def put(self, name: str, content: bytes) -> str:
         fd = os.memfd_create(f"ctxproxy-{name}")
         self._fds.append(fd)
+        os.fchmod(fd, 0o600)  # a memfd starts at 0777, and Gemini CLI skips a settings file others may write
         with os.fdopen(os.dup(fd), "wb") as out:
             out.write(content)
         return f"/proc/{os.getpid()}/fd/{fd}"
@@ -111,7 +113,10 @@ class MemoryFiles:
 
 
 class DirectoryFiles:
-    """A recipe's files in a directory made on the first one (``--print-env``: they must outlive this process)."""
+    """A recipe's files in a directory made on the first one (``--print-env``: they must outlive this process).
+
+    It is made in ctxproxy's state directory, not in /tmp: Gemini CLI skips a settings file with a directory
+    above it that others may write."""
 
     def __init__(self, agent: str) -> None:
         self.agent = agent
@@ -119,7 +124,8 @@ class DirectoryFiles:
 
     def put(self, name: str, content: bytes) -> str:
         if self.directory is None:
-            self.directory = Path(tempfile.mkdtemp(prefix=f"ctxproxy-{self.agent}-"))
+            (parent := Path(platformdirs.user_state_dir("ctxproxy")) / "files").mkdir(parents=True, exist_ok=True)
+            self.directory = Path(tempfile.mkdtemp(prefix=f"{self.agent}-", dir=parent))
         (path := self.directory / name).write_bytes(content)
         return str(path)
 
