@@ -31,7 +31,18 @@ from proxy.app import create_app
 from proxy.savings import SavingsCache, UsageTotals
 from proxy.settings import Settings
 from proxy.store import open_store
-from tests.agents import BIN, CODEX_MODEL, GEMINI_MODEL, TIMEOUT, base_env, codex_config, gemini_settings
+from tests.agents import (
+    BIN,
+    CODEX_MODEL,
+    GEMINI_MODEL,
+    QWEN_MODEL,
+    TIMEOUT,
+    base_env,
+    codex_config,
+    gemini_settings,
+    qwen_settings,
+)
+from tests.fakechat import FakeChat
 from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
@@ -138,7 +149,7 @@ async def serve_proxy(aiohttp_server: Any, root: str, store: str, window: int) -
     return str(proxy.make_url("")).rstrip("/")
 
 
-async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses | FakeGemini) -> str:
+async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses | FakeGemini | FakeChat) -> str:
     """The fake upstream served on loopback: its root URL."""
     upstream: TestServer = await aiohttp_server(fake.app())
     return str(upstream.make_url("")).rstrip("/")
@@ -238,3 +249,27 @@ async def test_ctxproxy_run_gemini_keeps_the_users_gateway_and_headers_and_its_s
     figures = run.figures()
     assert (figures["session"], figures["requests"]) == ("gemini-run", "3")
     assert list(tmp.iterdir()) == [], "the settings layer was no file"
+
+
+async def test_ctxproxy_run_qwen_keeps_the_users_gateway_and_its_settings_layer_applies(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # The user's Qwen Code: at their gateway (the fake) with their key, and a login choice (Qwen OAuth) that the
+    # recipe's system settings layer, a memory file, must override.
+    gateway = FakeChat(Script(steps=2))
+    root, store = await serve_fake(aiohttp_server, gateway), f"sqlite:///{tmp_path}/facts.db"
+    home, work = tmp_path / "home", tmp_path / "work"
+    for path in (home / ".qwen", work):
+        path.mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_bytes(orjson.dumps(
+        {**qwen_settings(), "security": {"auth": {"selectedType": "qwen-oauth"}}}))
+    env = {**base_env(home), "OPENAI_BASE_URL": root + "/v1", "OPENAI_API_KEY": "sk-qwen-gateway-key",
+           "OPENAI_MODEL": QWEN_MODEL, "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+
+    run = await ctxproxy_run(["--store", store, "--session", "qwen-run", "qwen", "--", "-p", PROMPT, "--yolo",
+                              "--output-format", "json"], env, work)
+
+    assert run.returncode == 0, run.stderr
+    turns = gateway.turns()
+    assert len(turns) == 3, "every request reached the user's gateway"
+    assert all(t.headers.get("Authorization") == "Bearer sk-qwen-gateway-key" for t in turns)
+    assert run.figures()["requests"] == "3"
