@@ -145,9 +145,10 @@ def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint, bud
 
 
 async def expand(request: web.Request, key: SessionKey, items: list[Item],
-                 candidates: Candidates | None) -> tuple[list[Item], list[Reference]]:
+                 candidates: Candidates | None) -> tuple[list[Item], list[tuple[int, Reference]]]:
     """``items`` with every ``compaction`` item carrying one of our references replaced by what it stands for,
-    and the references read (each proves the session it names: ``proxy.http.continuity``).
+    and the references read with the index of their item (each proves the session it names as far as that item,
+    and no further: ``proxy.http.continuity``).
 
     An old (v1) reference checks out only under the tenant it was made for: ``key``'s, else one of
     ``candidates`` (the other tenants of the session id, when ``key`` is the request's own).
@@ -157,11 +158,12 @@ async def expand(request: web.Request, key: SessionKey, items: list[Item],
         return items, []
     app = request.app
     secret = await app[secret_key].get()
-    expanded, references = list(items), []
+    expanded: list[Item] = list(items)
+    references: list[tuple[int, Reference]] = []
     for index, token in found:
         reference = unseal(secret, token, [key.tenant])
         if reference is None and candidates is not None and token.startswith("ctxproxy.v1."):
-            reference = unseal(secret, token, await candidates.get())
+            reference = unseal(secret, token, [tenant.name for tenant in await candidates.get()])
         message = None if reference is None else reference.message
         if reference is not None and message is None:
             facts = await app[store_key].read(SessionKey(reference.tenant, reference.session),
@@ -172,5 +174,5 @@ async def expand(request: web.Request, key: SessionKey, items: list[Item],
             raise BadRequest(f"input[{index}] is a compaction item this proxy did not make.", param=f"input[{index}]",
                              code="invalid_compaction_reference")
         expanded[index] = dict(message)
-        references.append(reference)
+        references.append((index, reference))
     return expanded, references

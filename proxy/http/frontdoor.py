@@ -96,6 +96,10 @@ class Turn:
     recalls: int = 0
     #: Fields the summary calls made for this request set besides the client's (``proxy.summarycall``).
     summary_fields: dict[str, Any] = field(default_factory=dict)
+    #: None: the session is the request's own key's. Else the request continues another tenant's session and only
+    #: its first ``proved`` items proved it (``continuity.Resolved``): of entries made under another credential,
+    #: it may be given only what lies within them.
+    proved: int | None = None
 
     @property
     def max_output(self) -> int | None:
@@ -348,7 +352,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
     own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
-    key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
+    resolved = await continuity.resolve(request, dialect, parsed, own)
+    key, parsed, hashes = resolved.key, resolved.parsed, resolved.hashes
     metrics.session_seen(key)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has (caught up with the
@@ -360,7 +365,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
         metrics.store_errors.inc()
         logger.warning("store error while reading session %s: %s", key.session, exc)
         state = history.cached(key)  # the store is down: the checkpoint this process knows still serves
-    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
+    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
+                proved=resolved.proved)
     if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
         boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage
         if boundary is not None:
