@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
@@ -39,22 +38,15 @@ GENERATE = f"/v1beta/models/{MODEL}:generateContent"
 STOCK = "You are a coding agent. Follow the house rules. " * 40
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "redis":
-        request.getfixturevalue("redis_store")  # flushed for this test
-        return str(request.getfixturevalue("redis_url"))
-    return f"sqlite:///{tmp_path}/facts.db"
-
-
-async def proxy_on(aiohttp_server: Any, aiohttp_client: Any, store_url: str) -> tuple[TestClient[Any, Any], Any]:
+async def proxy_on(aiohttp_server: Any, aiohttp_client: Any, store_url: str,
+                   **overrides: Any) -> tuple[TestClient[Any, Any], Any]:
     """The proxy over a fake Gemini and a fake Responses API, small enough a window to compact."""
     gemini: TestServer = await aiohttp_server(FakeGemini(Script(steps=40)).app())
     responses = FakeResponses(Script(steps=40))
     openai: TestServer = await aiohttp_server(responses.app())
     app = create_app(Settings(gemini_upstream=str(gemini.make_url("")).rstrip("/"),
                               upstream=str(openai.make_url("/v1")), store=store_url, precompact_threshold=1.0,
-                              context_window=4_000, min_retain_rounds=1, keep_tool_output_share=1.0))
+                              context_window=4_000, min_retain_rounds=1, keep_tool_output_share=1.0, **overrides))
     client: TestClient[Any, Any] = await aiohttp_client(app)
     return client, responses
 

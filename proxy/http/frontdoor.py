@@ -350,7 +350,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
     raw = await read_body(request, settings)  # the client key is checked already
     parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
-    own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
+    own = SessionKey(tenant_of(credential(request.headers, request.query)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     resolved = await continuity.resolve(request, dialect, parsed, own)
     key, parsed, hashes = resolved.key, resolved.parsed, resolved.hashes
