@@ -19,7 +19,7 @@ BODY = {"contents": [{"role": "user", "parts": [{"text": "Say hello."}]}]}
 
 async def test_a_key_in_the_query_is_the_tenant_and_never_logged(aiohttp_server, aiohttp_client, store_url: str,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
-    client, _ = await proxy_on(aiohttp_server, aiohttp_client, store_url)
+    client, *_ = await proxy_on(aiohttp_server, aiohttp_client, store_url)
     caplog.set_level(logging.DEBUG)
     for key in KEYS:
         resp = await client.post(f"{GENERATE}?key={key}", headers={HEADER_SESSION: "shared-id"}, json=BODY)
@@ -33,7 +33,7 @@ async def test_a_key_in_the_query_is_the_tenant_and_never_logged(aiohttp_server,
 
 
 async def test_client_keys_accept_a_key_in_the_query(aiohttp_server, aiohttp_client, store_url: str) -> None:
-    client, _ = await proxy_on(aiohttp_server, aiohttp_client, store_url, client_keys=(Secret(KEYS[0]),))
+    client, *_ = await proxy_on(aiohttp_server, aiohttp_client, store_url, client_keys=(Secret(KEYS[0]),))
     allowed = await client.post(f"{GENERATE}?key={KEYS[0]}", json=BODY)
     assert allowed.status == 200, await allowed.text()
     refused = await client.post(f"{GENERATE}?key={KEYS[1]}", json=BODY)

@@ -80,14 +80,19 @@ async def test_redis_keys_of_the_index_and_the_links(redis_store: RedisFactLog) 
     assert key_slot(b"ctxproxy:openings:{run-1}") == key_slot(b"ctxproxy:tenants:{run-1}")
 
 
-async def test_a_link_from_before_scopes_serves_nothing_and_is_replaced(redis_store: RedisFactLog) -> None:
-    """A link stored as its tenant alone (before links had a scope) reads as one with no scope, which the next
-    proof replaces; a scoped one is never replaced."""
+async def test_a_link_from_before_scopes_serves_nothing_and_is_replaced(store: FactLog) -> None:
+    """A link stored before links had a scope (Redis: the tenant alone; SQLite: the row as migration m008 leaves
+    it) reads as one with no scope, which the next proof replaces; a scoped one is never replaced."""
     key = SessionKey("t-new", "run-1")
-    await redis_store.client.set(link_key(*key), "t-old")
-    assert await redis_store.link_of(key) == Link("t-old", 0, "")
-    assert await redis_store.link(key, OLD, TS) == OLD
-    assert await redis_store.link(key, Link("t-other", 2, "p-other"), TS) == OLD
+    if isinstance(store, RedisFactLog):
+        await store.client.set(link_key(*key), "t-old")
+    else:
+        assert isinstance(store, SqliteFactLog)
+        with closing(sqlite3.connect(store.path, isolation_level=None)) as conn:
+            conn.execute("INSERT INTO links (tenant, session, target, linked_at) VALUES (?, ?, 't-old', ?)", (*key, TS))
+    assert await store.link_of(key) == Link("t-old", 0, "")
+    assert await store.link(key, OLD, TS) == OLD
+    assert await store.link(key, Link("t-other", 2, "p-other"), TS) == OLD
 
 
 async def test_sqlite_migration_notes_the_sessions_already_logged(tmp_path: Path) -> None:

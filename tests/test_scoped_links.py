@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from aiohttp.test_utils import TestClient, TestServer
@@ -38,17 +38,23 @@ GENERATE = f"/v1beta/models/{MODEL}:generateContent"
 STOCK = "You are a coding agent. Follow the house rules. " * 40
 
 
-async def proxy_on(aiohttp_server: Any, aiohttp_client: Any, store_url: str,
-                   **overrides: Any) -> tuple[TestClient[Any, Any], Any]:
+class Rig(NamedTuple):
+    client: TestClient[Any, Any]
+    responses: FakeResponses
+    gemini: FakeGemini
+
+
+async def proxy_on(aiohttp_server: Any, aiohttp_client: Any, store_url: str, **overrides: Any) -> Rig:
     """The proxy over a fake Gemini and a fake Responses API, small enough a window to compact."""
-    gemini: TestServer = await aiohttp_server(FakeGemini(Script(steps=40)).app())
+    gemini = FakeGemini(Script(steps=40))
     responses = FakeResponses(Script(steps=40))
-    openai: TestServer = await aiohttp_server(responses.app())
-    app = create_app(Settings(gemini_upstream=str(gemini.make_url("")).rstrip("/"),
-                              upstream=str(openai.make_url("/v1")), store=store_url, precompact_threshold=1.0,
+    first: TestServer = await aiohttp_server(gemini.app())
+    second: TestServer = await aiohttp_server(responses.app())
+    app = create_app(Settings(gemini_upstream=str(first.make_url("")).rstrip("/"),
+                              upstream=str(second.make_url("/v1")), store=store_url, precompact_threshold=1.0,
                               context_window=4_000, min_retain_rounds=1, keep_tool_output_share=1.0, **overrides))
     client: TestClient[Any, Any] = await aiohttp_client(app)
-    return client, responses
+    return Rig(client, responses, gemini)
 
 
 @dataclass
@@ -97,7 +103,7 @@ async def until_summarised(step: Callable[[], Awaitable[Any]], store: FactLog) -
 
 async def test_a_link_proved_by_a_stock_start_serves_nothing_of_the_owners_later_work(
         aiohttp_server, aiohttp_client, store_url: str) -> None:
-    client, _ = await proxy_on(aiohttp_server, aiohttp_client, store_url)
+    client, _, fake = await proxy_on(aiohttp_server, aiohttp_client, store_url)
     store = client.app[store_key]
     owner = Gemini(client, OWNER, [{"role": "user", "parts": [{"text": STOCK}]}])
     await owner.turn()
@@ -114,13 +120,15 @@ async def test_a_link_proved_by_a_stock_start_serves_nothing_of_the_owners_later
     assert LATER not in await compress(client, OTHER, []), "an empty history proves nothing"
     assert LATER not in await compress(client, OTHER, start), "the proved start is not the owner's later work"
     other.contents.append({"role": "user", "parts": [{"text": "What did we settle?"}]})
-    assert LATER not in orjson.dumps(await other.turn()).decode()
+    sent = len(fake.turns())
+    await other.turn()
+    assert all(LATER not in orjson.dumps(turn.body).decode() for turn in fake.turns()[sent:]), "nor in its view"
     assert LATER not in await summaries(store, tenant_of(OTHER))
 
 
 async def test_a_replayed_compaction_item_proves_what_it_covers_and_no_more(
         aiohttp_server, aiohttp_client, store_url: str) -> None:
-    client, fake = await proxy_on(aiohttp_server, aiohttp_client, store_url)
+    client, fake, _ = await proxy_on(aiohttp_server, aiohttp_client, store_url)
     store = client.app[store_key]
     owner = Codex(client, session=RUN, headers={"Authorization": f"Bearer {OWNER}"})
     for _ in range(30):
