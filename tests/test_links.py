@@ -13,7 +13,7 @@ from redis.crc import key_slot
 
 from proxy.constants import link_key, openings_key, tenants_key
 from proxy.store import FactLog, NewFact, SessionKey
-from proxy.store.base import TENANTS_KEPT, FirstLook, Link, Tenant
+from proxy.store.base import OPENINGS_KEPT, TENANTS_KEPT, FirstLook, Link, Tenant
 from proxy.store.redis import RedisFactLog
 from proxy.store.sqlite import MIGRATIONS, SqliteFactLog, _migrate
 
@@ -42,14 +42,23 @@ async def test_tenants_of_a_session_id_newest_first_and_bounded(store: FactLog) 
 
 async def test_probers_never_push_an_owner_out(store: FactLog) -> None:
     """A tenant noted while others held the id ranks below every owner, however new, and a later note never
-    demotes an owner; each keeps the first opening it was noted with."""
+    demotes an owner; each keeps the newest openings it was noted with."""
     await store.note_tenant("run-1", "t-owner", TS, "o-owner")
     for n in range(TENANTS_KEPT + 4):
         await store.note_tenant("run-1", f"t-probe-{n:02d}", TS + 10 + n, f"o-{n}", owner=False)
     await store.note_tenant("run-1", "t-owner", TS + 100, "o-later", owner=False)
     kept = await store.tenants_of("run-1")
-    assert kept[0] == Tenant("t-owner", "o-owner") and len(kept) == TENANTS_KEPT
+    assert kept[0] == Tenant("t-owner", ("o-later", "o-owner")) and len(kept) == TENANTS_KEPT
     assert [t.name for t in kept[1:]] == [f"t-probe-{n:02d}" for n in reversed(range(5, TENANTS_KEPT + 4))]
+
+
+async def test_a_tenants_openings_newest_first_and_bounded(store: FactLog) -> None:
+    for n in range(OPENINGS_KEPT + 2):
+        await store.note_tenant("run-1", "t-owner", TS + n, f"o-{n}")
+    await store.note_tenant("run-1", "t-owner", TS + 10, "o-3")  # seen again: moves up
+    await store.note_tenant("run-1", "t-owner", TS + 11)  # no opening: the ones known stay
+    expected = ("o-3", *(f"o-{n}" for n in reversed(range(OPENINGS_KEPT + 2)) if n != 3))[:OPENINGS_KEPT]
+    assert await store.tenants_of("run-1") == [Tenant("t-owner", expected)]
 
 
 async def test_a_link_is_made_once_and_never_changed(store: FactLog) -> None:
@@ -111,7 +120,7 @@ async def test_sqlite_migration_notes_the_sessions_already_logged(tmp_path: Path
         assert "m005_credential_links" in [name for name, _ in MIGRATIONS]
     store = await SqliteFactLog.open(path)
     try:
-        assert await store.tenants_of("run-1") == [Tenant("t-old", "")]
+        assert await store.tenants_of("run-1") == [Tenant("t-old", ())]
         assert await store.link_of(SessionKey("t-old", "run-1")) is None
     finally:
         await store.aclose()
@@ -127,19 +136,19 @@ async def first_look_contract(store: FactLog) -> None:
     a prober."""
     key = SessionKey("t-new", "run-1")
     assert await store.first_look(key, 10, TS, "o-new") == FirstLook([], None, [])
-    assert await store.tenants_of("run-1") == [Tenant("t-new", "o-new")], "alone: noted in the same call"
+    assert await store.tenants_of("run-1") == [Tenant("t-new", ("o-new",))], "alone: noted in the same call"
     facts = [NewFact(kind="message", index=i, source="client", message={"role": "user", "content": f"m{i}"},
                      hash=f"h{i}") for i in range(4)]
     await store.append(key, 0, facts, TS)
     assert await store.first_look(key, 10, TS + 1) == FirstLook(await store.read(key), None, []), "only itself"
     second = await store.first_look(SessionKey("t-second", "run-1"), 10, TS + 2, "o-second")
-    assert second == FirstLook([], None, [Tenant("t-new", "o-new")])
+    assert second == FirstLook([], None, [Tenant("t-new", ("o-new",))])
     assert await names_of(store, "run-1") == ["t-new", "t-second"], "not alone: noted as a prober, after the owner"
     await store.link(key, OLD, TS)
     await store.note_tenant("run-1", "t-old", TS + 3)
     looked = await store.first_look(key, 3, TS + 4)
     assert looked == FirstLook(await store.read(key, limit=3), OLD,
-                               [Tenant("t-old", ""), Tenant("t-second", "o-second")])
+                               [Tenant("t-old", ()), Tenant("t-second", ("o-second",))])
     assert [f.digest for f in looked.facts] == [f.digest for f in await store.read(key, limit=3)]
     assert await store.first_look(SessionKey("t-old", "run-2"), 10, TS + 5) == FirstLook([], None, [])
     assert await names_of(store, "run-2") == ["t-old"]

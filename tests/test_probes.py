@@ -58,8 +58,11 @@ async def test_a_new_keys_first_request_costs_the_same_whether_or_not_the_id_is_
 
 
 async def test_probes_under_fresh_keys_never_push_the_owner_out(make_proxy: ProxyFactory) -> None:
+    """The owner's first request is a side call (Claude Code's quota probe comes first), then its run; twenty probes
+    later, the run's OAuth refresh still continues it."""
     proxy = await make_proxy()
     store = proxy.app[store_key]
+    await chat(proxy, "sk-owner-1st", "run-probed", [{"role": "user", "content": "quota"}])
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful engineer. " * 40},
                                       {"role": "user", "content": "Start the migration."}]
     for step in range(3):

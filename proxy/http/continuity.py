@@ -15,9 +15,10 @@ that proves nothing gets its own session, as before: knowing a session id gives 
 ``Resolved.proved`` says how far a request that continues another tenant's session proved it: the view builder
 may give it of entries made under another credential only what lies within its first ``proved`` items.
 
-Before another tenant's session is read for a proof, the request's opening must be the one noted for that
-tenant: a comparison in memory, after the one store call (``FactLog.first_look``) that a request on an absent id
-makes too, so a new key's first request costs the same whether or not the id is held elsewhere.
+Before another tenant's session is read for a proof, the request's opening must be one noted for that tenant
+(each tenant's conversations under the id note theirs: a side call's, the run's): a comparison in memory, after
+the one store call (``FactLog.first_look``) that a request on an absent id makes too, so a new key's first
+request costs the same whether or not the id is held elsewhere.
 
 Links found are kept in memory (``Links``); a store failure here only costs the continuation (the request
 goes on under its own key, as with the store down), never the request.
@@ -159,12 +160,14 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, parsed
     # The one the request matches furthest, should several match. Only a tenant whose noted opening the request
     # starts with is worth reading: for the others (and for an absent id) nothing more is read.
     for tenant in await candidates.get():
-        if not start or tenant.opening != start:
+        if not start or start not in tenant.openings:
             continue
         matched = await _proves(request, dialect, SessionKey(tenant.name, own.session), items, hashes)
         if matched > best:
             proven, best = tenant.name, matched
     if proven is None:
+        if not first_seen and start:  # a conversation new to the own session: its opening, for a later refresh
+            await store.note_tenant(own.session, own.tenant, time.time(), start, owner=False)
         return None
     linked = await store.link(own, Link(proven, best, scope(hashes, best)), time.time())
     app[links_key].put(own, linked)

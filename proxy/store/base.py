@@ -25,6 +25,9 @@ Source = Literal["client", "upstream", "proxy"]
 #: Tenants ``FactLog.tenants_of`` keeps per session id, owners before probers, newest first: the candidates a new
 #: credential may continue.
 TENANTS_KEPT = 16
+#: Openings ``Tenant.openings`` keeps per tenant of a session id: a side call's (a title, a quota probe), the run's,
+#: the run's after the client compacted it itself, with room.
+OPENINGS_KEPT = 4
 #: The largest seq a log can hold: both stores keep it as a signed 64-bit integer (SQLite's INTEGER).
 MAX_SEQ = 2**63 - 1
 _MAX_SEQ_DIGITS = len(str(MAX_SEQ))
@@ -121,9 +124,10 @@ class Tenant(NamedTuple):
     """A tenant noted for a session id (``FactLog.note_tenant``)."""
 
     name: str
-    #: Chain hash of the conversation's opening as the tenant's first request there had it ('': unknown): what a
-    #: request must start with before its proof of that tenant's session is worth reading the session for.
-    opening: str
+    #: Chain hashes of the openings of the tenant's conversations under the id, newest first, at most
+    #: ``OPENINGS_KEPT``: what a request must start with before its proof of that tenant's session is worth
+    #: reading the session for.
+    openings: tuple[str, ...]
 
 
 class FirstLook(NamedTuple):
@@ -207,10 +211,10 @@ class FactLog(abc.ABC):
     @abc.abstractmethod
     async def note_tenant(self, session: str, tenant: str, ts: float, opening: str = "", *,
                           owner: bool = True) -> None:
-        """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up), opening
-        with ``opening`` (kept from the first call that gives one). An owner (the first tenant of the id) ranks
-        above every prober (a tenant that came when others held the id), and a later call never demotes it: so
-        probes under fresh keys never push an owner out of the ``TENANTS_KEPT`` kept."""
+        """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up), and that
+        one of its conversations opens with ``opening`` (the newest ``OPENINGS_KEPT`` are kept). An owner (the
+        first tenant of the id) ranks above every prober (a tenant that came when others held the id), and a later
+        call never demotes it: so probes under fresh keys never push an owner out of the ``TENANTS_KEPT`` kept."""
 
     @abc.abstractmethod
     async def tenants_of(self, session: str) -> list[Tenant]:

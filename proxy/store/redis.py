@@ -12,7 +12,8 @@ session lives in one Redis Cluster slot and one Lua script may touch it all:
   of tenant ``t`` continues and the scope of its proof (``FactLog.link``; set once, never changed);
 - ``ctxproxy:tenants:{s}`` a sorted set of the tenants holding a session ``s``, scored by when each was last
   noted (a prober's score far below every owner's), trimmed to the ``TENANTS_KEPT`` first, and
-  ``ctxproxy:openings:{s}`` a hash of their conversation openings (one pair per session id, in its own slot).
+  ``ctxproxy:openings:{s}`` a hash of their conversations' openings, each tenant's newest first and
+  space-separated (one pair per session id, in its own slot).
 - ``ctxproxy:{t:s}:fact-keys`` a hash from each keyed fact's ``key`` to its
   seq (``NewFact.key``: summaries and checkpoints), made by the first keyed fact.
 
@@ -303,7 +304,7 @@ class RedisFactLog(FactLog):
             names = await self.client.zrevrange(tenants_key(session), 0, TENANTS_KEPT - 1)
             openings = await self.client.hgetall(openings_key(session))
         known = {_text(name): _text(opening) for name, opening in openings.items()}
-        return [Tenant(_text(name), known.get(_text(name), "")) for name in names]
+        return [Tenant(_text(name), tuple(known.get(_text(name), "").split())) for name in names]
 
     async def link(self, key: SessionKey, link: Link, ts: float) -> Link:
         # One script: the first scoped link wins and never changes.
@@ -326,4 +327,5 @@ def _link_from(value: bytes | str) -> Link:
 
 def _tenants_from(flat: Sequence[bytes | str]) -> list[Tenant]:
     """``others_noting``'s flat {name, opening...} reply."""
-    return [Tenant(_text(name), _text(opening)) for name, opening in zip(flat[::2], flat[1::2], strict=True)]
+    return [Tenant(_text(name), tuple(_text(openings).split()))
+            for name, openings in zip(flat[::2], flat[1::2], strict=True)]

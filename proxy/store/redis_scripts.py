@@ -5,6 +5,8 @@ script touches is passed in ``KEYS`` and shares the session's hash tag, so each
 script runs on Redis Cluster too, on the node of that session's slot.
 """
 
+from proxy.store.base import OPENINGS_KEPT
+
 # KEYS: log, meta, fact keys. ARGV: expected_seq, ts, tenant, session, messages, checkpoints, tail ('' for none),
 # then per fact its key ('' for none) and its body.
 # Returns {"ok", id...}; {"conflict", actual_next_seq}; {"diverged", actual_next_seq} when the last entry is not the
@@ -84,9 +86,11 @@ return 0
 
 # Noting a tenant of a session id: its set scored by when each was last noted, a prober's score lowered by
 # PROBER_OFFSET so owners always rank first and a trim drops probers first (ZADD GT: a later call moves it up, never
-# an owner down), and a hash of each one's conversation opening, kept from the first call that gives one.
+# an owner down), and a hash of each one's conversation openings, newest first, space-separated, at most
+# OPENINGS_KEPT.
 _NOTE = """
 local PROBER_OFFSET = 1e12
+local OPENINGS_KEPT = """ + str(OPENINGS_KEPT) + """
 local function note(tenants, openings, ts, tenant, kept, opening, owner)
   local score = tonumber(ts)
   if owner == 0 then
@@ -94,7 +98,13 @@ local function note(tenants, openings, ts, tenant, kept, opening, owner)
   end
   redis.call('ZADD', tenants, 'GT', score, tenant)
   if opening ~= '' then
-    redis.call('HSETNX', openings, tenant, opening)
+    local list = {opening}
+    for known in string.gmatch(redis.call('HGET', openings, tenant) or '', '%S+') do
+      if known ~= opening and #list < OPENINGS_KEPT then
+        list[#list + 1] = known
+      end
+    end
+    redis.call('HSET', openings, tenant, table.concat(list, ' '))
   end
   for _, name in ipairs(redis.call('ZRANGE', tenants, 0, -(kept + 1))) do
     redis.call('ZREM', tenants, name)

@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 from proxy.errors import ConflictError, StoreUnavailable
 from proxy.store import codec
 from proxy.store.base import (
+    OPENINGS_KEPT,
     TENANTS_KEPT,
     FactLog,
     FirstLook,
@@ -159,7 +160,8 @@ def m007_signin_epoch(conn: sqlite3.Connection) -> None:
 @migration
 def m008_scoped_links(conn: sqlite3.Connection) -> None:
     # A link's scope (``Link.proved``, ``Link.prefix``; a link made before has none and serves nothing), and per
-    # noted tenant its rank (the tenants noted so far held a logged session: owners) and its conversation opening.
+    # noted tenant its rank (the tenants noted so far held a logged session: owners) and its conversations'
+    # openings (space-separated, newest first).
     conn.execute("ALTER TABLE links ADD COLUMN proved INTEGER NOT NULL DEFAULT 0")
     conn.execute("ALTER TABLE links ADD COLUMN prefix TEXT NOT NULL DEFAULT ''")
     conn.execute("ALTER TABLE session_tenants ADD COLUMN owner INTEGER NOT NULL DEFAULT 1")
@@ -350,17 +352,20 @@ def _end_signins(conn: sqlite3.Connection) -> int:
 def _note_tenant(conn: sqlite3.Connection, session: str, tenant: str, ts: float, opening: str, owner: bool) -> None:
     # Rows are one per (session id, tenant) that ever held it; ``_tenants_of`` reads the first ranked only.
     with immediate(conn):
+        row = conn.execute("SELECT opening FROM session_tenants WHERE session = ? AND tenant = ?",
+                           (session, tenant)).fetchone()
+        known = str(row[0]).split() if row is not None else []
+        openings = [opening, *(o for o in known if o != opening)][:OPENINGS_KEPT] if opening else known
         conn.execute("""INSERT INTO session_tenants (session, tenant, noted_at, owner, opening) VALUES (?, ?, ?, ?, ?)
                         ON CONFLICT (session, tenant) DO UPDATE SET noted_at = max(noted_at, excluded.noted_at),
-                          owner = max(owner, excluded.owner),
-                          opening = CASE WHEN opening = '' THEN excluded.opening ELSE opening END""",
-                     (session, tenant, ts, int(owner), opening))
+                          owner = max(owner, excluded.owner), opening = excluded.opening""",
+                     (session, tenant, ts, int(owner), " ".join(openings)))
 
 
 def _tenants_of(conn: sqlite3.Connection, session: str) -> list[Tenant]:
     rows = conn.execute("SELECT tenant, opening FROM session_tenants WHERE session = ? "
                         "ORDER BY owner DESC, noted_at DESC, tenant LIMIT ?", (session, TENANTS_KEPT)).fetchall()
-    return [Tenant(str(name), str(opening)) for name, opening in rows]
+    return [Tenant(str(name), tuple(str(openings).split())) for name, openings in rows]
 
 
 def _others_noting(conn: sqlite3.Connection, session: str, tenant: str, ts: float, opening: str) -> list[Tenant]:
