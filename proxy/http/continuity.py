@@ -4,7 +4,7 @@ A request's own key is its credential's tenant and its session id (``proxy.sessi
 a subscription refresh their OAuth access token during a run, and the run must not land in an empty session of
 a new tenant. So a request whose own session does not already hold its conversation is checked against the
 sessions of that id under other tenants (``FactLog.tenants_of``: owners before probers, each noted with its
-conversation's opening), and continues one that it proves (``proxy.context.continuity``: its items are that
+conversations' openings), and continues one that it proves (``proxy.context.continuity``: its items are that
 session's conversation as far as the log goes). Its key is then linked to that session (``FactLog.link``, set
 once) for conversations that extend what proved it: the link keeps the proved items' count and chain hash, and a
 later request under the key goes to the linked session only while it holds them. A request that carries a

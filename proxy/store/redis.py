@@ -101,6 +101,7 @@ from proxy.store.base import (
     SessionKey,
     StoredFact,
     Tenant,
+    parse_seq,
 )
 from proxy.store.redis_scripts import (
     APPEND_LUA,
@@ -304,7 +305,8 @@ class RedisFactLog(FactLog):
             names = await self.client.zrevrange(tenants_key(session), 0, TENANTS_KEPT - 1)
             openings = await self.client.hgetall(openings_key(session))
         known = {_text(name): _text(opening) for name, opening in openings.items()}
-        return [Tenant(_text(name), tuple(known.get(_text(name), "").split())) for name in names]
+        return [Tenant(_text(name), tuple(known.get(_text(name), "").split()))
+                for name in names if isinstance(name, bytes | str)]
 
     async def link(self, key: SessionKey, link: Link, ts: float) -> Link:
         # One script: the first scoped link wins and never changes.
@@ -322,7 +324,8 @@ def _link_from(value: bytes | str) -> Link:
     """A stored link; one from before links had a scope (the tenant alone) has none, and serves nothing."""
     tenant, _, scope = _text(value).partition(" ")
     proved, _, prefix = scope.partition(" ")
-    return Link(tenant, int(proved), prefix) if proved.isdigit() else Link(tenant, 0, "")
+    count = parse_seq(proved)
+    return Link(tenant, count, prefix) if count is not None else Link(tenant, 0, "")
 
 
 def _tenants_from(flat: Sequence[bytes | str]) -> list[Tenant]:
