@@ -5,6 +5,7 @@ clients that send their keys that way never share a session (before, both were `
 from __future__ import annotations
 
 import logging
+
 import pytest
 
 from proxy.constants import HEADER_SESSION

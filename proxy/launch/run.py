@@ -140,7 +140,7 @@ def tenant_recorder(tenants: set[str]) -> Middleware:
 
     @web.middleware
     async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
-        tenants.add(tenant_of(credential(request.headers)))
+        tenants.add(tenant_of(credential(request.headers, request.query)))
         return await handler(request)
 
     return record

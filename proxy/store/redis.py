@@ -106,8 +106,8 @@ from proxy.store.base import (
 from proxy.store.redis_scripts import (
     APPEND_LUA,
     FIRST_LOOK_LUA,
-    LOCK_LUA,
     LINK_LUA,
+    LOCK_LUA,
     NOTE_TENANT_LUA,
     OTHERS_NOTING_LUA,
     READ_LINKED_LUA,
