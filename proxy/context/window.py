@@ -104,3 +104,8 @@ def input_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> f
 def output_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> float | None:
     """Dollars per output token of ``model`` (the map's ``output_cost_per_token``), or ``None``."""
     return _lookup(model, _output_price_of, model_map)
+
+
+def model_entry(model: str, model_map: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """``model``'s whole entry in the map (prices, window, features), or ``None`` when the map does not know it."""
+    return _lookup(model, lambda entry: entry if isinstance(entry, dict) else None, model_map)
