@@ -92,7 +92,8 @@ def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageS
         return None
     view = state.last_view
     prompt = dialect.prompt_tokens(state.last_usage)
-    if not isinstance(view, Mapping) or not isinstance(prompt, int):
+    # A shadow view (``--shadow``) was never sent: the usage measured the client's request, not it.
+    if not isinstance(view, Mapping) or not isinstance(prompt, int) or view.get("shadow") is True:
         return None
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
 

@@ -136,7 +136,7 @@ class Turn:
         """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
         must change: the view, the fields ``added_fields`` allows, the prompt cache's hints, the recall tool."""
         dialect, payload = self.dialect, self.parsed.payload
-        if self.history_upstream:
+        if self.history_upstream or self.settings.shadow:  # --shadow: the view is only logged
             return self.parsed.raw
         extra = {**self.added_fields(), **(recall.tools_field(self) if recall.offered(self, view) else {})}
         if not view.changed and not any(name in payload for name in extra):
@@ -154,6 +154,8 @@ class Turn:
                                      "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
+        if self.settings.shadow:  # the view was computed, not sent: the inspector says so
+            view_info["shadow"] = True
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None,
                        answered: str | None) -> None:
@@ -165,6 +167,8 @@ class Turn:
             if not reply:
                 return
             tokens = self.request_tokens(view)
+            if self.settings.shadow:  # what went upstream is what the client sent: nothing was saved
+                tokens = {"client": tokens["client"], "view": tokens["client"], "shadow_view": tokens["view"]}
             model = answered or self.parsed.model  # what the upstream bills; the client's name where it gave none
             extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens, "model": model}
             if usage is not None:
@@ -238,7 +242,7 @@ class Turn:
         """
         self.attempts += 1
         attempt = self.attempts
-        if attempt > self.settings.reactive_retries or self.history_upstream:
+        if attempt > self.settings.reactive_retries or self.history_upstream or self.settings.shadow:
             return None
         model = self.parsed.model or ""
         if overflow.limit_tokens is not None:
@@ -386,7 +390,8 @@ def front_door(dialect: Dialect) -> Handler:
         try:
             turn = await open_turn(request, dialect)
             compaction = recognise(dialect.name, turn.parsed.payload, request.headers.get(HEADER_TURN_METADATA))
-            if compaction is not None:  # the client's own compaction: answered from the checkpoint if one can be had
+            if compaction is not None and not turn.settings.shadow:  # the client's own compaction: answered from the
+                # checkpoint if one can be had (under --shadow it goes upstream as sent)
                 answered = await clientcompaction.answer(turn, compaction)
                 if answered is not None:
                     return answered
@@ -430,7 +435,7 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
     turn = await open_turn(request, RESPONSES)
     # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
     turn.summary_fields = {"stream": True, "store": False}
-    answered = await clientcompaction.answer(turn, CODEX_ENDPOINT)
+    answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
     if answered is None:
         return await passthrough(request)
     _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None, time.perf_counter() - started)

@@ -87,7 +87,7 @@ class RecallCall:
 def offered(turn: Turn, view: PreparedView) -> bool:
     """Whether this attempt offers the recall tool: the flag is on, the view masks outputs, rounds are left."""
     checkpoint = view.checkpoint
-    return (turn.settings.recall_tool and checkpoint is not None and checkpoint.masks
+    return (turn.settings.recall_tool and not turn.settings.shadow and checkpoint is not None and checkpoint.masks
             and turn.recalls < MAX_ROUNDS and "previous_response_id" not in turn.parsed.payload)
 
 
