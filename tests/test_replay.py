@@ -10,6 +10,9 @@ window.
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from click.testing import CliRunner, Result
 from proxy.cli import main
 from proxy.dialects.chat import message_hash
 from proxy.store import NewFact, SessionKey, open_store
+from tests.fakeupstream import FakeUpstream
 
 ENV = {name: None for name in ("CTXPROXY_CONTEXT_WINDOW", "CTXPROXY_COMPRESSION_THRESHOLD", "CTXPROXY_ESTIMATOR",
                                "CTXPROXY_SUMMARY_PLACEMENT", "CTXPROXY_SUMMARY_MODEL", "CTXPROXY_STORE",
@@ -28,7 +32,8 @@ STEPS = 16
 WINDOW = "2500"
 CONSTRAINT = "You must never touch the vendor directory."
 ERROR = "E   AssertionError: expected 4 got 5"
-CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sessions"
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT.parent / "shared" / "corpus" / "sessions"
 
 
 def filler(step: int, words: int = 180) -> str:
@@ -217,14 +222,34 @@ def test_a_corpus_file_brings_its_own_probes(tmp_path: Path) -> None:
 
 
 def test_two_runs_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
+    """Two processes with different hash seeds (so no set or dict order can differ unnoticed), text and JSON."""
     path = tmp_path / "session.jsonl"
     path.write_bytes(jsonl(claude_code_lines()))
-    sources = [path, *sorted(CORPUS.glob("claude-authrace-*.json"))[:1]]
+    sources = [path, *sorted(CORPUS.glob("claude-authrace-*.json"))[:1]]  # the shared corpus, where it is
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     for source in sources:
         for flags in (["--json"], []):
-            first, second = (run(str(source), "--context-window", WINDOW, *flags) for _ in range(2))
-            assert first.exit_code == 0, first.output
-            assert first.output == second.output
+            first, second = (subprocess.run([sys.executable, "-m", "proxy", "replay", str(source), "--context-window",
+                                             WINDOW, *flags], capture_output=True, check=True, cwd=ROOT,
+                                            env={**env, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2"))
+            assert first and first == second
+
+
+async def test_summaries_from_the_upstream(tmp_path: Path, aiohttp_server: Any) -> None:
+    fake = FakeUpstream()
+    server = await aiohttp_server(fake.app())
+    path = tmp_path / "session.json"
+    path.write_bytes(orjson.dumps(chat_messages()))
+    args = [str(path), "--context-window", WINDOW, "--json", "--summariser", "upstream", "--upstream",
+            str(server.make_url("/v1")), "--upstream-key", "sk-replay", "--model", "gpt-4o",
+            "--keep-tool-outputs", "1000", "--keep-tool-output-share", "1"]  # masking off: summaries do the work
+    result = await asyncio.to_thread(run, *args)  # the CLI runs its own loop; this one serves the fake
+    assert result.exit_code == 0, result.output
+    report = orjson.loads(result.output)
+    assert report["summariser"] == "upstream"
+    assert fake.summary_requests and not fake.requests  # the upstream wrote summaries; no step went to it
+    assert all(headers["Authorization"] == "Bearer sk-replay" for _, headers in fake.summary_calls)
+    assert any(c["tier"] == "summary" and c["outcome"] == "ok" for c in report["compactions"])
 
 
 def test_the_text_report_names_every_figure(tmp_path: Path) -> None:
