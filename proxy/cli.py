@@ -1,4 +1,4 @@
-"""The ``ctxproxy`` command: ``serve``, ``run``, ``check``, ``replay`` and, for people, ``sessions list|log|view|show|uncompact``.
+"""The ``ctxproxy`` command: ``serve``, ``run``, ``check``, ``replay`` and ``sessions list|log|view|show|uncompact``.
 
 The ``sessions`` commands read the store directly (no proxy needs to run) and
 stream: a log is fetched and printed one page at a time. Rendering lives in
