@@ -93,6 +93,17 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     key need not be unique across the conversation (a Gemini call without an ``id`` is ``name#k``, the k-th call
     of that name in its turn, in every turn), so two calls under one key are two lines.
     """
+    out: list[Artifact] = []
+    for (index, _), name, arguments, result in _answered(dialect, messages, start, end):
+        seq = seqs[index] if index < len(seqs) else -1
+        for kind, subject, action in _artifacts(name, arguments, result):
+            out.append(Artifact(kind, subject, action, index, seq))
+    return list(merge((), out))
+
+
+def _answered(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
+              ) -> list[tuple[Call, str, Any, _Result | None]]:
+    """Each call ``messages[start:end]`` make, in order, with its name, arguments and result (None: none yet)."""
     calls: dict[Call, tuple[str, Any]] = {}
     for index in range(max(start, 0), min(end, len(messages))):
         item = messages[index]
@@ -101,12 +112,25 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
             if found is not None:
                 calls.setdefault((index, call_id), found)
     results = _results(dialect, messages, start, list(calls))
-    out: list[Artifact] = []
-    for (index, call_id), (name, arguments) in calls.items():
-        seq = seqs[index] if index < len(seqs) else -1
-        for kind, subject, action in _artifacts(name, arguments, results.get((index, call_id))):
-            out.append(Artifact(kind, subject, action, index, seq))
-    return list(merge((), out))
+    return [(call, name, arguments, results.get(call)) for call, (name, arguments) in calls.items()]
+
+
+def answered_calls(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
+                   ) -> list[tuple[int, str, Any, str | None, bool]]:
+    """Each call of ``messages[start:end]``: its item's index, tool name, arguments, result text (None: not
+    answered yet) and whether the result carries an error flag; for readers beside the trail
+    (``proxy.context.literals``)."""
+    return [(index, name, arguments, result.text if result is not None else None,
+             result.is_error if result is not None else False)
+            for (index, _), name, arguments, result in _answered(dialect, messages, start, end)]
+
+
+def command_of(name: str, arguments: Any) -> str | None:
+    """The command line a shell call runs, exactly as given (``bash -lc`` unwrapped); None for any other call and
+    for a patch fed to a shell (its files are the trail's)."""
+    args = _parsed(arguments)
+    command = _command_of(name.lower(), args) if isinstance(args, dict) else None
+    return command if command is not None and patch_in_command(command) is None else None
 
 
 def _results(dialect: ItemModel, messages: Sequence[Message], start: int, calls: Sequence[Call]) -> dict[Call, _Result]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 import orjson
@@ -25,7 +25,8 @@ CompactionOutcome = Literal["ok", "failed", "timeout", "skipped", "fallback"]
 Tier = Literal["mask", "summary", "fallback"]
 
 #: Version 2 added ``masked_until`` and ``user_words``; version 3 ``summarised_until``, ``elision``, ``artifacts``
-#: and ``trail``. An older checkpoint reads as one without them.
+#: and ``trail``. An older checkpoint reads as one without them, as one without ``literals``, ``literals_text`` and
+#: ``literal_receipt`` (added within version 3: fields with defaults, which an older reader leaves aside).
 CHECKPOINT_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
@@ -40,6 +41,14 @@ def prefix_hash(hashes: Sequence[str], end: int) -> str:
     for message_digest in hashes[:end]:
         digest = chain_hash(digest, message_digest)
     return digest
+
+
+def _required(spec: Field[Any]) -> bool:
+    return spec.default is MISSING and spec.default_factory is MISSING
+
+
+def _default(spec: Field[Any]) -> Any:
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,11 @@ class Checkpoint:
     starts there and folds them back in. ``artifacts`` are the files and
     commands of everything before the split (``proxy.context.artifacts``, as
     JSON), and ``trail`` their rendering in the summary item: both written by
-    the proxy from the log, never by the model.
+    the proxy from the log, never by the model. ``literals`` are the exact
+    literals of everything compacted (``proxy.context.literals``, as JSON),
+    ``literals_text`` those the view lacked without them, added back, and
+    ``literal_receipt`` the compaction's receipt (``in_range``, ``kept``,
+    ``added``, ``dropped``; empty: made before literals were checked).
     """
 
     summary: str
@@ -80,6 +93,9 @@ class Checkpoint:
     elision: str = ""
     artifacts: tuple[Any, ...] = ()
     trail: str = ""
+    literals: tuple[Any, ...] = ()
+    literals_text: str = ""
+    literal_receipt: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def summary_end(self) -> int:
@@ -94,7 +110,7 @@ class Checkpoint:
     @property
     def summarises(self) -> bool:
         """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
-        return bool(self.summary.strip() or self.user_words or self.elision or self.trail)
+        return bool(self.summary.strip() or self.user_words or self.elision or self.trail or self.literals_text)
 
     @property
     def masks(self) -> bool:
@@ -113,8 +129,9 @@ class Checkpoint:
         if self.masked_until or self.user_words:
             words = hashlib.blake2b(orjson.dumps(self.user_words), digest_size=8).hexdigest()
             key += f":m{self.masked_until}:u{words}"
-        if self.elision or self.trail:
-            proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}".encode(), digest_size=8).hexdigest()
+        if self.elision or self.trail or self.literals_text:
+            added = f"\0{self.literals_text}" if self.literals_text else ""  # keys made before literals stay
+            proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}{added}".encode(), digest_size=8).hexdigest()
             key += f":e{self.summarised_until}:{proxy_text}"
         return key
 
@@ -131,8 +148,7 @@ class Checkpoint:
         if not isinstance(raw, dict) or raw.get("v") not in READABLE_FORMATS:
             raise ValueError(f"not a version {' or '.join(map(str, READABLE_FORMATS))} checkpoint")
         try:
-            values = {f.name: raw[f.name] if f.name in raw or f.default is MISSING else f.default
-                      for f in fields(cls)}
+            values = {f.name: raw[f.name] if f.name in raw or _required(f) else _default(f) for f in fields(cls)}
         except KeyError as exc:
             raise ValueError(f"checkpoint lacks field {exc}") from exc
         if not isinstance(values["summary"], str) or not isinstance(values["retain_start_idx"], int):
@@ -148,6 +164,13 @@ class Checkpoint:
                 or not isinstance(values["trail"], str) or not isinstance(values["artifacts"], list | tuple)):
             raise ValueError("checkpoint has a malformed summarised_until, elision, artifacts or trail")
         values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
+        receipt = values["literal_receipt"]
+        if (not isinstance(values["literals"], list | tuple) or not isinstance(values["literals_text"], str)
+                or not isinstance(receipt, Mapping)
+                or not all(isinstance(k, str) and type(v) is int for k, v in receipt.items())):
+            raise ValueError("checkpoint has malformed literals, literals_text or literal_receipt")
+        values["literals"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["literals"])
+        values["literal_receipt"] = dict(receipt)
         return cls(**values)
 
 

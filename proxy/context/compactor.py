@@ -28,6 +28,7 @@ from proxy.context.checkpoint import (
 from proxy.context.clipping import Measure
 from proxy.context.fallback import reduced_checkpoint
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
+from proxy.context.literals import LiteralMaker, shown_text
 from proxy.context.masking import first_unmasked, mask_end
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
@@ -183,6 +184,7 @@ class ContextCompactor:
         measure: Measure | None = None,
         user_words_budget: int = 0,
         trail_of: TrailMaker | None = None,
+        literals_of: LiteralMaker | None = None,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -196,6 +198,7 @@ class ContextCompactor:
         self.measure = measure
         self.user_words_budget = user_words_budget
         self.trail_of = trail_of
+        self.literals_of = literals_of
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
@@ -314,6 +317,7 @@ class ContextCompactor:
             summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
             masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
             created_at=self.clock(), tokens_before=before)
+        checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys)
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
             skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}",
@@ -338,6 +342,17 @@ class ContextCompactor:
         if self.trail_of is not None and start > split_from:
             artifacts, trail = self.trail_of(artifacts, messages, split_from, start, seqs)
         return words, artifacts, trail
+
+    def _with_literals(self, checkpoint: Checkpoint, messages: Sequence[Message], previous: Checkpoint | None,
+                       split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str]) -> Checkpoint:
+        """``checkpoint`` with the exact literals of ``messages[:start]`` its view lacks added back
+        (``proxy.context.literals``), and its receipt; as it is without ``literals_of``."""
+        if self.literals_of is None:
+            return checkpoint
+        shown = shown_text(self.projection.dialect, self.projection.build(messages, checkpoint, seqs=seqs, keys=keys))
+        rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
+                                               split_from, start, seqs, shown)
+        return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())
 
     async def _summary(self, messages: Sequence[Message], previous: Checkpoint | None, base: int, start: int,
                        instructions: str | None, use_model: bool,

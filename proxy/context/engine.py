@@ -28,6 +28,7 @@ from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.learned import LearnedWindows
 from proxy.context.lineage import ConversationState, common_prefix
+from proxy.context.literals import LITERALS_SHARE, literal_maker
 from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.pace import SessionPace
 from proxy.context.prepared import Compacted, PreparedView
@@ -85,6 +86,8 @@ class EngineSettings:
     mask_batch_share: float | None = 0.125
     #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
     artifact_share: float = 0.10
+    #: Share of the window the exact literals added back may take in a summary item (``proxy.context.literals``).
+    literal_share: float = LITERALS_SHARE
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -424,7 +427,9 @@ class ContextEngine:
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
-                                                     policy.text_tokens))
+                                                     policy.text_tokens),
+                                literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
+                                                          policy.text_tokens))
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
