@@ -57,6 +57,14 @@ def test_an_error_line_is_read_verbatim_with_the_command_that_produced_it() -> N
     assert errors == [("Exit code 1", f"$ {COMMAND}", 11), (ERROR, f"$ {COMMAND}", 11),
                       ("FAILED tests/test_parse.py::test_tokens", f"$ {COMMAND}", 11)]
     assert [e.text for e in found if e.kind == "command"] == [COMMAND]  # whole, its double space kept
+    # A result stating no status: a compiler's diagnostic, a tool's own word that a thing was not found.
+    tsc = "> tsc -b\nsrc/main.tsx(5,8): error TS2882: Cannot find module './styles.css'.\n"
+    messages = [*run(0, "npm run build", tsc), call(1, "activate_skill", {"name": "figma"}),
+                result(1, 'Skill "figma" not found. Available skills are:')]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [(e.text, e.source) for e in found if e.kind == "error"] == [
+        ("src/main.tsx(5,8): error TS2882: Cannot find module './styles.css'.", "$ npm run build"),
+        ('Skill "figma" not found. Available skills are:', 'activate_skill {"name":"figma"}')]
 
 
 def test_an_error_followed_by_a_success_of_the_same_command_is_kept_as_resolved() -> None:

@@ -57,6 +57,10 @@ MAX_LITERAL_CHARS = 1_000
 #: Error lines read from one call's result, and the characters of the call shown beside them.
 ERROR_LINES_PER_CALL = 3
 SOURCE_CHARS = 200
+#: Marks beside ``ERROR_MARKS`` for a result that states no status: a compiler's diagnostic (``a.ts(5,8): error
+#: TS2882``), and, from a tool that is no shell (its output is the tool's own word), a thing not found.
+DIAGNOSTIC_MARKS = (": error ",)
+TOOL_MARKS = ("not found", "Not found", "failed", "Failed")
 #: Tools whose output is what they read: a line there that looks like an error is the file's, not the call's.
 READ_WORDS = ("read", "view", "cat", "grep", "search", "glob", "find", "list", "fetch")
 _CONSTRAINT = re.compile(r"\b(must|should|never|always|don't|do not|make sure|required?|only|need to|avoid|"
@@ -150,11 +154,13 @@ def call_source(name: str, arguments: Any, command: str | None) -> str:
     return f"{name} {args}"
 
 
-def error_lines(text: str, *, failed: bool) -> list[str]:
+def error_lines(text: str, *, failed: bool, shell: bool = True) -> list[str]:
     """The lines of a call's result that say what went wrong, verbatim (stripped): for a call that failed, the
     status line and the lines carrying any error mark; for one that states no status, only the strongest marks
-    (``Error:``, ``fatal:``, …). Lines longer than ``MAX_LITERAL_CHARS`` are not literals."""
+    (``Error:``, ``fatal:``, …) and a compiler's diagnostics, and from a tool that is no shell, a thing not found
+    or failed. Lines longer than ``MAX_LITERAL_CHARS`` are not literals."""
     marks = [mark for tier in (ERROR_MARKS if failed else ERROR_MARKS[:1]) for mark in tier]
+    marks += [*DIAGNOSTIC_MARKS, *(() if shell else TOOL_MARKS)]
     out = [status] if failed and (status := status_line(text)) else []
     for line in text[:SCAN_CHARS].splitlines():
         line = line.strip()
@@ -226,7 +232,7 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
             continue
         reads = command is None and any(word in name.lower() for word in READ_WORDS)
         failed = is_error or bool(status_line(text))
-        lines = [] if reads and not failed else error_lines(text, failed=failed)
+        lines = [] if reads and not failed else error_lines(text, failed=failed, shell=command is not None)
         runs.append((source, index, not lines))
         if index >= end:
             continue
