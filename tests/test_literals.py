@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import random
 import re
+from dataclasses import replace
 from typing import Any
 
 import orjson
 
 from proxy.context.checkpoint import Checkpoint
+from proxy.context.compactor import ContextCompactor
 from proxy.context.literals import (
     LITERALS_HEADING,
     Exact,
     add_back,
+    call_source,
     extract,
     from_json,
+    literal_maker,
     live,
     shell_writes,
     shown_text,
     to_json,
 )
+from proxy.context.projection import ProjectionBuilder, summary_text
+from proxy.context.summarizer import SummaryGenerator
 from proxy.dialects import CHAT
 from proxy.keys import store_key
 from proxy.settings import Secret
@@ -27,6 +33,7 @@ from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
+from tests.test_compactor import COUNT, CREATED_AT, Model, chat, hashes_of
 from tests.test_metrics import scrape, value
 from tests.test_ui import KEY, TENANT, TOKEN, page, session_path, sign_in
 
@@ -65,6 +72,13 @@ def test_an_error_line_is_read_verbatim_with_the_command_that_produced_it() -> N
     assert [(e.text, e.source) for e in found if e.kind == "error"] == [
         ("src/main.tsx(5,8): error TS2882: Cannot find module './styles.css'.", "$ npm run build"),
         ('Skill "figma" not found. Available skills are:', 'activate_skill {"name":"figma"}')]
+
+
+def test_a_long_call_is_named_by_its_head_length_and_digest() -> None:
+    heredoc, other = "cat > a.go <<'EOF'\n" + "x" * 2_000 + "\nEOF", "cat > a.go <<'EOF'\n" + "x" * 2_001 + "\nEOF"
+    named = call_source("bash", {}, heredoc)
+    assert named.startswith("$ cat > a.go <<'EOF'\nxxx") and "(2,025 characters, " in named and len(named) < 250
+    assert named != call_source("bash", {}, other) and call_source("bash", {}, "ls") == "$ ls"
 
 
 def test_an_error_followed_by_a_success_of_the_same_command_is_kept_as_resolved() -> None:
@@ -206,3 +220,25 @@ async def test_a_compacted_error_line_is_added_back_and_each_checkpoint_entry_ca
             f"{last_receipt['added']:,} added, {last_receipt['dropped']:,} dropped")
     assert line in html
     assert len(re.findall(r"literals: \d+ in range", html)) >= len(receipts)
+
+
+def literal_compactor() -> ContextCompactor:
+    return ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                            projection=ProjectionBuilder(CHAT), min_retain_rounds=4,
+                            literals_of=literal_maker(CHAT, 10_000, len))
+
+
+async def test_successive_compactions_carry_the_literals_and_one_after_an_older_checkpoint_reads_all() -> None:
+    messages = [*chat(1), *run(0, COMMAND, FAILED), *chat(16)[1:]]
+    hashes = hashes_of(messages)
+    first = await literal_compactor().compact(messages[:21], hashes[:21], None, budget=10_000, model="m")
+    assert first.checkpoint is not None and ERROR in first.checkpoint.literals_text
+    second = await literal_compactor().compact(messages, hashes, first.checkpoint, budget=10_000, model="m")
+    assert second.checkpoint is not None and second.checkpoint.retain_start_idx > first.checkpoint.retain_start_idx
+    assert ERROR in second.checkpoint.literals_text  # carried in the rows, checked against the new summary
+    assert second.checkpoint.literal_receipt["in_range"] >= first.checkpoint.literal_receipt["in_range"]
+    # A checkpoint made before literals were read carries none: the next compaction reads the whole range.
+    older = replace(first.checkpoint, literals=(), literals_text="", literal_receipt={})
+    third = await literal_compactor().compact(messages, hashes, older, budget=10_000, model="m")
+    assert third.checkpoint is not None and ERROR in third.checkpoint.literals_text
+    assert summary_text(third.checkpoint).endswith(third.checkpoint.literals_text)

@@ -346,10 +346,14 @@ class ContextCompactor:
     def _with_literals(self, checkpoint: Checkpoint, messages: Sequence[Message], previous: Checkpoint | None,
                        split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str]) -> Checkpoint:
         """``checkpoint`` with the exact literals of ``messages[:start]`` its view lacks added back
-        (``proxy.context.literals``), and its receipt; as it is without ``literals_of``."""
+        (``proxy.context.literals``), and its receipt; as it is without ``literals_of``. The previous checkpoint's
+        literals stand for ``messages[:split_from]``; one without a receipt read none, so all is read."""
         if self.literals_of is None:
             return checkpoint
-        shown = shown_text(self.projection.dialect, self.projection.build(messages, checkpoint, seqs=seqs, keys=keys))
+        dialect = self.projection.dialect
+        shown = shown_text(dialect, self.projection.build(messages, checkpoint, seqs=seqs, keys=keys))
+        if previous is not None and not previous.literal_receipt:  # made before literals were read: read it all
+            previous, split_from = None, leading_system_count(dialect, messages)
         rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
                                                split_from, start, seqs, shown)
         return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())

@@ -28,6 +28,7 @@ summary, its rendering (``literals_text``) and its receipt.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -147,11 +148,17 @@ def shown_text(dialect: ItemModel, items: Sequence[Message]) -> str:
 
 
 def call_source(name: str, arguments: Any, command: str | None) -> str:
-    """How an error's call is named: ``$ <command>`` for a shell call, ``<tool> <arguments>`` for any other."""
+    """How an error's call is named: ``$ <command>`` for a shell call, ``<tool> <arguments>`` for any other; a long
+    one by its head, length and digest (a heredoc need not ride along with each of its error lines)."""
     if command is not None:
-        return f"$ {command}"
-    args = arguments if isinstance(arguments, str) else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS).decode()
-    return f"{name} {args}"
+        text = f"$ {command}"
+    else:
+        args = arguments if isinstance(arguments, str) else orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+        text = f"{name} {args if isinstance(args, str) else args.decode()}"
+    if len(text) <= MAX_LITERAL_CHARS:
+        return text
+    digest = hashlib.blake2b(text.encode(), digest_size=6).hexdigest()  # still one key per call for resolving
+    return f"{text[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
 
 
 def error_lines(text: str, *, failed: bool, shell: bool = True) -> list[str]:
