@@ -32,6 +32,9 @@ READABLE_FORMATS = (1, 2, 3)
 #: its tokens as carried, its text as carried (clipped head and tail when the budget required it), and how many
 #: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.userwords``).
 UserWords = tuple[int, int, int, str, int]
+#: One pinned text (``proxy.context.pins``): its source (a file's path, or the user), the seq of the log entry it
+#: comes from (-1: not known), its tokens, and its text ("" when left out for the pin budget).
+Pin = tuple[str, int, int, str]
 
 
 def prefix_hash(hashes: Sequence[str], end: int) -> str:
@@ -63,7 +66,9 @@ class Checkpoint:
     starts there and folds them back in. ``artifacts`` are the files and
     commands of everything before the split (``proxy.context.artifacts``, as
     JSON), and ``trail`` their rendering in the summary item: both written by
-    the proxy from the log, never by the model.
+    the proxy from the log, never by the model. ``pins`` are the instruction
+    files and user-pinned text that left the tail, carried verbatim
+    (``proxy.context.pins``).
     """
 
     summary: str
@@ -80,6 +85,7 @@ class Checkpoint:
     elision: str = ""
     artifacts: tuple[Any, ...] = ()
     trail: str = ""
+    pins: tuple[Pin, ...] = ()
 
     @property
     def summary_end(self) -> int:
@@ -94,7 +100,7 @@ class Checkpoint:
     @property
     def summarises(self) -> bool:
         """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
-        return bool(self.summary.strip() or self.user_words or self.elision or self.trail)
+        return bool(self.summary.strip() or self.user_words or self.elision or self.trail or self.pins)
 
     @property
     def masks(self) -> bool:
@@ -116,6 +122,8 @@ class Checkpoint:
         if self.elision or self.trail:
             proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}".encode(), digest_size=8).hexdigest()
             key += f":e{self.summarised_until}:{proxy_text}"
+        if self.pins:
+            key += f":p{hashlib.blake2b(orjson.dumps(self.pins), digest_size=8).hexdigest()}"
         return key
 
     def matches(self, hashes: Sequence[str]) -> bool:
@@ -123,7 +131,11 @@ class Checkpoint:
         return len(hashes) >= self.covers and prefix_hash(hashes, self.covers) == self.prefix_hash
 
     def to_json(self) -> str:
-        return orjson.dumps({"v": CHECKPOINT_FORMAT, **asdict(self)}, option=orjson.OPT_SORT_KEYS).decode()
+        """The checkpoint as the log keeps it; one without pins as it was before they existed."""
+        values = asdict(self)
+        if not self.pins:
+            del values["pins"]
+        return orjson.dumps({"v": CHECKPOINT_FORMAT, **values}, option=orjson.OPT_SORT_KEYS).decode()
 
     @classmethod
     def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Checkpoint:
@@ -147,6 +159,13 @@ class Checkpoint:
         if (not isinstance(values["summarised_until"], int) or not isinstance(values["elision"], str)
                 or not isinstance(values["trail"], str) or not isinstance(values["artifacts"], list | tuple)):
             raise ValueError("checkpoint has a malformed summarised_until, elision, artifacts or trail")
+        try:
+            if not isinstance(values["pins"], list | tuple):
+                raise TypeError("not a list")
+            values["pins"] = tuple((str(source), int(seq), int(tokens), str(text))
+                                   for source, seq, tokens, text in values["pins"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint has malformed pins: {exc}") from exc
         values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
         return cls(**values)
 

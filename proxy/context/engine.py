@@ -30,6 +30,7 @@ from proxy.context.learned import LearnedWindows
 from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.pace import SessionPace
+from proxy.context.pins import SHARE as PINS_SHARE
 from proxy.context.prepared import Compacted, PreparedView
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
@@ -423,6 +424,7 @@ class ContextEngine:
                                 keep_tool_tokens=self.keep_tool_tokens(window, room),
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
+                                pins_budget=int(window * PINS_SHARE),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens))
 
