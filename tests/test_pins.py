@@ -23,6 +23,7 @@ from proxy.context.instructionfiles import read_path
 from proxy.context.masking import Masker
 from proxy.context.pins import HEADING, USER, carry, found, render
 from proxy.context.tokens import TokenCounter
+from proxy.context.userwords import carry as carry_words
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -112,6 +113,18 @@ def test_text_the_user_marks_is_pinned_but_not_in_tool_output() -> None:
     assert [f for i in range(3) for f in found(MESSAGES, messages, i)] == [
         (USER, "Never touch vendor/.\nPython 3.11 only.")]
     assert found(CHAT, [{"role": "user", "content": "<pin>  </pin>"}], 0) == [], "an empty pin pins nothing"
+
+
+def test_the_users_words_name_a_pinned_text_instead_of_carrying_it_twice() -> None:
+    words = carry_words(RESPONSES, [CODEX_AGENTS], (), start=0, end=1, opener=None, previous_opener=None, seqs=[3],
+                        measure=MEASURE, budget=1000)
+    assert words[0][3] == (f"# AGENTS.md instructions for {WORK}\n\n<INSTRUCTIONS>\n[{WORK}/AGENTS.md: verbatim "
+                           "under the pinned instructions]\n</INSTRUCTIONS>\n<environment_context>\n"
+                           f"  <cwd>{WORK}</cwd>\n  <shell>bash</shell>\n</environment_context>")
+    marked = [{"role": "user", "content": "Fix it. <pin> Python 3.11 only. </pin> Thanks"}]
+    words = carry_words(CHAT, marked, (), start=0, end=1, opener=None, previous_opener=None, seqs=[3],
+                        measure=MEASURE, budget=1000)
+    assert words[0][3] == f"Fix it. <pin> [{USER}: verbatim under the pinned instructions] </pin> Thanks"
 
 
 # -- carried, superseded, budgeted --------------------------------------------------------------------
@@ -241,3 +254,4 @@ async def test_the_instruction_file_stays_verbatim_in_every_view_through_many_co
     path = "/w/CLAUDE.md" if api == "messages" else "/w/AGENTS.md"
     last = strings(views[-1])
     assert HEADING in last and f"[{path}, as of log entry " in last, "the pin, labelled, in the summary item"
+    assert last.count(INSTRUCTIONS) == 1, "one copy: the user's words name the pin instead"

@@ -52,6 +52,8 @@ HEADING = "## Pinned instructions, verbatim (carried by ctxproxy: instruction fi
 #: Tokens a pin's label and separators cost beside its text.
 PIN_OVERHEAD = 16
 LEFT_OUT = "[Pins left out for the pin budget, whole in the fact log: {names}]"
+#: What the user's words carry in place of a pinned text.
+ELSEWHERE = "[{source}: verbatim under the pinned instructions]"
 
 _MARKED = re.compile(r"<pin>(.*?)</pin>", re.DOTALL)
 _CLAUDE_HEADER = re.compile(r"^Contents of (?P<path>[^\n]+?)(?: \([^\n()]*\))?:\n\n", re.MULTILINE)
@@ -66,7 +68,7 @@ def found(dialect: ItemModel, messages: Sequence[Message], index: int) -> list[t
     """(source, text) of what ``messages[index]`` holds to pin: a file's path, or ``USER``."""
     item = messages[index]
     text = dialect.user_text(item)
-    out = list(_in_user_text(text)) if text else []
+    out = [(source, text[begin:end]) for source, begin, end in _spans(text)] if text else []
     ids = dialect.results(item)
     paths = dialect.result_paths(item)
     if ids and len(ids) == len(paths):
@@ -78,7 +80,20 @@ def found(dialect: ItemModel, messages: Sequence[Message], index: int) -> list[t
     return out
 
 
-def _in_user_text(text: str) -> Iterator[tuple[str, str]]:
+def unpinned(text: str) -> str:
+    """``text`` (a user message's words) with each pinned span replaced by a line naming its pin: the user's words
+    (``proxy.context.userwords``) need not carry a second copy of an instruction file."""
+    out: list[str] = []
+    done = 0
+    for source, begin, end in sorted(_spans(text), key=lambda span: span[1]):
+        if begin >= done:
+            out += [text[done:begin], ELSEWHERE.format(source=source)]
+            done = end
+    return "".join([*out, text[done:]])
+
+
+def _spans(text: str) -> Iterator[tuple[str, int, int]]:
+    """(source, start, end) of each text to pin in a user message's words."""
     headers = list(_CLAUDE_HEADER.finditer(text))
     for n, match in enumerate(headers):
         path = match["path"]
@@ -89,15 +104,17 @@ def _in_user_text(text: str) -> Iterator[tuple[str, str]]:
         if n + 1 < len(headers):
             ends.append(headers[n + 1].start() - 2)
         end = min((e for e in ends if e >= match.end()), default=len(text))
-        yield path, text[match.end():end]
+        yield path, match.end(), end
     for match in _CODEX.finditer(text):
-        yield f"{match['dir'].rstrip('/')}/AGENTS.md", match["text"]
+        yield f"{match['dir'].rstrip('/')}/AGENTS.md", match.start("text"), match.end("text")
     if not _CODEX.search(text):
         for match in _CODEX_OLD.finditer(text):
-            yield "AGENTS.md", match["text"]
+            yield "AGENTS.md", match.start("text"), match.end("text")
     for match in _MARKED.finditer(text):
-        if match[1].strip():
-            yield USER, match[1].strip()
+        inner = match[1]
+        if inner.strip():
+            begin = match.start(1) + len(inner) - len(inner.lstrip())
+            yield USER, begin, begin + len(inner.strip())
 
 
 def same(pin: Pin, source: str, text: str) -> bool:
