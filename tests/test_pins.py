@@ -164,6 +164,25 @@ def test_over_the_budget_the_oldest_pins_are_left_out_whole_and_named() -> None:
     assert shown.endswith(f"whole in the fact log: {USER} (log entry 5, {tokens[0]:,} tokens)]")
 
 
+def test_a_pin_larger_than_the_room_left_is_cut_head_and_tail_and_older_ones_left_out() -> None:
+    rng = random.Random(8)
+    old, large = prose(rng, 100), "\n".join(f"- Rule {i}: {prose(rng, 12)}" for i in range(60))
+    messages = [{"role": "user", "content": f"<pin>{old}</pin>"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "r", "name": "Read",
+                                                   "input": {"file_path": "/w/CLAUDE.md"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "r", "content": large}]}]
+    budget = 500
+    assert MEASURE.text_tokens(large) > 2 * budget
+    pins = carry(MESSAGES, messages, (), start=0, end=3, opener=None, previous_opener=None, seqs=[4, 5, 6],
+                 measure=MEASURE, budget=budget)
+    assert [(p[0], p[1]) for p in pins] == [(USER, 4), ("/w/CLAUDE.md", 6)]
+    assert pins[0][3] == "", "no room left for the older pin"
+    cut = pins[1][3]
+    assert cut.startswith("- Rule 0: ") and cut.endswith(large[-60:]), "head and tail kept"
+    assert "full text in the fact log, log entry 6 …]" in cut
+    assert pins[1][2] + 16 <= budget and pins[1][2] == MEASURE.text_tokens(cut)
+
+
 def test_the_checkpoint_keeps_its_pins_and_reads_one_without_them() -> None:
     pins = (("/w/AGENTS.md", 4, 9, "Use tabs."),)
     checkpoint = Checkpoint("", 3, "h", None, 0, 0, "m", 0.0, pins=pins)

@@ -26,8 +26,10 @@ What is pinned (``found``):
 
 A newer version of a file supersedes the older (a re-read, the next session's
 block): one pin per file, the newest. The pins have a budget (``SHARE`` of the
-window, in tokens); over it the oldest are left out whole, never cut, with a
-line naming the log entry that holds each. They live in the checkpoint
+window, in tokens), filled newest first: a pin that does not fit whole is cut
+head and tail around a marker naming its log entry when the room left is worth
+it (``MIN_CLIPPED`` tokens), and left out otherwise, with a line naming the log
+entry that holds it. They live in the checkpoint
 (``Checkpoint.pins``): each compaction adds what newly left the tail to what the
 last one carried.
 """
@@ -38,7 +40,7 @@ import re
 from collections.abc import Iterator, Sequence
 
 from proxy.context.checkpoint import Pin
-from proxy.context.clipping import Measure
+from proxy.context.clipping import Measure, cut_text
 from proxy.context.instructionfiles import is_instruction_file, read_path
 from proxy.context.items import ItemModel, get_path
 from proxy.context.masking import Masker, output_text
@@ -51,6 +53,10 @@ USER = "(pinned by the user)"
 HEADING = "## Pinned instructions, verbatim (carried by ctxproxy: instruction files and text the user pinned)"
 #: Tokens a pin's label and separators cost beside its text.
 PIN_OVERHEAD = 16
+#: Fewest tokens a pin too large for the room left is cut to; with less room it is left out.
+MIN_CLIPPED = 200
+#: Tokens kept free for the marker of a cut pin.
+CLIP_ROOM = 40
 LEFT_OUT = "[Pins left out for the pin budget, whole in the fact log: {names}]"
 #: What the user's words carry in place of a pinned text.
 ELSEWHERE = "[{source}: verbatim under the pinned instructions]"
@@ -143,21 +149,27 @@ def carry(dialect: ItemModel, messages: Sequence[Message], previous: Sequence[Pi
                 continue  # a re-inserted opener older than the version pinned already
             pins = [p for p in pins if not same(p, source, text)]
             pins.append((source, seq, measure.text_tokens(text), text))
-    return fit(pins, budget)
+    return fit(pins, budget, measure)
 
 
-def fit(pins: Sequence[Pin], budget: int) -> tuple[Pin, ...]:
-    """``pins`` within ``budget``: the newest kept whole as long as they fit, the others left out (their text
-    emptied; the rendering names where the log holds them)."""
+def fit(pins: Sequence[Pin], budget: int, measure: Measure) -> tuple[Pin, ...]:
+    """``pins`` within ``budget``, newest first: whole while they fit; the first that does not, cut head and tail
+    to the room left if that is ``MIN_CLIPPED`` tokens or more; the rest left out (their text emptied: the
+    rendering names where the log holds them)."""
     room = budget
     kept: list[Pin] = []
     for pin in reversed(pins):
-        cost = pin[2] + PIN_OVERHEAD
-        if pin[3] and cost <= room:
-            room -= cost
+        source, seq, tokens, text = pin
+        cap = room - PIN_OVERHEAD
+        if text and tokens <= cap:
             kept.append(pin)
+        elif text and cap >= MIN_CLIPPED:
+            clipped = cut_text(text, tokens, cap - CLIP_ROOM, measure, _where(pin))
+            kept.append((source, seq, measure.text_tokens(clipped), clipped))
         else:
-            kept.append((pin[0], pin[1], pin[2], ""))
+            kept.append((source, seq, tokens, ""))
+            continue
+        room -= kept[-1][2] + PIN_OVERHEAD
     return tuple(reversed(kept))
 
 
