@@ -387,3 +387,31 @@ async def test_a_retire_entry_is_stored_and_folded_on_each_backend(store: FactLo
     assert state.checkpoint is not None and state.checkpoint["summary"] == "s3" and not state.undone
     state.apply(stored[6])
     assert state.checkpoint is None and state.retired == {1, 2, 5} and state.undone, "1 and the live ones after it"
+
+
+# ---- lineages -----------------------------------------------------------------------------------------------------
+
+
+async def test_undoing_one_lineages_compaction_leaves_the_other_lineages_checkpoint_in_force(make_proxy,
+                                                                                           fake: FakeUpstream) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    start = await rounds(proxy, fake, "two", [{"role": "system", "content": "You are helpful."}], 1, seed=21)
+    first = await rounds(proxy, fake, "two", list(start), 4, seed=22)
+    await compact(proxy, ADMIN_TENANT, "two")
+    second = await rounds(proxy, fake, "two", list(start), 4, seed=23)  # a rewind: the second lineage
+    in_force = await view_of(proxy, ADMIN_TENANT, "two")
+    assert in_force["checkpoint"] is None, "the first lineage's checkpoint covers what this one does not hold"
+    await compact(proxy, ADMIN_TENANT, "two")
+    in_force = await view_of(proxy, ADMIN_TENANT, "two")
+    facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "two"))
+    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "two", {"checkpoint": first_seq})
+    assert await resp.json() == {"retired": [first_seq], "entry": facts[-1].seq + 1, "checkpoint": second_seq}
+    assert await view_of(proxy, ADMIN_TENANT, "two") == in_force, "the other lineage's checkpoint stays in force"
+    fake.script.append(Reply(content="On the second lineage."))
+    await chat(proxy, [*second, {"role": "user", "content": "next"}], "two")
+    assert fake.requests[-1]["messages"] == [*in_force["messages"], {"role": "user", "content": "next"}]
+    fake.script.append(Reply(content="Back on the first."))
+    await chat(proxy, [*first, {"role": "user", "content": "next"}], "two")
+    assert fake.requests[-1]["messages"] == [*first, {"role": "user", "content": "next"}], "its own was undone"

@@ -2,12 +2,13 @@
 
 Nothing is deleted: the checkpoint and its summary stay in the log, and the
 ``retire`` entry after them names the checkpoint's seq (``extra.checkpoint_seq``).
-Folded (``ConversationState``), the checkpoint and every later one no longer
-serve any lineage (a later checkpoint was made from it: a masking one carries
-its summary, a rolling summary folds it), so the next view is built from the
-live checkpoint before it, or from the whole history, exactly as it was before
-that compaction. By default the newest live checkpoint is undone; undoing again
-takes back the one before, as a stack.
+Folded (``ConversationState``), the checkpoint and every one made from it (a
+masking one carries its summary, a rolling summary folds it: the entries'
+``made_from``) no longer serve any lineage, so the next view of that lineage is
+built from the checkpoint it was made from, or from the whole history, exactly
+as it was before that compaction. Another lineage's checkpoints stay in force.
+By default the newest live checkpoint is undone; undoing again takes back the
+one before, as a stack.
 
 An undo is the newest decision about the session's reductions, so it
 overrules what was planned before it and is not made again unasked: a
@@ -30,7 +31,7 @@ from proxy.store.base import NewFact, SessionKey
 
 @dataclass(frozen=True, slots=True)
 class Undone:
-    """What an undo did: the checkpoint entries it retired (the one named, then the later ones), the ``retire``
+    """What an undo did: the checkpoint entries it retired (the one named, then those made from it), the ``retire``
     entry, and the checkpoint the current lineage's view uses now (None: the whole history)."""
 
     retired: tuple[int, ...]
@@ -62,8 +63,7 @@ async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: in
 
     def plan(state: ConversationState) -> list[NewFact]:
         fact = retire_fact(state, checkpoint_seq)
-        at = state.retiring(fact.extra["checkpoint_seq"])
-        retired[:] = state.checkpoint_seqs[at:] if at is not None else []
+        retired[:] = [state.live[at].seq for at in state.retiring(fact.extra["checkpoint_seq"])]
         return [fact]
 
     state = await history.append_planned(key, plan)
