@@ -10,13 +10,20 @@ as it was before that compaction. Another lineage's checkpoints stay in force.
 By default the newest live checkpoint is undone; undoing again takes back the
 one before, as a stack.
 
-An undo is the newest decision about the session's reductions, so it
-overrules what was planned before it and is not made again unasked: a
-compaction that was running when the undo landed appends nothing
-(``ContextEngine._record``), and until a request passes the compaction trigger
-again neither a background summary nor a masking batch starts
-(``ConversationState.undone``). The view then compacts again only when it no
-longer fits.
+An undo never lands in the middle of a compaction: it takes the session's
+compaction lock (``proxy.context.sessionlock``, across processes and replicas),
+and when a compaction holds it past ``UNDO_WAIT`` the undo is refused
+(``CompactionRunning``, a 409), to be tried again once it is done. A compaction
+it overruled would otherwise leave the request that waited for it with the
+whole history, over the window (8,815 tokens went into a 6,000 window). After
+an undo the next view compacts again once it passes the trigger, with the
+model-free tier when no summary can be had: never over the window.
+
+An undo is the newest decision about the session's reductions, so it is not
+made again unasked: a compaction planned before it (a lock lost to a store
+failure) appends nothing (``ContextEngine._record``), and until a request
+passes the compaction trigger again neither a background summary nor a masking
+batch starts (``ConversationState.undone``).
 """
 
 from __future__ import annotations
@@ -25,8 +32,13 @@ from dataclasses import dataclass
 
 from proxy.context.history import HistoryManager
 from proxy.context.lineage import ConversationState
-from proxy.errors import NothingToUndo
+from proxy.context.sessionlock import CompactionLock
+from proxy.errors import CompactionRunning, NothingToUndo
 from proxy.store.base import NewFact, SessionKey
+
+#: Seconds an undo waits for a compaction of its session to end before it is refused: an undo holds the lock for
+#: one append (milliseconds), a compaction for its summary call (seconds to minutes).
+UNDO_WAIT = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +69,9 @@ def retire_fact(state: ConversationState, checkpoint_seq: int | None) -> NewFact
 
 
 async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: int | None = None) -> Undone:
-    """Retire a checkpoint of ``key``'s session (``retire_fact``); the append is planned on the log as it is, so
-    two undos at once take back two checkpoints, never one twice. ``StoreError`` when the store fails."""
+    """Retire a checkpoint of ``key``'s session (``retire_fact``) under the session's compaction lock, waited for
+    up to ``UNDO_WAIT`` seconds (``CompactionRunning`` past them); the append is planned on the log as it is, so two
+    undos at once take back two checkpoints, never one twice. ``StoreError`` when the store fails."""
     retired: list[int] = []
 
     def plan(state: ConversationState) -> list[NewFact]:
@@ -66,5 +79,8 @@ async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: in
         retired[:] = [state.live[at].seq for at in state.retiring(fact.extra["checkpoint_seq"])]
         return [fact]
 
-    state = await history.append_planned(key, plan)
+    async with CompactionLock(history.log, wait=UNDO_WAIT).held(key) as taken:
+        if not taken:
+            raise CompactionRunning("A compaction of this session is running; undo it once it is done.")
+        state = await history.append_planned(key, plan)
     return Undone(tuple(retired), state.last_retire, state.checkpoint_seq_for(state.hashes))
