@@ -83,7 +83,7 @@ async def test_a_linked_request_gets_the_owners_checkpoint_its_history_covers(ma
 
 
 def live(seq: int, covers: int, maker: str | None = None, made_from: int | None = None) -> LiveCheckpoint:
-    return LiveCheckpoint(seq, {"covers": covers}, covers, maker, made_from)
+    return LiveCheckpoint(seq, {"covers": covers}, covers, maker, made_from, ceiling=1_000)
 
 
 def test_the_checkpoint_covering_most_of_the_request_wins_and_one_made_from_another_supersedes_it() -> None:

@@ -52,13 +52,15 @@ ANYONE = Requester()
 @dataclass(frozen=True, slots=True)
 class LiveCheckpoint:
     """A checkpoint entry not retired: its seq, its payload, the length of the prefix it covers, its maker's
-    tenant (None: the owner's) and the seq of the checkpoint it was made from (None: none)."""
+    tenant (None: the owner's), the seq of the checkpoint it was made from (None: none), and ``ceiling``: the
+    most any live checkpoint up to it covers (where ``choose`` stops looking)."""
 
     seq: int
     payload: Mapping[str, Any]
     covers: int
     maker: str | None
     made_from: int | None
+    ceiling: int = 0
 
 
 def choose(live: Sequence[LiveCheckpoint], holds: Callable[[LiveCheckpoint], bool],
@@ -66,12 +68,15 @@ def choose(live: Sequence[LiveCheckpoint], holds: Callable[[LiveCheckpoint], boo
     """The index in ``live`` (oldest first) of the checkpoint the request's view uses, or None.
 
     ``holds`` tells whether the request holds a checkpoint's covered prefix. One pass, newest first: a
-    checkpoint made from one that serves the request is seen before it, so what it supersedes is known in time.
+    checkpoint made from one that serves the request is seen before it, so what it supersedes is known in time;
+    it stops where no older one covers more than the best so far (at once, on a lineage compacted step by step).
     """
     superseded: set[int] = set()
     best: int | None = None
     for at in range(len(live) - 1, -1, -1):
         entry = live[at]
+        if best is not None and entry.ceiling <= live[best].covers:
+            break
         if entry.seq in superseded:
             if entry.made_from is not None:
                 superseded.add(entry.made_from)

@@ -36,7 +36,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
@@ -175,7 +175,8 @@ class ConversationState:
             parent = made_from if type(made_from) is int else None
         else:  # logged before entries named it: the checkpoint that served its covered prefix then
             parent = self._served(covers, payload.get("prefix_hash"))
-        self.live.append(LiveCheckpoint(fact.seq, payload, covers, maker if isinstance(maker, str) else None, parent))
+        self.live.append(LiveCheckpoint(fact.seq, payload, covers, maker if isinstance(maker, str) else None, parent,
+                                        max(covers, self.live[-1].ceiling if self.live else 0)))
 
     def _served(self, covers: int, prefix: object) -> int | None:
         """The seq of the newest live checkpoint (any maker's) whose covered prefix starts the path that a prefix of
@@ -206,6 +207,10 @@ class ConversationState:
             self.retired.update(self.live[at].seq for at in gone)
             for at in reversed(gone):
                 del self.live[at]
+            ceiling = 0
+            for at, entry in enumerate(self.live):
+                ceiling = max(ceiling, entry.covers)
+                self.live[at] = replace(entry, ceiling=ceiling)
             self.last_retire = fact.seq
 
     def retiring(self, checkpoint_seq: object) -> list[int]:
