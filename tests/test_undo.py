@@ -427,28 +427,35 @@ async def test_undoing_one_lineages_compaction_leaves_the_other_lineages_checkpo
     assert fake.requests[-1]["messages"] == [*first, {"role": "user", "content": "next"}], "its own was undone"
 
 
-async def test_an_undo_during_a_foreground_compaction_never_sends_a_view_over_the_window(make_proxy,
-                                                                                        fake: FakeUpstream) -> None:
-    window = 6_000
+async def foreground_compaction_held(make_proxy: Any, fake: FakeUpstream, window: int,
+                                     session: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any], Any]:
+    """A proxy with a ``window``-token upstream, a session compacted once (that compaction's answer), and rounds
+    until one passes the trigger and waits for its own summary, held at the gate: the proxy, the messages, the
+    first compaction, and the waiting request."""
     fake.window = window
     proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1, context_window=window, **MASKING_OFF)
-    messages = await rounds(proxy, fake, "fg", [{"role": "system", "content": "You are helpful."}], 7, seed=31)
-    early = await compact(proxy, ADMIN_TENANT, "fg")
+    messages = await rounds(proxy, fake, session, [{"role": "system", "content": "You are helpful."}], 7, seed=31)
+    early = await compact(proxy, ADMIN_TENANT, session)
     fake.summary_gate = asyncio.Event()
     rng = random.Random(32)
-    while True:  # rounds until one passes the trigger and waits for its own summary, held at the gate
+    while True:
         messages.append({"role": "user", "content": prose(rng, 220)})
         fake.script.append(Reply(content=prose(rng, 160)))
         fake.summary_asked.clear()
-        request = asyncio.ensure_future(chat(proxy, messages, "fg"))
+        request = asyncio.ensure_future(chat(proxy, messages, session))
         asked = asyncio.ensure_future(fake.summary_asked.wait())
         await asyncio.wait([request, asked], return_when=asyncio.FIRST_COMPLETED)
         if asked.done():
-            break
+            return proxy, messages, early, request
         asked.cancel()
         messages.append((await (await request).json())["choices"][0]["message"])
-    sent = len(fake.prompt_tokens)
 
+
+async def test_an_undo_during_a_foreground_compaction_never_sends_a_view_over_the_window(make_proxy,
+                                                                                        fake: FakeUpstream) -> None:
+    window = 6_000
+    proxy, messages, early, request = await foreground_compaction_held(make_proxy, fake, window, "fg")
+    sent = len(fake.prompt_tokens)
     resp = await uncompact(proxy, ADMIN_TENANT, "fg")  # lands while the summary is held
     assert resp.status == 409 and (await error_of(resp))["code"] == "compaction_running"
     fake.summary_gate.set()
@@ -467,6 +474,24 @@ async def test_an_undo_during_a_foreground_compaction_never_sends_a_view_over_th
     resp = await chat(proxy, [*messages, {"role": "user", "content": "go on"}], "fg")
     assert resp.headers["X-Ctxproxy-Compacted"] == "proactive"
     assert fake.refused == 0 and max(fake.prompt_tokens[sent:]) <= window
+
+
+async def test_an_undo_past_the_lock_during_a_foreground_compaction_still_sends_a_view_that_fits(
+        make_proxy, fake: FakeUpstream) -> None:
+    window = 6_000
+    proxy, _, _, request = await foreground_compaction_held(make_proxy, fake, window, "past")
+    sent = len(fake.prompt_tokens)
+    # A retire logged without the lock (its holder lost the lease to a store outage) overrules the compaction the
+    # request waits for: the request compacts again on what it left, rather than send the whole history.
+    key = SessionKey(ADMIN_TENANT, "past")
+    await proxy.app[history_key].append_planned(key, lambda state: [retire_fact(state, None)])
+    fake.summary_gate.set()
+    answered = await request
+    assert fake.refused == 0 and max(fake.prompt_tokens[sent:]) <= window
+    assert answered.headers["X-Ctxproxy-Compacted"] == "proactive"
+    facts = await read_log(proxy.app[store_key], key)
+    kinds_after = [f.kind for f in facts[[f.kind for f in facts].index("retire"):]]
+    assert kinds_after[:3] == ["retire", "summary", "checkpoint"], "made again after the undo"
 
 
 def early_seq(facts: list[StoredFact], made: dict[str, Any]) -> int:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
 from proxy.context.applying import ANYONE, Requester
@@ -306,9 +307,15 @@ class ContextEngine:
             return self.view(messages, hashes, state, **options)
         # Over the hard limit, the model-free tier stands in for a summary that cannot be had: the view never goes
         # out over the window because a summary failed (with the backoff open, it answers without a model call).
-        result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
-                                           complete=complete, threshold=prepared.threshold, over_limit=over,
-                                           fallback=over, model_call=allowed and ask_model, **options)
+        compaction = partial(self.compact, key, messages, hashes, trigger="proactive", model=model, complete=complete,
+                             threshold=prepared.threshold, model_call=allowed and ask_model, **options)
+        result, state = await compaction(over_limit=over, fallback=over)
+        if result.detail == UNDONE:
+            # An undo landed past the lock (its holder lost the lease to a store outage) and overruled this
+            # compaction: made again on what the undo left where that is over the window, never sent over it.
+            left = self.view(messages, hashes, state, fit=False, **options)
+            if left.estimate.tokens > left.limit:
+                result, state = await compaction(over_limit=True, fallback=True)
         self._waited(time.monotonic() - started)
         after = self.view(messages, hashes, state, **options)
         # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
