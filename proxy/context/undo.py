@@ -21,9 +21,10 @@ model-free tier when no summary can be had: never over the window.
 
 An undo is the newest decision about the session's reductions, so it is not
 made again unasked: a compaction planned before it (a lock lost to a store
-failure) appends nothing (``ContextEngine._record``), and until a request
-passes the compaction trigger again neither a background summary nor a masking
-batch starts (``ConversationState.undone``).
+failure) appends nothing (``ContextEngine._record``; the request that waited for
+it compacts again only when the view the undo left is over the window), and
+until a request passes the compaction trigger again neither a background
+summary nor a masking batch starts (``ConversationState.undone``).
 """
 
 from __future__ import annotations
