@@ -77,9 +77,12 @@ class Artifact:
 
 
 @dataclass(frozen=True)
-class _Result:
+class Result:
+    """A call's result: its output text, whether it is flagged as an error, and its item's index."""
+
     text: str
     is_error: bool
+    index: int = -1
 
 
 def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
@@ -88,14 +91,8 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
 
     ``seqs[i]`` is the log seq of ``messages[i]`` where known.
     """
-    calls: dict[str, tuple[int, str, Any]] = {}
-    for index in range(max(start, 0), min(end, len(messages))):
-        item = messages[index]
-        for call_id in dialect.calls(item):
-            found = dialect.call_of(item, call_id)
-            if found is not None and call_id not in calls:
-                calls[call_id] = (index, found[0], found[1])
-    results = _results(dialect, messages, start, calls)
+    calls = calls_in(dialect, messages, start, end)
+    results = results_of(dialect, messages, start, calls)
     out: list[Artifact] = []
     for call_id, (index, name, arguments) in calls.items():
         seq = seqs[index] if index < len(seqs) else -1
@@ -104,15 +101,28 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     return list(merge((), out))
 
 
-def _results(dialect: ItemModel, messages: Sequence[Message], start: int,
-             calls: dict[str, tuple[int, str, Any]]) -> dict[str, _Result]:
+def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
+             ) -> dict[str, tuple[int, str, Any]]:
+    """Each call ``messages[start:end]`` make, in call order: its id → (item index, tool name, arguments)."""
+    calls: dict[str, tuple[int, str, Any]] = {}
+    for index in range(max(start, 0), min(end, len(messages))):
+        item = messages[index]
+        for call_id in dialect.calls(item):
+            found = dialect.call_of(item, call_id)
+            if found is not None and call_id not in calls:
+                calls[call_id] = (index, found[0], found[1])
+    return calls
+
+
+def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
+             calls: dict[str, tuple[int, str, Any]]) -> dict[str, Result]:
     """The first result after each call, in one pass from ``start`` that stops once every call is answered.
 
     An error flag is read beside the output (``is_error`` in the object holding
     it: Anthropic's ``tool_result`` block); where an item's ids and outputs do
     not pair one to one, its results count as answered with nothing stated.
     """
-    found: dict[str, _Result] = {}
+    found: dict[str, Result] = {}
     for index in range(max(start, 0), len(messages) if calls else 0):
         item = messages[index]
         ids = dialect.results(item)
@@ -123,39 +133,39 @@ def _results(dialect: ItemModel, messages: Sequence[Message], start: int,
         paths = dialect.result_paths(item)
         for n in wanted:
             if len(paths) != len(ids):
-                found[ids[n]] = _Result("", False)
+                found[ids[n]] = Result("", False, index)
                 continue
             holder = get_path(item, paths[n][:-1])
             is_error = isinstance(holder, dict) and holder.get("is_error") is True
-            found[ids[n]] = _Result(output_text(get_path(item, paths[n]))[0], is_error)
+            found[ids[n]] = Result(output_text(get_path(item, paths[n]))[0], is_error, index)
         if len(found) == len(calls):
             break
     return found
 
 
-def _artifacts(name: str, arguments: Any, result: _Result | None) -> list[tuple[Kind, str, str]]:
+def _artifacts(name: str, arguments: Any, result: Result | None) -> list[tuple[Kind, str, str]]:
     """What one call did: the files it wrote (none if its result says it failed), or the command it ran."""
-    args = _parsed(arguments)
+    args = parsed_arguments(arguments)
     lowered = name.lower()
     files: list[tuple[str, str]] | None = None
-    if "patch" in lowered and (patch := _patch_of(args)) is not None:
+    if "patch" in lowered and (patch := patch_of(args)) is not None:
         files = patch_files(patch)
     elif isinstance(args, dict) and any(word in lowered for word, _ in WRITE_VERBS):
         files = _file_action(lowered, args)
     if files is None and isinstance(args, dict):
-        command = _command_of(lowered, args)
+        command = command_of(lowered, args)
         if command is not None:
             patch = patch_in_command(command)
             if patch is None:
                 status = outcome(result.text, result.is_error) if result is not None else ""
                 return [("command", clip(command, NAME_CHARS), status)]
             files = patch_files(patch)
-    if not files or (result is not None and _failed(result)):
+    if not files or (result is not None and failed(result)):
         return []
     return [("file", path, action) for path, action in files]
 
 
-def _parsed(arguments: Any) -> Any:
+def parsed_arguments(arguments: Any) -> Any:
     """Arguments as a dict where they are one (or JSON of one); a string that is not JSON stays text."""
     if isinstance(arguments, str):
         try:
@@ -166,7 +176,7 @@ def _parsed(arguments: Any) -> Any:
     return arguments if isinstance(arguments, dict) else None
 
 
-def _patch_of(args: Any) -> str | None:
+def patch_of(args: Any) -> str | None:
     if isinstance(args, str):
         return args
     if isinstance(args, dict):
@@ -192,7 +202,7 @@ def _file_action(lowered: str, args: dict[str, Any]) -> list[tuple[str, str]] | 
     return [(path, f"moved to {target}"), (target, f"moved from {path}")] if target else [(path, "edited")]
 
 
-def _command_of(lowered: str, args: dict[str, Any]) -> str | None:
+def command_of(lowered: str, args: dict[str, Any]) -> str | None:
     """The command line of a shell call: any tool's ``command``/``cmd`` argument, a shell-named tool's ``commands``."""
     for key in ("command", "cmd"):
         if key in args:
@@ -205,7 +215,7 @@ def _command_of(lowered: str, args: dict[str, Any]) -> str | None:
     return command_text(value)
 
 
-def _failed(result: _Result) -> bool:
+def failed(result: Result) -> bool:
     status = outcome(result.text, result.is_error)
     return status.startswith("error") or (status.startswith("exit ") and status != "exit 0")
 

@@ -35,6 +35,7 @@ from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.trail import trail_maker
+from proxy.context.workingset import WORKING_SET_SHARE, working_set_maker
 from proxy.context.window import context_window_for
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
@@ -421,7 +422,9 @@ class ContextEngine:
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
-                                                     policy.text_tokens))
+                                                     policy.text_tokens),
+                                working_set_of=working_set_maker(dialect, int(window * WORKING_SET_SHARE),
+                                                                 policy.text_tokens))
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
