@@ -14,7 +14,7 @@ from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
 from tests.fakemessages import FakeMessages
 from tests.fakescript import Script
-from tests.fakeupstream import FakeUpstream, Reply
+from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.scripted import KEY, Claude, rig
 from tests.test_compaction_e2e import WINDOW, prose, send, tool_call

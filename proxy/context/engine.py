@@ -35,8 +35,8 @@ from proxy.context.sessionlock import CompactionLock
 from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.tokens import TokenCounter
 from proxy.context.trail import trail_maker
-from proxy.context.workingset import WORKING_SET_SHARE, working_set_maker
 from proxy.context.window import context_window_for
+from proxy.context.workingset import WORKING_SET_SHARE, working_set_maker
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message

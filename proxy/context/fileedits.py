@@ -131,13 +131,14 @@ def codex_patch(patch: str, current: dict[str, str]) -> list[PatchedFile]:
     return out
 
 
-def _apply_hunks(text: str, body: list[str]) -> tuple[str, tuple[int, int] | None] | None:
-    """``text`` with Codex's update hunks applied exactly, and the lines the last one wrote; None if one does
-    not apply."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    chunks: list[tuple[str | None, list[str], list[str], bool]] = []
+#: One update hunk of a Codex patch: its ``@@`` context line (None: none), its old and new lines, and whether it
+#: is anchored at the end of the file (``*** End of File``).
+_Hunk = tuple[str | None, list[str], list[str], bool]
+
+
+def _hunks(body: list[str]) -> list[_Hunk] | None:
+    """The hunks of one ``*** Update File`` block, or None where a line is not a context, ``+`` or ``-`` line."""
+    chunks: list[_Hunk] = []
     for line in body:
         if line.startswith("@@"):
             chunks.append((line[2:].strip() or None, [], [], False))
@@ -155,6 +156,18 @@ def _apply_hunks(text: str, body: list[str]) -> tuple[str, tuple[int, int] | Non
                 old.append(rest)
             if mark != "-":
                 new.append(rest)
+    return chunks
+
+
+def _apply_hunks(text: str, body: list[str]) -> tuple[str, tuple[int, int] | None] | None:
+    """``text`` with Codex's update hunks applied exactly, and the lines the last one wrote; None if one does
+    not apply."""
+    chunks = _hunks(body)
+    if chunks is None:
+        return None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
     at = 0
     region: tuple[int, int] | None = None
     for context, old, new, at_end in chunks:

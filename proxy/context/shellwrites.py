@@ -145,7 +145,7 @@ def _without_redirects(segment: list[str]) -> list[str]:
             skip = True
         else:
             words.append(word)
-    while words and ("=" in words[0] and not words[0].startswith("=") or words[0] in _PREFIXES):
+    while words and (("=" in words[0] and not words[0].startswith("=")) or words[0] in _PREFIXES):
         words.pop(0)
     if words and words[0] == "timeout" and len(words) > 2:
         words = words[2:]
