@@ -85,6 +85,8 @@ class EngineSettings:
     mask_batch_share: float | None = 0.125
     #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
     artifact_share: float = 0.10
+    #: Share of the window the files in hand may take in a summary item (``proxy.context.workingset``; 0: none).
+    working_set_share: float = WORKING_SET_SHARE
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -423,8 +425,8 @@ class ContextEngine:
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens),
-                                working_set_of=working_set_maker(dialect, int(window * WORKING_SET_SHARE),
-                                                                 policy.text_tokens))
+                                working_set_of=working_set_maker(
+                                    dialect, int(window * self.settings.working_set_share), policy.text_tokens))
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
