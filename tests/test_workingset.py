@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -10,7 +11,16 @@ import pytest
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.projection import summary_text
 from proxy.context.shellwrites import effect
-from proxy.context.workingset import MAX_FILES, WORKING_SET_HEADING, FileText, lost, render, track, working_set_maker
+from proxy.context.workingset import (
+    MAX_FILES,
+    WORKING_SET_HEADING,
+    FileText,
+    lost,
+    refreshed,
+    render,
+    track,
+    working_set_maker,
+)
 from proxy.dialects.chat import DIALECT as CHAT
 
 APP = "def main():\n    print('hello')\n\n\nif __name__ == '__main__':\n    main()\n"
@@ -227,6 +237,47 @@ def test_the_section_labels_each_file_with_its_entry_and_holds_it_exactly() -> N
     assert text.startswith(WORKING_SET_HEADING)
     assert f"### /r/app.py (current as of log entry 104)\n```\n{APP}```" in text
     assert "### /r/b.md (current as of log entry 102)\n````\n```\ncode\n```\n````" in text
+
+
+def test_files_are_filled_whole_in_order_and_a_large_one_takes_what_is_left() -> None:
+    big = "".join(f"line {n}\n" for n in range(1, 121))  # about 250 words whole: four times an equal share of 340
+    small = [state(f"/s{n}", f"{n}\n", n) for n in range(4)]
+    rows, text = render([state("/big.txt", big, 50), *small], 340, words)
+    assert [row[0] for row in rows] == ["/big.txt", "/s0", "/s1", "/s2", "/s3"]
+    assert f"/big.txt (current as of log entry 150)\n```\n{big}```" in text, "whole: the others are small"
+    rows, text = render([state("/a.txt", big, 60), state("/b.txt", big, 50)], 340, words)
+    assert [row[0] for row in rows] == ["/a.txt", "/b.txt"] and rows[0][3:] == [1, 120] and rows[1][3:] != [1, 120]
+    assert words(text) <= 340
+
+
+def test_files_the_agent_wrote_come_before_files_it_only_read() -> None:
+    run = (Run().call("Write", {"file_path": "/r/mine.py", "content": APP}, "ok")
+           .call("Read", {"file_path": "/r/lib.py"}, numbered("x = 1\n")))
+    run.messages.append({"role": "user", "content": "next"})
+    rows, _ = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, [])
+    assert [row[0] for row in rows] == ["/r/mine.py", "/r/lib.py"], "newer, but only read"
+
+
+def test_a_codex_update_is_shown_whole_only_where_its_file_was() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: a.py", "+x = 1"), OK)
+           .call("apply_patch", patch("*** Update File: a.py", "@@", "-x = 1", "+x = 2"), OK))
+    run.messages.append({"role": "user", "content": "next"})
+    make = working_set_maker(CHAT, 1000, words)
+    assert make(run.messages, 3, 0, [])[0] == (("a.py", -1, 4, 1, 1),), "the hunks in view are not the file"
+    assert make(run.messages, 1, 0, []) == ((), "")
+
+
+def test_a_masking_that_takes_a_read_out_of_view_carries_the_file_and_one_that_does_not_changes_nothing() -> None:
+    run = Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP)).call("Bash", {"command": "ls"}, "app.py\n")
+    run.messages.append({"role": "user", "content": "next"})
+    make = working_set_maker(CHAT, 1000, words)
+    seqs = list(range(10, 10 + len(run.messages)))
+    unmasked = Checkpoint("", 1, "h", None, 0, 0, "m", 0.0, masked_until=2)
+    assert refreshed(unmasked, make, run.messages, seqs) is unmasked, "the read's output (item 2) is in view"
+    masked = refreshed(replace(unmasked, masked_until=3), make, run.messages, seqs)
+    assert masked.working_set == (("/r/app.py", 12, 2, 1, 6),) and APP in summary_text(masked)
+    assert refreshed(masked, make, run.messages, seqs) is masked, "nothing new left the view"
+    assert refreshed(masked, None, run.messages, seqs) is masked
 
 
 def test_at_most_five_files_and_a_large_one_as_its_region_with_line_numbers() -> None:

@@ -32,7 +32,7 @@ from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
 from proxy.context.userwords import carry
-from proxy.context.workingset import WorkingSetMaker
+from proxy.context.workingset import WorkingSetMaker, refreshed
 from proxy.types import Message
 
 __all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_ROUNDS", "DEFAULT_RETAIN_FRACTION",
@@ -279,6 +279,7 @@ class ContextCompactor:
         if masked_until > (previous.covers if previous is not None else system_end):
             checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
                                             created_at=self.clock(), tokens_before=before)
+            checkpoint = refreshed(checkpoint, self.working_set_of, messages, seqs)
             after = tokens(checkpoint)
             if worth(after):
                 masking = CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after,

@@ -36,7 +36,7 @@ from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, Summar
 from proxy.context.tokens import TokenCounter
 from proxy.context.trail import trail_maker
 from proxy.context.window import context_window_for
-from proxy.context.workingset import WORKING_SET_SHARE, working_set_maker
+from proxy.context.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -425,8 +425,13 @@ class ContextEngine:
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens),
-                                working_set_of=working_set_maker(
-                                    dialect, int(window * self.settings.working_set_share), policy.text_tokens))
+                                working_set_of=self.working_set_of(dialect, window))
+
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
+        """The files in hand a checkpoint carries (``proxy.context.workingset``), in ``working_set_share`` of
+        ``window``: for a summary, and for a masking batch that takes a file's text out of the view."""
+        return working_set_maker(dialect, int(window * self.settings.working_set_share),
+                                 self.policy(window).text_tokens)
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,

@@ -29,15 +29,18 @@ format is known here. Paths are compared as written, normalised; a path that is
 the other's tail at a ``/`` (``src/a.py``, ``/repo/src/a.py``) is taken for the
 same file, and where two tracked files could be meant, both are dropped.
 
-At each summary the compactor asks ``working_set_maker`` for the files whose
-whole text the verbatim tail no longer shows (the read or write was compacted
-away or masked), newest touch first, at most ``MAX_FILES`` and
-``WORKING_SET_SHARE`` of the window; a file larger than its share shows the
-region most recently touched, with line numbers. Each is labelled with its path
-and the log entry it is current as of: the rendering is fixed in the
-checkpoint (the summary item stays byte-identical between compactions), and an
-entry after it that changed the file is in the verbatim tail, for the model to
-see.
+At each summary, and at each masking that takes a read's output out of the
+view (``refreshed``), the compactor asks ``working_set_maker`` for the files
+whose whole text the verbatim tail no longer shows (the read or write was
+compacted away or masked): the files the agent wrote or edited first, then
+those it only read, each newest touch first; at most ``MAX_FILES`` and
+``WORKING_SET_SHARE`` of the window, filled in that order with each file whole
+where it fits what is left, then the files that did not fit as the region most
+recently touched, with line numbers, in what remains. Each is labelled with its
+path and the log entry it is current as of: the rendering is fixed in the
+checkpoint (the summary item stays byte-identical until the next compaction
+changes it), and an entry after it that changed the file is in the verbatim
+tail, for the model to see.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from proxy.context.artifacts import (
     patch_of,
     results_of,
 )
+from proxy.context.checkpoint import Checkpoint
 from proxy.context.fileedits import codex_patch, read_text, replaced, shell_output
 from proxy.context.items import ItemModel
 from proxy.context.shellwrites import effect
@@ -91,7 +95,9 @@ class FileText:
     ``basis`` is the item whose content shows the whole text (a read's
     result, or a write's call when ``in_call``): while it is verbatim in the
     view, the model sees the file and it need not be repeated. ``region``:
-    the 1-based first and last line most recently touched.
+    the 1-based first and last line most recently touched. ``written``: the
+    agent wrote or edited it in this session (its own work, ranked before
+    files it only read).
     """
 
     path: str
@@ -101,6 +107,7 @@ class FileText:
     basis: int
     in_call: bool
     region: tuple[int, int]
+    written: bool = False
 
 
 class _Files:
@@ -219,11 +226,11 @@ def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, res
             files.drop(target)
     elif content is not None and editor in (None, "create"):
         lines = content.count("\n") + 1
-        files.set(path, FileText(path, content, at, seq, index, True, (1, lines)))
+        files.set(path, FileText(path, content, at, seq, index, True, (1, lines), written=True))
     elif (edited := _edited(known, args)) is not None:
         text, region = edited
         files.set(path, FileText(path, text, at, seq, known.basis if known else index,
-                                 known.in_call if known else True, region))
+                                 known.in_call if known else True, region, written=True))
     else:
         files.drop(path)
 
@@ -282,7 +289,9 @@ def _read(files: _Files, lowered: str, args: dict[str, Any], path: str, result: 
     text = read_text(result.text)
     if text is None or (text == result.text and lowered not in RAW_READERS and not path.endswith(":raw")):
         return  # not numbered, and not a reader whose output is the file itself
-    files.set(path.removesuffix(":raw"), FileText(path, text, at, seq, at, False, (1, text.count("\n") + 1)))
+    known = files.get(path.removesuffix(":raw"))
+    files.set(path.removesuffix(":raw"), FileText(path, text, at, seq, at, False, (1, text.count("\n") + 1),
+                                                  written=known is not None and known.written))
 
 
 def _patch(files: _Files, patch: str, result: Result, at: int, seq: int) -> None:
@@ -293,14 +302,17 @@ def _patch(files: _Files, patch: str, result: Result, at: int, seq: int) -> None
             if action.startswith("moved"):
                 files.drop(action.split(" ", 2)[-1])
         return
-    current = {path: state.text for path in _patch_paths(patch) if (state := files.get(path)) is not None}
-    for patched in codex_patch(patch, current):
+    known = {path: state for path in _patch_paths(patch) if (state := files.get(path)) is not None}
+    for patched in codex_patch(patch, {path: state.text for path, state in known.items()}):
         files.drop(patched.path)
         target = patched.moved_to or patched.path
         if patched.moved_to is not None:
             files.drop(target)
         if patched.text is not None:
-            files.set(target, FileText(target, patched.text, at, seq, at, True, patched.region or (1, 1)))
+            # An added file's text is in the patch; an updated one's where it was shown whole (the hunks are not it).
+            before = known.get(patched.path) if patched.action == "edited" else None
+            files.set(target, FileText(target, patched.text, at, seq, before.basis if before else at,
+                                       before.in_call if before else True, patched.region or (1, 1), written=True))
 
 
 def _patch_paths(patch: str) -> list[str]:
@@ -319,7 +331,7 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         if text is None or failed_run:
             files.drop(path)
         else:
-            files.set(path, FileText(path, text, at, seq, at, True, (1, text.count("\n") + 1)))
+            files.set(path, FileText(path, text, at, seq, at, True, (1, text.count("\n") + 1), written=True))
     for path in done.changed:
         files.drop_under(path)
     for word in done.mentioned:
@@ -327,7 +339,9 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
     if done.read is not None and not failed_run and output is not None and output.endswith("\n"):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
-            files.set(done.read, FileText(done.read, text, at, seq, at, False, (1, text.count("\n") + 1)))
+            known = files.get(done.read)
+            files.set(done.read, FileText(done.read, text, at, seq, at, False, (1, text.count("\n") + 1),
+                                          written=known is not None and known.written))
 
 
 # -- the section in the summary item --------------------------------------------------------------------------------
@@ -369,12 +383,13 @@ def _part(state: FileText, first: int, last: int) -> str:
             f"touched; current as of {_where(state)})\n{fence}\n{body}\n{fence}")
 
 
-def _shown(state: FileText, share: int, count: Callable[[str], int]) -> tuple[str, tuple[int, int]] | None:
-    """The file whole if it fits ``share`` tokens, else the largest region around the lines last touched that does."""
-    whole = _whole(state)
-    total = max(1, state.text.count("\n") + (0 if state.text.endswith("\n") else 1))
-    if count(whole) <= share:
-        return whole, (1, total)
+def _lines(state: FileText) -> int:
+    return max(1, state.text.count("\n") + (0 if state.text.endswith("\n") else 1))
+
+
+def _region(state: FileText, share: int, count: Callable[[str], int]) -> tuple[str, tuple[int, int]] | None:
+    """The largest region around the lines last touched that fits ``share`` tokens, with line numbers."""
+    total = _lines(state)
     first, last = (max(1, min(state.region[0], total)), max(1, min(state.region[1], total)))
 
     def around(size: int) -> tuple[int, int]:
@@ -393,25 +408,34 @@ def _shown(state: FileText, share: int, count: Callable[[str], int]) -> tuple[st
     return best
 
 
+def ranked(files: Sequence[FileText]) -> list[FileText]:
+    """``files`` (newest touch first) with the ones the agent wrote or edited before those it only read: its own
+    work is what it cannot get back by reading the disk again."""
+    return sorted(files, key=lambda state: not state.written)
+
+
 def render(files: Sequence[FileText], budget: int, count: Callable[[str], int]) -> tuple[list[list[Any]], str]:
-    """The section for ``files`` (newest first) within ``budget`` tokens: each file gets an equal share of what the
-    files before it left; the rows say what it shows."""
+    """The section for the first ``MAX_FILES`` of ``files`` within ``budget`` tokens: each file whole where it fits
+    what the files before it left (in order), then the ones that did not fit as their region most recently
+    touched, in what is left; the rows say what each shows. Filled greedily rather than in equal shares: a file
+    of twice its share is still shown whole when the others are small."""
     chosen = list(files[:MAX_FILES])
     if not chosen:
         return [], ""
     head = f"{WORKING_SET_HEADING}\n{WORKING_SET_NOTE}"
     left = budget - count(head)
-    parts: list[str] = []
-    rows: list[list[Any]] = []
+    shown: dict[int, tuple[str, tuple[int, int]]] = {}
     for n, state in enumerate(chosen):
-        share = left // (len(chosen) - n)
-        shown = _shown(state, share, count) if share > 0 else None
-        if shown is None:
-            continue
-        text, (first, last) = shown
-        left -= count(text)
-        parts.append(text)
-        rows.append([state.path, state.seq, state.index, first, last])
+        whole = _whole(state)
+        if (cost := count(whole)) <= left:
+            shown[n] = whole, (1, _lines(state))
+            left -= cost
+    for n, state in enumerate(chosen):
+        if n not in shown and left > 0 and (part := _region(state, left, count)) is not None:
+            shown[n] = part
+            left -= count(part[0])
+    rows = [[chosen[n].path, chosen[n].seq, chosen[n].index, *shown[n][1]] for n in sorted(shown)]
+    parts = [shown[n][0] for n in sorted(shown)]
     return rows, "\n\n".join([head, *parts]) if parts else ""
 
 
@@ -420,8 +444,20 @@ def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], in
 
     def make(messages: Sequence[Message], start: int, masked_until: int,
              seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
-        files = lost(track(dialect, messages, len(messages), seqs), start, masked_until)
+        files = ranked(lost(track(dialect, messages, len(messages), seqs), start, masked_until))
         rows, text = render(files, max(0, budget), count)
         return tuple(tuple(row) for row in rows), text
 
     return make
+
+
+def refreshed(checkpoint: Checkpoint, make: WorkingSetMaker | None, messages: Sequence[Message],
+              seqs: Sequence[int]) -> Checkpoint:
+    """``checkpoint`` (one that masks further) carrying the files in hand its split and masking take out of the
+    view, as of the newest item: a masked read is a file text that left the view as much as a summarised one. The
+    same checkpoint when the section would not change, so that a masking that takes no file's text out of the view
+    leaves the summary item byte-identical (and the prompt cache before the masked region whole)."""
+    if make is None:
+        return checkpoint
+    rows, text = make(messages, checkpoint.retain_start_idx, checkpoint.masked_until, seqs)
+    return checkpoint if text == checkpoint.files else replace(checkpoint, working_set=rows, files=text)
