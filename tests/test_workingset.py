@@ -189,7 +189,10 @@ def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> N
     ("python3 -c \"open('x', 'w').write('y')\"", set()),
     ("echo hi > /r/b.py", {"/r/app.py"}),
     ("cd /r && npm install left-pad", {"/r/app.py", "/r/b.py"}),
-    ("pytest -q /r/app.py 2>&1 | tail -3", {"/r/b.py"}),
+    ("pytest -q /r/app.py 2>&1 | tail -3", {"/r/app.py", "/r/b.py"}),
+    ("redis-cli FLUSHDB && python -m pytest /r/app.py -v", {"/r/app.py", "/r/b.py"}),
+    ("npx jest /r/app.py /r/b.py", {"/r/app.py", "/r/b.py"}),
+    ("python3 -m mytool /r/app.py", {"/r/b.py"}),
     ("python3 /r/app.py", {"/r/app.py", "/r/b.py"}),
     ("cd /r && rg main && git status && sed -n 1,5p app.py", {"/r/app.py", "/r/b.py"}),
     ("echo 'unterminated", set()),
@@ -203,9 +206,42 @@ def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[
 def test_a_tool_that_runs_code_it_does_not_show_drops_everything_but_a_poll_does_not() -> None:
     run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok")
     run.call("write_stdin", {"session_id": 7, "chars": ""}, "still running")
-    assert set(run.files()) == {"/r/a.py"}
-    run.call("exec", {"input": "await tools.exec_command({cmd: 'make'})"}, "done")
+    run.call("write_stdin", {"session_id": 7, "chars": "\u0003"}, "^C")
+    assert set(run.files()) == {"/r/a.py"}, "a poll, or Ctrl-C alone, runs nothing"
+    run.call("write_stdin", {"session_id": 7, "chars": "y\n"}, "ok")
     assert run.files() == {}
+    run.call("Write", {"file_path": "/r/a.py", "content": APP}, "ok")
+    run.call("exec", {"input": "for (const c of ['make', 'make install']) await tools.exec_command({cmd: c})"},
+             "Script completed\nOutput:\n")
+    assert run.files() == {}, "a code-mode cell that is more than a sequence of tool calls"
+
+
+CELL_DONE = [{"type": "text", "text": "Script completed\nWall time 0.1 seconds\nOutput:\n"},
+             {"type": "text", "text": "{}"}]
+
+
+def cell(*statements: str) -> dict[str, str]:
+    return {"input": "\n".join(statements) + "\n"}
+
+
+def test_a_codex_code_mode_cell_is_read_as_the_tool_calls_it_makes() -> None:
+    add = orjson.dumps("*** Begin Patch\n*** Add File: src/a.ts\n+export const a = 1;\n*** End Patch").decode()
+    update = orjson.dumps("*** Begin Patch\n*** Update File: src/a.ts\n@@\n-export const a = 1;\n"
+                          "+export const a = 2;\n*** End Patch").decode()
+    heredoc = orjson.dumps("cat > cfg.yml <<'EOF'\nkey: 1\nEOF").decode()
+    run = Run().call("exec", cell(f"const patch = {add};", "text(await tools.apply_patch(patch));"), CELL_DONE)
+    run.call("exec", cell(f'const r = await tools.exec_command({{cmd:{heredoc},"workdir":"/w","yield_time_ms":1000}});'
+                          " text(r.output); if(r.session_id) text(`SESSION_ID=${r.session_id}`);"), CELL_DONE)
+    assert run.files() == {"src/a.ts": "export const a = 1;\n", "cfg.yml": "key: 1\n"}
+    run.call("exec", cell(f"text(await tools.apply_patch({update}));"), CELL_DONE)
+    assert run.files()["src/a.ts"] == "export const a = 2;\n"
+    failed = [{"type": "text", "text": "Script failed\nOutput:\n"},
+              {"type": "text", "text": "Script error: apply_patch verification failed"}]
+    run.call("exec", cell(f"text(await tools.apply_patch({update}));"), failed)
+    assert run.files() == {"cfg.yml": "key: 1\n"}, "a failed cell's patch leaves its file unknown"
+    run.call("exec", cell(f"const r = await tools.exec_command({{cmd:{heredoc}}}); text(r.output);"),
+             "Script running with cell ID 3\nWall time 10.0 seconds\nOutput:\n")
+    assert run.files() == {}, "a cell still running: what its command writes is not known yet"
 
 
 def test_a_heredoc_that_expands_is_no_exact_text() -> None:

@@ -19,9 +19,12 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
 - a program known to only read (``ls``, ``cat``, ``grep``, ``rg``, ``sed -n``,
   ``git status``/``diff``/``log``, ``mkdir``, …) drops nothing, and a plain
   ``cat PATH`` alone is a whole read of PATH;
-- any other program (a test runner, a build, ``python script.py``, ``curl``)
-  is trusted to leave the agent's files alone, except the files its arguments
-  name (the script an interpreter runs excepted): those may be its outputs.
+- a test runner (``pytest``, ``python -m pytest``, ``jest``, ``vitest``,
+  ``node --test``, ``npx playwright test``, …) reads the tests it is given:
+  it drops nothing;
+- any other program (a build, ``python script.py``, ``curl``) is trusted to
+  leave the agent's files alone, except the files its arguments name (the
+  script an interpreter runs excepted): those may be its outputs.
 
 The one assumption is the last: a program that is not a known writer does not
 rewrite a file it is not told about. Dropping every file at each test run would
@@ -82,6 +85,10 @@ _GLOB = re.compile(r"[*?\[$`]")
 #: Interpreters: the script they run is read, not written (the arguments after it may be outputs).
 INTERPRETERS = frozenset({"python", "python3", "node", "bash", "sh", "zsh", "ruby", "perl", "deno", "bun", "tsx",
                           "ts-node", "php"})
+#: Test runners: the files they are given are the tests they read (run directly, as ``python -m NAME``, or through
+#: ``npx``); ``node --test`` and ``deno test``/``bun test`` are runners too.
+TEST_RUNNERS = frozenset({"pytest", "py.test", "unittest", "jest", "vitest", "mocha", "playwright", "ava", "tap"})
+_PACKAGE_RUNNERS = frozenset({"npx", "pnpx", "bunx"})
 
 
 @dataclass
@@ -171,7 +178,7 @@ def _segment(segment: list[str], out: ShellEffect) -> bool:
     if program in MANIFEST_WRITERS and paths and paths[0] in MANIFEST_WRITERS[program]:
         out.changed.extend(MANIFESTS)
         return False
-    if program in READ_ONLY:
+    if program in READ_ONLY or _runs_tests(program, args):
         return False
     inline = next((args[at + 1] for at, arg in enumerate(args[:-1]) if arg in _INLINE_FLAGS), None)
     if inline is not None and _INLINE_WRITES.search(inline):
@@ -180,3 +187,17 @@ def _segment(segment: list[str], out: ShellEffect) -> bool:
         args = [arg for arg in args if arg != paths[0]]
     out.mentioned.extend(args)
     return False
+
+
+def _runs_tests(program: str, args: list[str]) -> bool:
+    """Whether ``program args`` runs tests (``TEST_RUNNERS``), whose file arguments it reads."""
+    if program in _PACKAGE_RUNNERS:
+        named = [arg for arg in args if not arg.startswith("-")]
+        return bool(named) and named[0] in TEST_RUNNERS
+    if program in INTERPRETERS and "-m" in args[:-1]:
+        return args[args.index("-m") + 1] in TEST_RUNNERS
+    if program == "node":
+        return "--test" in args
+    if program in ("deno", "bun"):
+        return args[:1] == ["test"]
+    return program in TEST_RUNNERS

@@ -21,7 +21,10 @@ knows each file's current text exactly, and knows when it stops knowing:
   removes the file, and a **shell command** drops what it may have changed by
   the conservative rule of ``proxy.context.shellwrites`` (anything it does not
   recognise drops every file). A tool that may run commands but whose command
-  cannot be read drops every file too.
+  cannot be read drops every file too; Codex's code mode (``exec`` running a
+  JavaScript cell) is read as the tool calls its cell makes
+  (``proxy.context.codexcode``), and a cell that does anything else is such a
+  tool.
 
 Calls are read through ``ItemModel.calls``/``call_of`` and their results
 through ``proxy.context.artifacts`` (the trail's own recognisers), so no wire
@@ -67,6 +70,7 @@ from proxy.context.artifacts import (
     results_of,
 )
 from proxy.context.checkpoint import Checkpoint
+from proxy.context.codexcode import cell_calls
 from proxy.context.fileedits import codex_patch, read_text, replaced, shell_output
 from proxy.context.items import ItemModel
 from proxy.context.shellwrites import effect
@@ -85,6 +89,10 @@ REMOTE_KEYS = ("owner", "repo", "repository", "repo_name")
 RAW_READERS = frozenset({"read_file", "view_file", "read_text_file", "readfile"})
 CONTENT_KEYS = ("content", "file_text", "contents", "text")
 EDIT_KEYS = (("old_string", "new_string"), ("oldString", "newString"), ("old_str", "new_str"))
+#: Control characters that interrupt, suspend or end a running process (sent to it, they run nothing).
+INTERRUPTS = "\x03\x04\x1a\x1c"
+#: How a Codex code-mode cell's result starts when the cell ran to its end.
+CELL_DONE = "Script completed"
 _ERROR_START = re.compile(r"\s*(?:<tool_use_error>|error\b|failed\b|file not found|no such file)", re.IGNORECASE)
 
 
@@ -169,6 +177,9 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
     lowered = name.lower()
     if isinstance(args, dict) and any(key in args for key in REMOTE_KEYS):
         return
+    if lowered == "exec" and isinstance(args, dict) and isinstance(args.get("input"), str):
+        _cell(files, args["input"], result, index, seq)
+        return
     at = result.index
     patch = patch_of(args) if "patch" in lowered else None
     command = command_of(lowered, args) if patch is None and isinstance(args, dict) else None
@@ -184,11 +195,27 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
         files.by_path.clear()  # it may run anything, and does not say what
 
 
+def _cell(files: _Files, source: str, result: Result, index: int, seq: int) -> None:
+    """Codex's code mode: each tool call of the cell applied in turn (``proxy.context.codexcode``); a cell that
+    does anything else drops every file. The cell's result holds all its calls' outputs, so each call is applied as
+    one that printed nothing (no read is taken from it), and as failed unless the cell completed: a failed or
+    still running cell's calls drop what they name."""
+    calls = cell_calls(source)
+    if calls is None:
+        files.by_path.clear()
+        return
+    done = result.text.startswith(CELL_DONE) and not result.is_error
+    inner = Result("" if done else "error: the cell did not complete", not done, result.index)
+    for name, arguments in calls:
+        _apply(files, name, arguments, inner, index, seq)
+
+
 def _only_polls(args: Any) -> bool:
-    """Whether a call to a running process sends it nothing (Codex's ``write_stdin`` with empty ``chars``: it only
-    reads what the process wrote since)."""
+    """Whether a call to a running process sends it no command: Codex's ``write_stdin`` with empty ``chars`` only
+    reads what the process wrote since, and Ctrl-C, Ctrl-D, Ctrl-Z or Ctrl-\\ alone interrupt or end it."""
     return isinstance(args, dict) and "session_id" in args and not any(
-        isinstance(args.get(key), str) and args[key] for key in ("chars", "input", "text", "command", "cmd"))
+        isinstance(args.get(key), str) and args[key].strip(INTERRUPTS)
+        for key in ("chars", "input", "text", "command", "cmd"))
 
 
 def _path(args: dict[str, Any]) -> str | None:
