@@ -1,4 +1,4 @@
-"""The ``ctxproxy`` command: ``serve``, ``run``, ``check`` and, for people, ``sessions list|log|view|show|uncompact``.
+"""The ``ctxproxy`` command: ``serve``, ``run``, ``check``, ``replay`` and ``sessions list|log|view|show|uncompact``.
 
 The ``sessions`` commands read the store directly (no proxy needs to run) and
 stream: a log is fetched and printed one page at a time. Rendering lives in
@@ -13,7 +13,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 import orjson
@@ -21,6 +20,7 @@ import orjson
 from proxy import render
 from proxy.errors import StoreError
 from proxy.launch.command import run
+from proxy.launch.run import redacted
 from proxy.logs import default_log_config
 from proxy.savings import SavingsCache, saved_text
 from proxy.serveflags import serve_options, settings_from, store_option
@@ -62,15 +62,6 @@ def serve(workers: int, **options: Any) -> None:
 
 
 # -- for people: sessions and check -------------------------------------------------------------
-
-
-def _redacted(url: str) -> str:
-    """The store URL without its password, fit to print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 @asynccontextmanager
@@ -248,6 +239,70 @@ def sessions_show(session: str, tenant: str | None, store: str | None, as_json: 
 
 
 @main.command()
+@click.argument("source")
+@serve_options
+@_tenant_option
+@click.option("--summariser", type=click.Choice(["none", "upstream"]), default="none", show_default=True,
+              help="Who writes the summaries: none (built in, offline: a summary that keeps nothing, so the report "
+                   "shows what the proxy keeps by itself) or upstream (the configured upstream's summary model)")
+@click.option("--model", default=None, help="Model whose window and prices to use [default: the recording's]")
+@_json_option
+def replay(source: str, tenant: str | None, summariser: str, model: str | None, as_json: bool,
+           **options: Any) -> None:
+    """Replay SOURCE through the context engine, offline and deterministically, and report what it kept.
+
+    SOURCE is a recorded session file (Claude Code session JSONL, Codex rollout JSONL, a Gemini CLI saved chat, a
+    JSON list of Chat messages or an object holding one under "messages") or a session in the store. Each
+    recorded reply answers its step; the log is a throwaway one, the store is only read. Reports, per compaction
+    and at the end: tokens before and after, prefix changes, cost at the model's prices, and the retention of
+    written paths, commands, error lines, user constraints and the last three written files (exact), beside plain
+    truncation.
+    """
+    from pathlib import Path
+
+    from proxy.app import engine_settings
+    from proxy.replay import report as replay_report
+    from proxy.replay.lab import replay as run_replay
+    from proxy.replay.sources import Recording, SourceError, read_file, read_store
+
+    settings = settings_from(options)
+    path = Path(source)
+
+    async def recording() -> Recording:
+        if path.is_file():
+            try:
+                return read_file(path)
+            except SourceError as exc:
+                raise click.BadParameter(str(exc), param_hint="SOURCE") from None
+        async with _opened(settings.store) as log:
+            key = await _resolve(log, source, tenant)
+            found = await read_store(log, key)
+        if not found.items:
+            raise click.ClickException(f"no session {source!r} under tenant {key.tenant!r}")
+        return found
+
+    async def work() -> dict[str, Any] | str:
+        import aiohttp
+
+        from proxy.summarycall import summary_completer
+
+        recorded = await recording()
+        chosen = model or recorded.model
+        if summariser == "none":
+            done = await run_replay(recorded, engine_settings(settings), summariser=summariser, model=chosen)
+        else:
+            async with aiohttp.ClientSession() as client:
+                complete = summary_completer(client, settings, {}, settings.summary_model or chosen,
+                                             recorded.dialect)
+                done = await run_replay(recorded, engine_settings(settings), complete=complete,
+                                        summariser=summariser, model=chosen)
+        return done.to_json() if as_json else replay_report.render(done)
+
+    result = _run(work)
+    click.echo(orjson.dumps(result, option=orjson.OPT_SORT_KEYS).decode() if isinstance(result, dict) else result)
+
+
+@main.command()
 @store_option
 def check(store: str | None) -> None:
     """Open the store and ping it: prints ok and exits 0, or prints why and exits 1."""
@@ -263,9 +318,9 @@ def check(store: str | None) -> None:
 
     problem = _run(work)
     if problem is not None:
-        click.echo(f"store {_redacted(url)}: failed: {problem}", err=True)
+        click.echo(f"store {redacted(url)}: failed: {problem}", err=True)
         raise SystemExit(1)
-    click.echo(f"store {_redacted(url)}: ok")
+    click.echo(f"store {redacted(url)}: ok")
 
 
 main.add_command(run)

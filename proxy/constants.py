@@ -18,6 +18,8 @@ SIGNIN_EPOCH_KEY = f"{KEY_PREFIX}:signin-epoch"
 
 #: Which tenants hold a session id (``FactLog.note_tenant``): a sorted set per session id, its own hash slot.
 TENANTS_PREFIX = f"{KEY_PREFIX}:tenants"
+#: The conversation openings of those tenants (``proxy.store.base.Tenant``): a hash per session id, in the same slot.
+OPENINGS_PREFIX = f"{KEY_PREFIX}:openings"
 #: A credential's link to the tenant whose session it continues (``FactLog.link``), in the new tenant's slot.
 LINK_SUFFIX = "link"
 
@@ -48,6 +50,10 @@ def lock_key(tenant: str, session: str, name: str) -> str:
 
 def tenants_key(session: str) -> str:
     return f"{TENANTS_PREFIX}:{{{session}}}"
+
+
+def openings_key(session: str) -> str:
+    return f"{OPENINGS_PREFIX}:{{{session}}}"
 
 
 def link_key(tenant: str, session: str) -> str:

@@ -81,7 +81,8 @@ class Unauthorized(BadRequest):
 
 
 class TooManyAttempts(BadRequest):
-    """Too many failed admin tokens from one address: it may try again after ``Retry-After`` seconds."""
+    """Too many failed admin tokens from one address, or from many (``proxy.throttle``): it may try again after
+    ``Retry-After`` seconds."""
 
     status = 429
     type = "rate_limit_error"

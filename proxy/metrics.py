@@ -32,6 +32,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
 from proxy.context.compactor import CompactionResult
+from proxy.savings import summary_cost
 from proxy.store.base import SessionKey, StoredFact
 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
@@ -127,10 +128,15 @@ class Metrics:
         self.upstream_cached_tokens = Counter("ctxproxy_upstream_cached_tokens",
                                               "Prompt tokens the upstream reported as read from its prompt cache.",
                                               registry=r)
-        self.tokens_saved = Counter("ctxproxy_tokens_saved", "Tokens compaction took out of the requests clients "
-                                    "sent, by the proxy's own count (proxy.savings).", registry=r)
-        self.cost_saved = Counter("ctxproxy_cost_saved_dollars", "Those tokens at the model's input price from "
-                                  "litellm's bundled map (models it prices only).", registry=r)
+        # Net (proxy.savings): what compaction took out of requests less what its summary calls cost, so a gauge
+        # (a summary lowers it); summed over workers, dead ones included, as a counter is.
+        self.tokens_saved = Gauge("ctxproxy_tokens_saved_total", "Tokens compaction took out of the requests "
+                                  "clients sent, by the proxy's own count, less the tokens its summary calls "
+                                  "used (proxy.savings).", multiprocess_mode="sum", registry=r)
+        self.cost_saved = Gauge("ctxproxy_cost_saved_dollars_total", "Those tokens in dollars: saved ones at the "
+                                "model's input price, summary calls at its input and output prices, from "
+                                "litellm's bundled map (models it prices only).", multiprocess_mode="sum",
+                                registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -156,12 +162,18 @@ class Metrics:
         child.inc()
 
     def facts_appended(self, facts: Sequence[StoredFact]) -> None:
-        """One increment per kind, not per fact: a 300,000-message append is not 300,000 label look-ups."""
+        """One increment per kind, not per fact: a 300,000-message append is not 300,000 label look-ups. A
+        ``summary`` entry's cost comes off the savings, as it does in ``/admin/savings``."""
         for kind, count in collections.Counter(fact.kind for fact in facts).items():
             child = self._entries.get(kind)
             if child is None:
                 child = self._entries[kind] = self.log_entries.labels(kind=kind)
             child.inc(count)
+            if kind == "summary":
+                for fact in facts:
+                    if (cost := summary_cost(fact)) is not None:
+                        self.tokens_saved.dec(cost.tokens)
+                        self.cost_saved.dec(cost.dollars or 0.0)
 
     def compaction_done(self, trigger: str, result: CompactionResult, seconds: float) -> None:
         self.compactions.labels(trigger=trigger, outcome=result.outcome).inc()

@@ -1,17 +1,25 @@
-"""What the proxy saved: per request, folded per session from its log, and the dollars at the model's price.
+"""What the proxy saved: per request, folded per session from its log, net of what compacting cost, in dollars.
 
 Each upstream reply the proxy logs carries ``tokens: {"client": C, "view": V}``
-and ``model``: the proxy's own count (``Estimate.local``) of the request the
-client sent and of the view that went upstream instead, both by the same
-estimator, so ``C - V`` is what compaction took out of that request whatever
-the upstream's tokenizer. Per request:
+and ``model`` (the one the upstream answered with): the proxy's own count
+(``Estimate.local``) of the request the client sent and of the view that went
+upstream instead, both by the same estimator, so ``C - V`` is what compaction
+took out of that request whatever the upstream's tokenizer. Per request:
 
-- saved = ``C - V`` (never below 0);
+- gross saved = ``C - V`` (never below 0);
 - the model saw the upstream's ``usage`` prompt tokens where it reported them, else ``V``;
 - the client sent what the model saw plus what was saved;
-- dollars saved = saved times the model's ``input_cost_per_token`` in litellm's bundled
+- gross dollars = saved times the model's ``input_cost_per_token`` in litellm's bundled
   map: the uncached list price, so an upper bound where the client's own history would
   have been read from a prompt cache. A model the map does not know adds tokens only.
+
+Compacting is not free: each ``summary`` entry carries what its model calls
+cost as the upstream reported it (``usage``, ``model``, ``calls``), and their
+input and output tokens are the costs (in dollars at that model's input and
+output list prices). What the proxy reports as saved (``saved_tokens``,
+``cost_saved``, and the metrics) is net: gross less costs, below 0 while the
+summaries have not yet paid for themselves. A summary call whose answer was not
+kept leaves no entry, and is not counted.
 
 The log is append-only, so ``SavingsCache`` folds a session once and then only
 what was appended since.
@@ -24,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.context.window import input_price_for
+from proxy.context.window import input_price_for, output_price_for
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 
@@ -53,22 +61,78 @@ def dollars_saved(model: str | None, saved: int) -> float | None:
     return saved * price if price is not None else None
 
 
+@dataclass(frozen=True)
+class SummaryCost:
+    """What one ``summary`` entry's calls cost: their tokens in and out, and the dollars (None: unpriced)."""
+
+    calls: int
+    tokens: int
+    dollars: float | None
+
+
+def summary_cost(fact: StoredFact) -> SummaryCost | None:
+    """The cost a ``summary`` entry records (``proxy.context.callusage``), or None for any other entry and for a
+    summary logged without one (before summaries carried it, or a client compaction's answer, which made no call).
+
+    The cache writes a summary induces (the next request's prefix is new to the prompt cache) belong here too,
+    once they are measured (#34).
+    """
+    if fact.kind != "summary" or not isinstance(calls := fact.extra.get("calls"), int):
+        return None
+    usage, model = fact.extra.get("usage"), fact.extra.get("model")
+    model = model if isinstance(model, str) else None
+    if not isinstance(usage, Mapping):
+        return SummaryCost(calls, 0, None)
+    dialect = dialect_of(fact)
+    tokens_in, tokens_out = dialect.prompt_tokens(usage) or 0, dialect.output_tokens(usage) or 0
+    price_in = input_price_for(model) if model else None
+    price_out = output_price_for(model) if model else None
+    dollars = tokens_in * price_in + tokens_out * price_out if price_in is not None and price_out is not None else None
+    return SummaryCost(calls, tokens_in + tokens_out, dollars)
+
+
+def _add(total: float | None, more: float | None) -> float | None:
+    return total if more is None else (total or 0.0) + more
+
+
 @dataclass
 class UsageTotals:
-    """A session's requests (its logged replies, every branch): what the upstream reported and what was saved."""
+    """A session's requests (its logged replies, every branch) and summaries: what the upstream reported, what
+    compaction took out of the requests (gross) and what its summary calls cost."""
 
     replies: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
     client_tokens: int = 0
     model_tokens: int = 0
-    saved_tokens: int = 0
+    gross_saved_tokens: int = 0
     #: None while no request was of a model the bundled map prices.
-    cost_saved: float | None = None
+    gross_cost_saved: float | None = None
+    summary_calls: int = 0
+    summary_tokens: int = 0
+    #: None while no summary was made by a model the bundled map prices.
+    summary_cost: float | None = None
     #: The seq and the figures of the last entry counted: every item of one reply carries its reply's figures.
     _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
 
+    @property
+    def saved_tokens(self) -> int:
+        """Net: what compaction took out of the requests less what its summary calls cost."""
+        return self.gross_saved_tokens - self.summary_tokens
+
+    @property
+    def cost_saved(self) -> float | None:
+        """Net dollars: the gross less the priced summary calls (None while neither is priced)."""
+        if self.gross_cost_saved is None and self.summary_cost is None:
+            return None
+        return (self.gross_cost_saved or 0.0) - (self.summary_cost or 0.0)
+
     def add(self, fact: StoredFact) -> None:
+        if (cost := summary_cost(fact)) is not None:
+            self.summary_calls += cost.calls
+            self.summary_tokens += cost.tokens
+            self.summary_cost = _add(self.summary_cost, cost.dollars)
+            return
         if fact.kind != "message" or fact.source != "upstream":
             return
         usage, tokens = fact.extra.get("usage"), request_tokens(fact)
@@ -94,30 +158,40 @@ class UsageTotals:
         seen = prompt if prompt is not None else view
         self.model_tokens += seen
         self.client_tokens += seen + saved
-        self.saved_tokens += saved
+        self.gross_saved_tokens += saved
         model = fact.extra.get("model")
-        dollars = dollars_saved(model if isinstance(model, str) else None, saved)
-        if dollars is not None:
-            self.cost_saved = (self.cost_saved or 0.0) + dollars
+        self.gross_cost_saved = _add(self.gross_cost_saved,
+                                     dollars_saved(model if isinstance(model, str) else None, saved))
 
     def merge(self, other: UsageTotals) -> None:
         """Add another session's totals (for a total over sessions)."""
-        for name in ("replies", "prompt_tokens", "cached_tokens", "client_tokens", "model_tokens", "saved_tokens"):
+        for name in ("replies", "prompt_tokens", "cached_tokens", "client_tokens", "model_tokens",
+                     "gross_saved_tokens", "summary_calls", "summary_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        if other.cost_saved is not None:
-            self.cost_saved = (self.cost_saved or 0.0) + other.cost_saved
+        self.gross_cost_saved = _add(self.gross_cost_saved, other.gross_cost_saved)
+        self.summary_cost = _add(self.summary_cost, other.summary_cost)
 
     def to_json(self) -> dict[str, Any]:
+        """The figures: ``saved_tokens`` and ``cost_saved`` net, the gross and the summary calls' costs beside."""
         return {"replies": self.replies, "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
                 "client_tokens": self.client_tokens, "model_tokens": self.model_tokens,
-                "saved_tokens": self.saved_tokens, "cost_saved": self.cost_saved}
+                "saved_tokens": self.saved_tokens, "cost_saved": self.cost_saved,
+                "gross_saved_tokens": self.gross_saved_tokens, "gross_cost_saved": self.gross_cost_saved,
+                "summary_calls": self.summary_calls, "summary_tokens": self.summary_tokens,
+                "summary_cost": self.summary_cost}
 
 
 def saved_text(totals: UsageTotals) -> str:
-    """One line for people: sent against seen, cached, saved and its price (tokens only for an unpriced model)."""
+    """One line for people: sent against seen, cached, saved net and its price (tokens only for an unpriced
+    model), and the summary calls it is net of."""
     text = (f"{totals.client_tokens:,} tokens sent by the client, {totals.model_tokens:,} seen by the model "
             f"({totals.cached_tokens:,} cached), {totals.saved_tokens:,} saved")
-    return text + (f", about ${totals.cost_saved:,.2f}" if totals.cost_saved is not None else "")
+    text += f", about ${totals.cost_saved:,.2f}" if totals.cost_saved is not None else ""
+    if totals.summary_calls:
+        plural = "s" if totals.summary_calls != 1 else ""
+        text += (f" (net: {totals.gross_saved_tokens:,} taken out of requests, {totals.summary_tokens:,} spent "
+                 f"on {totals.summary_calls:,} summary call{plural})")
+    return text
 
 
 @dataclass

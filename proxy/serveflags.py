@@ -121,6 +121,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
     click.option("--recall-tool/--no-recall-tool", envvar="CTXPROXY_RECALL_TOOL", default=None, show_envvar=True,
                  help="Offer the model a ctxproxy_recall tool that reads a masked output back from the log "
                       "[default: off]"),
+    click.option("--shadow/--no-shadow", envvar="CTXPROXY_SHADOW", default=None, show_envvar=True,
+                 help="Compute and log the view of every request (compacting as it would), but forward the client's "
+                      "request unchanged: the log and the inspector show what it would have sent [default: off]"),
     click.option("--add-fields", envvar="CTXPROXY_ADD_FIELDS", type=click.Choice(["auto", "always", "never"]),
                  default=None, show_envvar=True,
                  help="Add fields the client did not send (prompt_cache_key; stream_options.include_usage on streamed "

@@ -37,13 +37,15 @@ ANONYMOUS_TENANT = "anonymous"
 _TENANT_SALT = b"ctxproxy-tenant-v1\x00"
 
 
-def credential(headers: Mapping[str, str]) -> str | None:
-    """The caller's key from ``Authorization: Bearer``, ``api-key``, ``x-api-key`` or ``x-goog-api-key`` (Gemini)."""
+def credential(headers: Mapping[str, str], query: Mapping[str, str] | None = None) -> str | None:
+    """The caller's key from ``Authorization: Bearer``, ``api-key``, ``x-api-key`` or ``x-goog-api-key`` (Gemini),
+    else the Gemini API's ``key`` query parameter: a request that carries a key anywhere is never ``anonymous``."""
     auth = headers.get("Authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         return token.strip() if scheme.lower() == "bearer" and token.strip() else auth.strip()
-    return headers.get("api-key") or headers.get("x-api-key") or headers.get("x-goog-api-key") or None
+    found = headers.get("api-key") or headers.get("x-api-key") or headers.get("x-goog-api-key")
+    return found or (query.get("key") if query is not None else None) or None
 
 
 @functools.lru_cache(maxsize=4096)

@@ -98,6 +98,9 @@ class Settings:
     keep_user_words: int | None = None
     #: Offer the model a ``ctxproxy_recall`` tool for masked outputs.
     recall_tool: bool = False
+    #: Compute and log the view of every request, but forward the client's request unchanged (``--shadow``): the log
+    #: and the inspector show what the proxy would have sent.
+    shadow: bool = False
     #: Request fields the client did not send (``prompt_cache_key``; ``stream_options.include_usage`` on a streamed
     #: Chat request): "auto" adds them only for an upstream known to take them (``OFFICIAL_OPENAI_HOST``),
     #: "always" everywhere, "never" nowhere. Azure OpenAI refuses a request with an argument it does not know.
@@ -183,7 +186,7 @@ _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("u
             "log_format": ("text", "json"), "add_fields": ("auto", "always", "never")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
          "state_cache_bytes", "reactive_retries", "keep_tool_outputs", "keep_user_words"}
-_BOOLS = {"recall_tool"}
+_BOOLS = {"recall_tool", "shadow"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
            "connect_timeout", "client_timeout", "compaction_cooldown",

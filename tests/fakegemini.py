@@ -27,7 +27,7 @@ import orjson
 from aiohttp import web
 
 from tests.fakescript import Recorder, Script, cached_prefix, is_summary_prompt, pieces
-from tests.fakeupstream import overflow_body
+from tests.fakeupstream import PREAMBLE, PREAMBLE_CALL, overflow_body
 
 #: How Gemini CLI's compression prompt starts (its ``systemInstruction``).
 STATE_SNAPSHOT_SYSTEM = ("You are a specialized system component responsible for distilling chat history into a "
@@ -101,6 +101,10 @@ class FakeGemini(Recorder):
         system = first_text(body.get("systemInstruction"))
         if is_summary_prompt(system) or is_summary_prompt(first_text(contents[-1] if contents else None)):
             self._record(request, body, "summary")
+            if self.summary_style == PREAMBLE_CALL:
+                name = body["tools"][0]["functionDeclarations"][0]["name"]
+                return await self._answer(request, body, [{"text": PREAMBLE}, {"functionCall": {"name": name,
+                                                                                                "args": {}}}], 0, 0)
             text = await self.summary(contents)
             if isinstance(text, web.Response):
                 return text

@@ -53,7 +53,7 @@ from tests.fakescript import (
     sse,
     summary_text,
 )
-from tests.fakeupstream import overflow_body
+from tests.fakeupstream import PREAMBLE, PREAMBLE_CALL, overflow_body
 
 #: Claude Code's own compaction request carries this in its last user message; a proxy-driven run must never send it.
 CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversation so far"
@@ -126,6 +126,10 @@ class FakeMessages(Recorder):
             return web.json_response(OAUTH_REFUSED, status=400)
         if summary:
             self._record(request, body, "summary")
+            if self.summary_style == PREAMBLE_CALL:
+                call = {"type": "tool_use", "id": f"toolu_{next(self._ids):06d}", "name": body["tools"][0]["name"],
+                        "input": {}}
+                return await self._answer(request, body, [{"type": "text", "text": PREAMBLE}, call], "tool_use", 0, 0)
             text = await self.summary(messages)
             if isinstance(text, web.Response):
                 return text

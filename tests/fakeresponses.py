@@ -50,7 +50,7 @@ from tests.fakescript import (
     pieces,
     sse,
 )
-from tests.fakeupstream import StrictFields
+from tests.fakeupstream import PREAMBLE, PREAMBLE_CALL, StrictFields
 
 OVERFLOW_ERROR = {"type": "invalid_request_error", "code": "context_length_exceeded", "param": "input",
                   "message": "Your input exceeds the context window of this model. Please adjust your input and try "
@@ -145,6 +145,11 @@ class FakeResponses(Recorder):
             return web.json_response(refused, status=400)
         if summary:
             self._record(request, body, "summary")
+            if self.summary_style == PREAMBLE_CALL:
+                n = next(self._ids)
+                call = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "status": "completed",
+                        "name": body["tools"][0]["name"], "arguments": "{}"}
+                return await self._answer(request, body, [self._message(PREAMBLE), call], 0)
             text = await self.summary(items)
             if isinstance(text, web.Response):
                 return text

@@ -119,7 +119,8 @@ class Recorder:
         self.window = Window(window)
         self.overflow = overflow
         self.requests: list[Recorded] = []
-        #: How the summary model answers: ``sections`` (as asked) or one of ``tests.fakeupstream.MISBEHAVIOURS``.
+        #: How the summary model answers: ``sections`` (as asked), one of ``tests.fakeupstream.MISBEHAVIOURS``, or
+        #: ``PREAMBLE_CALL`` (each fake answers it in its API's shape).
         self.summary_style = "sections"
 
     async def summary(self, shown: object) -> str | web.Response:

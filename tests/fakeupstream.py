@@ -92,6 +92,10 @@ def full_summary(goals: str, identifiers: str = "None") -> str:
 #: (``bold``, ``numbered``, ``translated``, ``prose``), sections with nothing in them (``lazy``), a refusal, an HTTP
 #: 500 (``error``), or no answer at all (``hang``).
 MISBEHAVIOURS = ("bold", "numbered", "translated", "prose", "lazy", "refusal", "error", "hang")
+#: One more misbehaviour, which each fake answers in its own API's shape: a one-line preamble and a call to the
+#: first tool the summary request offers (the model going on with the agent's work instead of summing it up).
+PREAMBLE_CALL = "preamble_call"
+PREAMBLE = "Let me look at the files first."
 GERMAN = ("Ziele", "Erledigte Arbeit", "Entscheidungen", "Geänderte Dateien", "Fehler", "Aktueller Stand",
           "Nächste Schritte", "Bezeichner")
 _SECTION = re.compile(r"^#+\s*\d+\.\s*(.+)$", re.MULTILINE)
@@ -155,12 +159,15 @@ AZURE_CHAT_FIELDS = frozenset({
     "response_format", "seed", "logprobs", "top_logprobs", "reasoning_effort"})
 
 
-def summary_response(text: str, finish_reason: str = "stop", model: str | None = None) -> web.Response:
-    """A Chat Completions answer to a summary request."""
+def summary_response(text: str, finish_reason: str = "stop", model: str | None = None,
+                     usage: tuple[int, int] = (1, 1)) -> web.Response:
+    """A Chat Completions answer to a summary request; ``usage``: the prompt and completion tokens it reports."""
+    prompt, completion = usage
     return web.json_response({"id": "sum", "object": "chat.completion", "model": model,
                               "choices": [{"index": 0, "finish_reason": finish_reason,
                                            "message": {"role": "assistant", "content": text}}],
-                              "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                              "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                        "total_tokens": prompt + completion}})
 
 
 def role_error(messages: list[dict[str, Any]]) -> str | None:
@@ -213,6 +220,8 @@ class FakeUpstream:
         self.overflow_in_stream = False
         self.summary_mode = "facts"
         self.summary_requests: list[dict[str, Any]] = []
+        #: The text of each summary answered with one (the requests a failure mode refuses are left out).
+        self.summary_answers: list[str] = []
         #: When set, summary requests wait for it (a slow summary model); ``summaries_answered`` counts the done.
         self.summary_gate: asyncio.Event | None = None
         self.summaries_answered = 0
@@ -246,6 +255,8 @@ class FakeUpstream:
         self.strict_refusals: list[tuple[str, dict[str, Any]]] = []
         #: Each summary request's path with its query string, and its headers.
         self.summary_calls: list[tuple[str, dict[str, str]]] = []
+        #: Answer naming this model whatever the request named (a gateway that routes by rules of its own).
+        self.answer_model: str | None = None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -283,16 +294,19 @@ class FakeUpstream:
             return fault
         if self.summary_gate is not None:
             await self.summary_gate.wait()
-        if self.summary_mode == "tool_call":  # a model that calls the client's tool instead of answering
+        if self.summary_mode in ("tool_call", PREAMBLE_CALL):  # a model that calls the client's tool instead
             call = {"id": "call_summary", "type": "function",
                     "function": {"name": body["tools"][0]["function"]["name"], "arguments": "{}"}}
+            content = PREAMBLE if self.summary_mode == PREAMBLE_CALL else None
             return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
                                       "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
-                                          "role": "assistant", "content": None, "tool_calls": [call]}}]})
+                                          "role": "assistant", "content": content, "tool_calls": [call]}}]})
         facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
         text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
-        return summary_response(text, model=body.get("model"))
+        self.summary_answers.append(text)
+        usage = (self.count(body), self._counter.text_tokens(text))  # what a model would bill for it
+        return summary_response(text, model=self.answer_model or body.get("model"), usage=usage)
 
     def strict_refusal(self, body: dict[str, Any]) -> web.Response | None:
         """The strict modes' answer to ``body``, or None when they let it through."""
@@ -318,7 +332,9 @@ class FakeUpstream:
             self.summary_calls.append((request.path_qs, dict(request.headers)))
             answer = await self.summary(body)
             if body.get("stream") is True and answer.status == 200 and answer.content_type == "application/json":
-                return await self._stream_completion(request, orjson.loads(answer.body))  # type: ignore[arg-type]
+                usage = (body.get("stream_options") or {}).get("include_usage") is True
+                return await self._stream_completion(request, orjson.loads(answer.body),  # type: ignore[arg-type]
+                                                     include_usage=usage)
             return answer
         self.requests.append(body)
         self.bodies.append(raw)
@@ -357,7 +373,7 @@ class FakeUpstream:
             return await self._stream(request, body, message, usage, reply)
         return web.json_response({
             "id": "chatcmpl-fake", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model"), "system_fingerprint": "fp_fake",
+            "model": self.answer_model or body.get("model"), "system_fingerprint": "fp_fake",
             "choices": [{"index": 0, "message": message, "logprobs": None,
                          "finish_reason": "tool_calls" if reply.tool_calls else "stop"}],
             "usage": usage,
@@ -369,7 +385,7 @@ class FakeUpstream:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": body.get("model"), "system_fingerprint": "fp_fake"}
+                "model": self.answer_model or body.get("model"), "system_fingerprint": "fp_fake"}
         if include_usage:
             base["usage"] = None
         events = [_delta(base, {"role": "assistant", "content": ""})]
@@ -406,15 +422,21 @@ class FakeUpstream:
             raise
         return resp
 
-    async def _stream_completion(self, request: web.Request, completion: dict[str, Any]) -> web.StreamResponse:
-        """A whole ``chat.completion`` (a summary's) sent as a stream of small chunks, then ``[DONE]``."""
+    async def _stream_completion(self, request: web.Request, completion: dict[str, Any], *,
+                                 include_usage: bool = False) -> web.StreamResponse:
+        """A whole ``chat.completion`` (a summary's, its tool calls included) sent as a stream of small chunks (its
+        usage last, when asked for), then ``[DONE]``."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         choice = completion["choices"][0]
         base = {"id": completion.get("id"), "object": "chat.completion.chunk", "model": completion.get("model")}
+        calls = [_delta(base, {"tool_calls": [{"index": i, **call}]})
+                 for i, call in enumerate(choice["message"].get("tool_calls") or [])]
         events = [_delta(base, {"role": "assistant", "content": ""}),
                   *(_delta(base, {"content": piece}) for piece in _pieces(choice["message"].get("content") or "")),
-                  {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+                  *calls, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}]
+        if include_usage:
+            events.append({**base, "choices": [], "usage": completion.get("usage")})
         for event in events:
             await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")

@@ -99,13 +99,13 @@ class ProxyProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def rss_bytes(self) -> int:
-        """Resident set size of the child, from /proc (Linux)."""
+    def rss_bytes(self, field: str = "VmRSS") -> int:
+        """Resident set size of the child, from /proc (Linux); ``field="VmHWM"``: its peak since it started."""
         proc = self._running()
         for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc status")
+        raise RuntimeError(f"no {field} in /proc status")
 
     def log_bytes(self) -> bytes:
         return self.log_path.read_bytes() if self.log_path.exists() else b""

@@ -187,7 +187,8 @@ async def test_view_is_what_the_next_request_sends_upstream(make_proxy, fake: Fa
     prompt = sum(f.extra["usage"]["prompt_tokens"] for f in replies)
     assert {k: usage[k] for k in ("replies", "cached_tokens", "prompt_tokens", "model_tokens")} == {
         "replies": len(replies), "cached_tokens": 0, "prompt_tokens": prompt, "model_tokens": prompt}
-    assert usage["saved_tokens"] > 0 and usage["client_tokens"] == prompt + usage["saved_tokens"]
+    assert usage["gross_saved_tokens"] > 0 and usage["client_tokens"] == prompt + usage["gross_saved_tokens"]
+    assert usage["saved_tokens"] == usage["gross_saved_tokens"] - usage["summary_tokens"]
     assert "FACT-Kestrel5" in orjson.dumps(view["messages"]).decode()
 
     resp = await chat(proxy, replay(facts), "viewed")  # the client resends exactly what the log holds
@@ -206,7 +207,8 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
     assert view == {"messages": [hello, reply], "estimate": view["estimate"],
                     "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": prompt, "cached_tokens": 0,
                                                   "client_tokens": prompt, "model_tokens": prompt, "saved_tokens": 0,
-                                                  "cost_saved": 0.0}}
+                                                  "cost_saved": 0.0, "gross_saved_tokens": 0, "gross_cost_saved": 0.0,
+                                                  "summary_calls": 0, "summary_tokens": 0, "summary_cost": None}}
     assert view["estimate"] > 0
 
 

@@ -116,3 +116,37 @@ async def test_what_gemini_cli_sends(aiohttp_server, tmp_path: Path) -> None:
     call, response = second[1]["parts"][1]["functionCall"], second[2]["parts"][0]["functionResponse"]
     assert response["id"] == call["id"] and response["name"] == call["name"] == "run_shell_command"
     assert "step-1" in response["response"]["output"]
+
+
+# -- the proactive trigger counts what a Gemini request carries besides its contents --------------------------
+
+#: A window the CLI's head (about 9,600 tokens, 6,350 of them the system instruction) leaves 6,400 of.
+SMALL_WINDOW = 16_000
+LONG_STEPS = 32
+
+
+def long_output(step: int) -> str:
+    """Every fourth step prints about 4,800 tokens of numbers, the others about 240: the run needs compacting,
+    and a large output may come right after a checkpoint lands, when no usage figure covers the view yet."""
+    lines = 2000 if step % 4 == 0 else 100
+    return f"echo step-{step}; seq {step * 10000} {step * 10000 + lines}"
+
+
+async def test_gemini_cli_at_16k_never_sends_the_upstream_a_prompt_over_its_window(
+        aiohttp_server, tmp_path: Path) -> None:
+    """Issue 35: the door counted ``contents`` and ``tools`` but not the system instruction, so a view applying a
+    new checkpoint was estimated 6,350 tokens low: 11 of 44 turns reached the fake over its window, each rescued
+    by a reactive retry. Counting everything the request carries, the proactive trigger fires first."""
+    fake = FakeGemini(Script(steps=LONG_STEPS, command=long_output), window=SMALL_WINDOW)
+    parts = await rig(aiohttp_server, tmp_path, fake, SMALL_WINDOW, "known")
+    run: AgentRun = await run_gemini(parts.url, tmp_path, PROMPT)
+
+    assert (run.returncode, run.errors) == (0, []), run.stderr
+    assert run.final_text == final_text(LONG_STEPS)
+    turns = fake.turns()
+    over = [t.tokens for t in turns if t.tokens is None or t.tokens > SMALL_WINDOW]
+    assert over == [], f"{len(over)} of {len(turns)} turns reached the upstream over the window"
+    assert [t.status for t in turns] == [200] * (LONG_STEPS + 1), "one accepted turn per step, none refused"
+    compacted = [x.response_headers[HEADER_COMPACTED] for x in parts.tap.exchanges]
+    assert "reactive" not in compacted, compacted
+    assert sum(c in ("proactive", "background") for c in compacted) >= LONG_STEPS // 4, "the run needed compacting"

@@ -10,7 +10,7 @@ import pytest
 from proxy.context.artifactparse import command_text, outcome, patch_files
 from proxy.context.artifacts import ARTIFACTS_HEADING, Artifact, collect, from_json, merge, render, to_json
 from proxy.context.tokens import TokenCounter
-from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 
 COUNTER = TokenCounter()
 
@@ -180,6 +180,43 @@ def test_opencode_and_gemini_cli_tools() -> None:
         ("command", "npm test", "exit 1: Error: expect(received).toBe(2)"),
         ("command", "npm run lint", "exit 0"),
     ]
+
+
+
+def gemini_shell_output(command: str, code: int, output: str = "") -> str:
+    """Gemini CLI's ``run_shell_command`` output for ``command`` printing ``output`` and ending with ``code``."""
+    return (f"Command: {command}\nDirectory: (root)\nOutput: ran {command}{output}\nError: (none)\n"
+            f"Exit Code: {code}\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: 4242")
+
+
+def gemini_idless_run(rounds: int, padding: str = "") -> list[dict[str, Any]]:
+    """A Gemini conversation whose function calls carry no ``id`` (as the Gemini API returns them): each round a
+    model turn writing ``src/f{k}.py`` and running ``make t{k}`` (exit ``k % 3``), answered by position;
+    ``padding`` is added to the model's words and the command's output."""
+    contents: list[dict[str, Any]] = [{"role": "user", "parts": [{"text": "Build every module."}]}]
+    for k in range(rounds):
+        contents.append({"role": "model", "parts": [
+            {"text": f"Module {k}.{padding}"},
+            {"functionCall": {"name": "write_file", "args": {"file_path": f"src/f{k}.py", "content": f"x = {k}"}}},
+            {"functionCall": {"name": "run_shell_command", "args": {"command": f"make t{k}"}}}]})
+        contents.append({"role": "user", "parts": [
+            {"functionResponse": {"name": "write_file",
+                                  "response": {"output": f"Successfully created and wrote to new file: src/f{k}.py."}}},
+            {"functionResponse": {"name": "run_shell_command",
+                                  "response": {"output": gemini_shell_output(f"make t{k}", k % 3, padding)}}}]})
+    return contents
+
+
+def test_gemini_calls_without_ids_each_keep_their_line_and_their_own_exit_status() -> None:
+    """Issue 35: id-less Gemini calls are keyed by name and order within their turn (``run_shell_command#1`` in
+    every turn): the trail kept the first call of each name and no other. Each call pairs with the response at its
+    position in the next turn."""
+    messages = gemini_idless_run(4)
+    found = collect(GEMINI, messages, 0, len(messages))
+    assert sorted(trail(found)) == sorted(
+        [("file", f"src/f{k}.py", "written") for k in range(4)]
+        + [("command", f"make t{k}", "exit 0" if k % 3 == 0 else f"exit {k % 3}") for k in range(4)])
+    assert [(a.name, a.index) for a in found if a.kind == "command"] == [(f"make t{k}", 1 + 2 * k) for k in range(4)]
 
 
 def test_generic_writing_tools_moves_and_deletes_by_name_and_path_argument() -> None:

@@ -174,7 +174,9 @@ def test_view_prints_what_the_next_request_would_send(logged: str) -> None:
     led = {"role": "user", "content": f"{SUMMARY_MESSAGE['content']}{SUMMARY_END}{USER['content']}"}
     assert view == {"messages": [SYSTEM, led, FINAL], "estimate": view["estimate"], "checkpoint": as_read(checkpoint()),
                     "usage": {"replies": 1, "prompt_tokens": 30, "cached_tokens": 0, "client_tokens": 30,
-                              "model_tokens": 30, "saved_tokens": 0, "cost_saved": None}}
+                              "model_tokens": 30, "saved_tokens": 0, "cost_saved": None, "gross_saved_tokens": 0,
+                              "gross_cost_saved": None, "summary_calls": 0, "summary_tokens": 0,
+                              "summary_cost": None}}
     text = run("sessions", "view", "run-1", "--store", logged).output
     assert text == f"""\
 # View of session run-1 (tenant 0123456789abcdef)

@@ -12,6 +12,7 @@ summary text; a forged one is a 400.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -253,3 +254,55 @@ async def test_instructions_added_to_compact_steer_a_rolling_update(aiohttp_serv
     assert len(calls) >= 1, "a rolling update was written for the instructions"
     assert "Keep every step number." in orjson.dumps(calls[-1].body).decode()
     assert "<summary>" in (await resp.json())["content"][0]["text"]
+
+
+STOCK = ("You are Codex, a coding agent. " + "Follow the repository's conventions and keep changes small. " * 40)
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["same-id", "linked"])
+async def test_a_compact_request_holding_a_stock_start_gets_nothing_of_someone_elses_session(
+        aiohttp_server, aiohttp_client, store_url: str, linked: bool) -> None:
+    """Another credential sends ``/v1/responses/compact`` under the same session id with a stock start (the stock
+    instructions, the first prompt and, once proved while the owner's session was that short, its first step):
+    whatever answers it (the proxy, from what that start holds, or the upstream) holds nothing of the owner's
+    later work, read back through the ``compaction`` item it gets."""
+    fake = FakeResponses(Script(steps=40))
+    upstream: TestServer = await aiohttp_server(fake.app())
+    proxy: TestClient[Any, Any] = await aiohttp_client(create_app(Settings(
+        upstream=str(upstream.make_url("/v1")), store=store_url, context_window=5_000, min_retain_rounds=2,
+        precompact_threshold=1.0)))
+    start = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": STOCK}]},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Run the steps."}]}]
+    other = {"Authorization": "Bearer sk-someone-else", "session-id": "codex-1"}
+
+    async def turn(items: list[dict[str, Any]], headers: dict[str, str]) -> list[dict[str, Any]]:
+        resp = await proxy.post("/v1/responses", headers=headers, json={
+            "model": "gpt-5.5", "input": items, "tools": [SHELL], "store": False, "stream": False})
+        assert resp.status == 200, await resp.text()
+        output = (await resp.json())["output"]
+        call = next(i for i in output if i["type"] == "function_call")
+        step = orjson.loads(call["arguments"])["cmd"].split("-")[1]
+        return [*output, {"type": "function_call_output", "call_id": call["call_id"],
+                          "output": f"step-{step}\n" + "output line\n" * 40}]
+
+    items = [*start, *await turn(start, CODEX_HEADERS)]
+    if linked:  # the other credential proves the owner's session while it is only its stock start
+        await turn(items, other)
+        held = list(items)
+    else:
+        held = start
+    for _ in range(13):
+        items += await turn(items, CODEX_HEADERS)
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "codex-1"))
+    assert [f for f in facts if f.kind == "summary"], "the owner's session was summarised"
+
+    before = len(fake.requests)
+    resp = await proxy.post("/v1/responses/compact", headers=other, json={"model": "gpt-5.5", "input": held})
+    assert resp.status == 200
+    [item] = (await resp.json())["output"]
+    resp = await proxy.post("/v1/responses", headers=other, json={
+        "model": "gpt-5.5", "input": [start[0], item, {"type": "message", "role": "user", "content": "Go on."}],
+        "tools": [SHELL], "store": False, "stream": False})
+    sent = orjson.dumps([r.body for r in fake.requests[before:]]).decode()
+    assert not {f"step-{n}" for n in range(3, 15)} & set(re.findall(r"step-\d+", sent)), "none of the later steps"
+    assert "Ran steps" not in sent or "Ran steps 1 to 1." in sent or "Ran steps 1 to 2." in sent

@@ -103,7 +103,8 @@ async def test_a_token_refreshed_mid_run_keeps_the_session_and_its_checkpoints(a
         resp = await client.step()
         assert resp.headers[HEADER_SESSION] == RUN
         assert checkpoint in texts(fake.turns()[-1].body), "the view is the session's, compacted"
-        assert await proxy.app[store_key].link_of(SessionKey(tenant_of(token), RUN)) == original.tenant
+        link = await proxy.app[store_key].link_of(SessionKey(tenant_of(token), RUN))
+        assert link is not None and link.tenant == original.tenant
 
     after = await read_log(proxy.app[store_key], original)
     assert after[:len(facts)] == facts and len(after) > len(facts), "the same log, extended"
@@ -116,24 +117,29 @@ async def test_a_link_outlives_the_process(aiohttp_server, aiohttp_client, tmp_p
     """A second proxy on the same store (another replica, or after a restart) resolves the new token at once."""
     proxy, fake = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, "messages")
     client, _ = await compacted_run(proxy, "messages", TOKENS[0])
+    original = SessionKey(tenant_of(TOKENS[0]), RUN)
     client.headers = bearer(TOKENS[1])
     await client.step()
     replica, _ = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, "messages", fake)
-    # A side call (a title, a quota probe): too short to prove anything, it goes where the stored link says.
+    # A side call (a title, a quota probe) does not hold what proved the link: it is its own key's, and gets
+    # nothing of the session.
     side = OAuthClaude(replica, session=RUN, headers=bearer(TOKENS[1]),
                        messages=[{"role": "user", "content": "Write a five-word title for this session."}])
     assert (await side.step()).headers[HEADER_SESSION] == RUN
-    assert await stored_sessions(replica) == [(tenant_of(TOKENS[0]), RUN)]
+    assert await stored_sessions(replica) == sorted([original, SessionKey(tenant_of(TOKENS[1]), RUN)])
+    before = await read_log(replica.app[store_key], original)
     client.client = replica
     await client.step()
-    assert await stored_sessions(replica) == [(tenant_of(TOKENS[0]), RUN)]
+    after = await read_log(replica.app[store_key], original)
+    assert after[:len(before)] == before and len(after) > len(before), "the run goes on in its own log"
 
 
 @pytest.mark.parametrize("route", ["endpoint", "trigger"])
 async def test_codexs_compaction_item_works_after_a_refresh(aiohttp_server, aiohttp_client, tmp_path: Path,
                                                             route: str) -> None:
     """After Codex's remote compaction its history is the item and what it kept: the item itself proves the
-    session (nothing else of the history could), and expands under the new token."""
+    session (nothing else of the history could) for each request that carries it, and expands under the new
+    token."""
     proxy, fake = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, "responses")
     client, _ = await compacted_run(proxy, "responses", TOKENS[0])
     assert isinstance(client, Codex)
@@ -156,7 +162,7 @@ async def test_codexs_compaction_item_works_after_a_refresh(aiohttp_server, aioh
     resp = await client.step()
     assert resp.headers[HEADER_SESSION] == RUN
     assert fake.turns()[-1].body["input"][0] == summary.message, "the upstream got the summary text"
-    assert await proxy.app[store_key].link_of(SessionKey(tenant_of(TOKENS[1]), RUN)) == original.tenant
+    assert await proxy.app[store_key].link_of(SessionKey(tenant_of(TOKENS[1]), RUN)) is None, "proved: this request"
     after = await read_log(proxy.app[store_key], original)
     assert after[:len(before)] == before and after[-1].kind == "message", "the run goes on in its own log"
     assert await stored_sessions(proxy) == [original]
@@ -228,7 +234,8 @@ async def test_another_token_without_the_conversation_gets_nothing_of_the_sessio
     # The stranger's session opens as the run does; the run's own refresh still finds the run, not that one.
     client.headers = bearer(TOKENS[1])
     await client.step()
-    assert await proxy.app[store_key].link_of(SessionKey(tenant_of(TOKENS[1]), RUN)) == original.tenant
+    link = await proxy.app[store_key].link_of(SessionKey(tenant_of(TOKENS[1]), RUN))
+    assert link is not None and link.tenant == original.tenant
 
 
 # -- the rule itself (proxy.context.continuity) ------------------------------------------------------------------

@@ -20,7 +20,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
-from proxy.constants import HEADER_COMPACTED, HEADER_SESSION
+from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.http.recall import NAME as RECALL
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -29,6 +29,7 @@ from proxy.store.base import FactLog, SessionKey
 from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
 from tests.fakescript import STEP, Script, final_text, parse_sse
 from tests.proxyfixtures import read_log, replay
+from tests.test_artifacts import gemini_idless_run
 
 KEY = "gemini-test-key"
 MODEL = "gemini-test"
@@ -201,6 +202,51 @@ async def test_a_too_long_refusal_is_rescued_and_the_current_turn_goes_byte_iden
     sent = accepted.body["contents"]
     assert [orjson.dumps(c) for c in sent[-2:]] == [orjson.dumps(c) for c in contents[-2:]]
     assert kept(parse_sse(await resp.read()))["parts"][-1]["functionCall"]["args"]["command"] == "echo step-13"
+
+
+
+async def test_the_estimate_counts_the_system_instruction_the_tools_and_the_tool_config(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Issue 35: what the proxy estimates a Gemini request at is what the upstream counts, all its prompt fields
+    included: a system instruction of about 5,000 tokens left out put the estimate 5,000 low, so the proactive
+    trigger fired late."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)))
+    system = {"parts": [{"text": " ".join(f"Rule {n}: keep the build green." for n in range(700))}]}
+    body = {"contents": [{"role": "user", "parts": [{"text": "Say done."}]}], "systemInstruction": system,
+            "tools": TOOLS, "toolConfig": {"functionCallingConfig": {"mode": "AUTO"}}}
+    resp = await parts.client.post(f"/v1beta/models/{MODEL}:generateContent", headers={"x-goog-api-key": KEY},
+                                   json=body)
+    assert resp.status == 200
+    counted = parts.fake.turns()[0].tokens
+    assert counted is not None and counted > 5_000
+    assert abs(int(resp.headers[HEADER_VIEW_TOKENS]) - counted) < counted * 0.05
+
+
+
+async def test_a_compacted_run_of_calls_without_ids_names_every_command_path_and_exit_status(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Issue 35: the Gemini API returns calls without an ``id``, keyed ``name#k`` in every turn; the trail of a
+    compaction kept one command and one file per tool name. Now the view names every command with its own exit
+    status and every path: in the trail for the rounds summarised, verbatim for the rounds kept."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)), context_window=6_000,
+                      min_retain_rounds=1)
+    rounds = 12
+    contents = [*gemini_idless_run(rounds, "\n" + "lorem ipsum " * 100),
+                {"role": "user", "parts": [{"text": "Say what you built."}]}]
+    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
+                                   json={"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS})
+    assert resp.status == 200, await resp.text()
+    assert resp.headers[HEADER_COMPACTED] == "proactive"
+    sent = parts.fake.turns()[-1].body["contents"]
+    summary = sent[0]["parts"][0]["text"]
+    kept = orjson.dumps(sent[1:]).decode()
+    trailed = 0
+    for k in range(rounds):
+        line = f"- $ make t{k} — exit {k % 3} ("
+        assert line in summary or (f"Exit Code: {k % 3}" in kept and f"make t{k}" in kept), k
+        assert f"- src/f{k}.py — written (" in summary or f"src/f{k}.py" in kept, k
+        trailed += line in summary
+    assert trailed >= rounds // 2, summary
 
 
 MALFORMED = [

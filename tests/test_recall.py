@@ -299,3 +299,65 @@ async def test_a_roomy_view_gets_a_recalled_output_whole(aiohttp_server: Any, ai
     assert (await proxy.post("/v1/responses", json=body, headers=headers)).status == 200
     assert fake.turns()[-1].body["input"][-1] == {"type": "function_call_output", "call_id": "call_r",
                                                  "output": original}, "over a quarter of the window, but it fits"
+
+
+async def test_recall_reads_only_outputs_the_requests_own_view_masked(make_proxy: Any, fake: FakeUpstream) -> None:
+    """Entries named by number: an output the view shows whole, one of another lineage of the session (masked in
+    that lineage's view), the checkpoint's entry, and one only another credential's linked history holds are all
+    "no tool output of this conversation", without the log being read; an output masked in the own view is read."""
+    proxy = await make_proxy(context_window=16_000, recall_tool=True)
+    key = SessionKey(tenant_of(KEY), "recall")
+    messages, entry, original = await masked_session(proxy, fake)
+    history = messages[:-1]  # what the log holds: the conversation and the reply
+    # Another credential proves the session and adds a step of its own (an output this conversation never held).
+    other = {"role": "tool", "tool_call_id": "call_b", "content": "B-ONLY\n" + prose(random.Random(5), 500)}
+    fake.script.append(Reply(content="Done."))
+    resp = await proxy.post("/v1/chat/completions", json={"model": "m", "tools": TOOLS, "messages": [
+        *history, {"role": "user", "content": "Run it once more."},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_b", "type": "function", "function": {"name": "run", "arguments": "{}"}}]}, other]},
+        headers={"Authorization": "Bearer sk-recall-other", "X-Session-Id": "recall"})
+    assert resp.status == 200
+    # The same credential, another conversation under the session id: its view masks outputs of its own.
+    fake.script.append(Reply(content="Looking."))
+    await chat(proxy, [history[0], {"role": "user", "content": "Fix the tests."}, *history[2:-1]])
+    found = ENTRY.search(orjson.dumps(fake.requests[-1]["messages"]).decode())
+    assert found is not None, "that view masks too"
+    elsewhere = int(found.group(1))
+    facts = await read_log(proxy.app[store_key], key)
+    linked = next(f.seq for f in facts if f.kind == "message" and f.message == other)
+    whole = next(f.seq for f in facts if f.kind == "message" and f.message == history[-2])  # the newest output
+    checkpoint = next(f.seq for f in facts if f.kind == "checkpoint")
+    assert len({entry, elsewhere, linked, whole, checkpoint}) == 5
+
+    fake.script.extend([*(Reply(tool_calls=[recall_call(n, f"c{n}")]) for n in (whole, elsewhere, checkpoint,
+                                                                                linked, entry)),
+                        Reply(content="The first build printed it.")])
+    sent = len(fake.requests)
+    _, answer, _ = await chat(proxy, messages)
+    results = [r["messages"][-1]["content"] for r in fake.requests[sent + 1:]]
+    assert results == [*(f"Log entry {n} holds no tool output of this conversation."
+                         for n in (whole, elsewhere, checkpoint, linked)), original]
+    assert answer["content"] == "The first build printed it."
+
+
+async def test_an_output_the_own_view_clipped_is_read_back(aiohttp_server: Any, aiohttp_client: Any,
+                                                          store_url: str) -> None:
+    """An output too big for the window even after masking is clipped in the view, its marker naming its entry:
+    that entry is the request's own and hidden from it, so a recall of it is served."""
+    fake = RecallingResponses(Script(steps=40))
+    proxy = await responses_proxy(aiohttp_server, aiohttp_client, store_url, fake)
+    body, _ = big_output_session()
+    huge = "step-16\n" + prose(random.Random(6), 20_000)
+    body["input"][-1] = {**body["input"][-1], "output": huge}
+    headers = {"Authorization": f"Bearer {KEY}", "X-Session-Id": "clipped"}
+    assert (await proxy.post("/v1/responses", json=body, headers=headers)).status == 200  # logs the huge output
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "clipped"))
+    seq = next(f.seq for f in facts if f.kind == "message" and f.message == body["input"][-1])
+    fake.recall = [seq]
+    assert (await proxy.post("/v1/responses", json=body, headers=headers)).status == 200
+    asked, answered = fake.turns()[-2:]
+    assert f"full text in the fact log, entry seq {seq}" in orjson.dumps(asked.body["input"]).decode(), "clipped"
+    recalled = answered.body["input"][-1]["output"]
+    assert recalled != f"Log entry {seq} holds no tool output of this conversation."
+    assert recalled.startswith("step-16\n") or f"at entry {seq}, but it is too large" in recalled

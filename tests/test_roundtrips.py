@@ -77,4 +77,4 @@ async def test_a_step_is_one_script_call_and_a_new_session_two(make_proxy: Proxy
     store = proxy.app[store_key]
     log = await store.read(SessionKey(tenant_of("sk-test-key"), "run-1"))
     assert [fact.message for fact in log] == messages, "every message and reply logged, in order"
-    assert await store.tenants_of("run-1") == [tenant_of("sk-test-key")], "its tenant noted in the first call"
+    assert [t.name for t in await store.tenants_of("run-1")] == [tenant_of("sk-test-key")], "noted in the first call"

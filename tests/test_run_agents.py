@@ -31,7 +31,19 @@ from proxy.app import create_app
 from proxy.savings import SavingsCache, UsageTotals
 from proxy.settings import Settings
 from proxy.store import open_store
-from tests.agents import BIN, CODEX_MODEL, TIMEOUT, base_env, codex_config
+from tests.agents import (
+    BIN,
+    CODEX_MODEL,
+    GEMINI_MODEL,
+    QWEN_MODEL,
+    TIMEOUT,
+    base_env,
+    codex_config,
+    gemini_settings,
+    qwen_settings,
+)
+from tests.fakechat import FakeChat
+from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import Script, final_text
@@ -43,7 +55,8 @@ CLAUDE_MODEL = "claude-opus-5-5"  # Claude Code's default
 EXIT_LINE = re.compile(
     r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests, (?P<compactions>[\d,]+) compactions, "
     r"(?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by the model \((?P<cached>[\d,]+) "
-    r"cached\), (?P<saved>[\d,]+) saved(?:, about \$(?P<dollars>[\d,.]+))?; inspector (?P<inspector>\S+)")
+    r"cached\), (?P<saved>-?[\d,]+) saved(?:, about \$(?P<dollars>-?[\d,.]+))?(?: \(net: (?P<gross>[\d,]+) taken "
+    r"out of requests, (?P<costs>[\d,]+) spent on [\d,]+ summary calls?\))?; inspector (?P<inspector>\S+)")
 
 
 @dataclass
@@ -103,8 +116,9 @@ def check_figures(figures: dict[str, Any], totals: UsageTotals, checkpoints: int
     assert (int(figures["client"]), int(figures["model"]), int(figures["cached"]), int(figures["saved"])) == (
         totals.client_tokens, totals.model_tokens, totals.cached_tokens, totals.saved_tokens)
     assert totals.model_tokens == sum(t.tokens for t in turns), "usage as the upstream reported it"
-    assert totals.saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.saved_tokens
-    assert totals.cost_saved == pytest.approx(totals.saved_tokens * litellm_price(model))
+    assert totals.gross_saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.gross_saved_tokens
+    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens
+    assert totals.gross_cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model))
     assert figures["dollars"] == f"{totals.cost_saved:,.2f}".replace(",", "")
 
 
@@ -135,7 +149,7 @@ async def serve_proxy(aiohttp_server: Any, root: str, store: str, window: int) -
     return str(proxy.make_url("")).rstrip("/")
 
 
-async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses) -> str:
+async def serve_fake(aiohttp_server: Any, fake: FakeMessages | FakeResponses | FakeGemini | FakeChat) -> str:
     """The fake upstream served on loopback: its root URL."""
     upstream: TestServer = await aiohttp_server(fake.app())
     return str(upstream.make_url("")).rstrip("/")
@@ -182,7 +196,7 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
     for path in (home, work, codex_home):
         path.mkdir()
-    # The user's own Codex setup: a provider straight at the upstream, and a login the overlay must keep.
+    # The user's own Codex setup: a provider straight at the upstream, and a login that must stay theirs.
     user_config = codex_config(root + "/v1")
     (codex_home / "config.toml").write_text(user_config)
     (codex_home / "auth.json").write_text('{"OPENAI_API_KEY": null}')
@@ -198,6 +212,7 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     assert answers[-1:] == [final_text(STEPS)]
     assert {t.path for t in fake.turns()} == {"/v1/responses"}
     assert (codex_home / "config.toml").read_text() == user_config, "the user's config is untouched"
+    assert list((codex_home / "sessions").rglob("*.jsonl")), "Codex recorded the run where `codex resume` looks"
     figures = run.figures()
     session = figures["session"]
     assert session.startswith("codex-")
@@ -206,3 +221,55 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     check_figures(figures, totals, checkpoints, fake.turns(), CODEX_MODEL)
 
     await check_metrics(proxy_url, "responses", figures, totals)
+
+
+async def test_ctxproxy_run_gemini_keeps_the_users_gateway_and_headers_and_its_settings_layer_applies(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # The user's own setup: Gemini CLI sent to their gateway (the fake) with a header of its own, and a login
+    # choice (Google OAuth) that the recipe's system settings layer, a memory file, must override.
+    gateway = FakeGemini(Script(steps=2))
+    root, store = await serve_fake(aiohttp_server, gateway), f"sqlite:///{tmp_path}/facts.db"
+    home, work, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
+    for path in (home / ".gemini", work, tmp):
+        path.mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_bytes(orjson.dumps(
+        {**gemini_settings(0.5), "security": {"auth": {"selectedType": "oauth-personal"}}}))
+    env = {**base_env(home), "GOOGLE_GEMINI_BASE_URL": root, "GEMINI_API_KEY": "gemini-gateway-key",
+           "GEMINI_CLI_CUSTOM_HEADERS": "X-Gateway-Team: blue", "TMPDIR": str(tmp)}
+
+    run = await ctxproxy_run(["--store", store, "--session", "gemini-run", "gemini", "--", "-p", PROMPT, "--yolo",
+                              "--skip-trust", "-m", GEMINI_MODEL, "--output-format", "json"], env, work)
+
+    assert run.returncode == 0, run.stderr
+    assert orjson.loads(run.stdout)["response"] == final_text(2)
+    turns = gateway.turns()
+    assert len(turns) == 3, "every request reached the user's gateway"
+    assert all(t.headers.get("x-goog-api-key") == "gemini-gateway-key" for t in turns)
+    assert all(t.headers.get("X-Gateway-Team") == "blue" for t in turns), "the user's header was kept"
+    figures = run.figures()
+    assert (figures["session"], figures["requests"]) == ("gemini-run", "3")
+    assert list(tmp.iterdir()) == [], "the settings layer was no file"
+
+
+async def test_ctxproxy_run_qwen_keeps_the_users_gateway_and_its_settings_layer_applies(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # The user's Qwen Code: at their gateway (the fake) with their key, and a login choice (Qwen OAuth) that the
+    # recipe's system settings layer, a memory file, must override.
+    gateway = FakeChat(Script(steps=2))
+    root, store = await serve_fake(aiohttp_server, gateway), f"sqlite:///{tmp_path}/facts.db"
+    home, work = tmp_path / "home", tmp_path / "work"
+    for path in (home / ".qwen", work):
+        path.mkdir(parents=True)
+    (home / ".qwen" / "settings.json").write_bytes(orjson.dumps(
+        {**qwen_settings(), "security": {"auth": {"selectedType": "qwen-oauth"}}}))
+    env = {**base_env(home), "OPENAI_BASE_URL": root + "/v1", "OPENAI_API_KEY": "sk-qwen-gateway-key",
+           "OPENAI_MODEL": QWEN_MODEL, "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1"}
+
+    run = await ctxproxy_run(["--store", store, "--session", "qwen-run", "qwen", "--", "-p", PROMPT, "--yolo",
+                              "--output-format", "json"], env, work)
+
+    assert run.returncode == 0, run.stderr
+    turns = gateway.turns()
+    assert len(turns) == 3, "every request reached the user's gateway"
+    assert all(t.headers.get("Authorization") == "Bearer sk-qwen-gateway-key" for t in turns)
+    assert run.figures()["requests"] == "3"

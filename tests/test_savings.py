@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from html import escape as html_escape
 from typing import Any
 
@@ -18,12 +19,22 @@ from proxy.http.frontdoor import CLIENT_SUM
 from proxy.keys import engine_key, store_key
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
-from tests.fakeupstream import is_summary_request
+from tests.fakeupstream import Reply, is_summary_request
 from tests.proxyfixtures import read_log, replay
+from tests.test_compaction_e2e import prose
 from tests.test_run_agents import litellm_price
+from tests.test_ui import KEY as KEY_UI
 from tests.test_ui import TENANT, TOKEN, TOOLS, agent_session, page, session_path, sign_in, ui_proxy
 
 KEY = SessionKey("t", "s")
+
+
+def output_price(model: str) -> float:
+    """litellm's own output price, from its bundled map (offline, as ``litellm_price`` reads it)."""
+    litellm_price(model)
+    import litellm
+
+    return float(litellm.model_cost[model]["output_cost_per_token"])
 
 
 def reply(n: int, client: int, view: int, usage: dict[str, Any] | None, model: str = "gpt-4o",
@@ -39,11 +50,24 @@ def question(n: int) -> NewFact:
     return NewFact("message", n, "client", {"role": "user", "content": f"q{n}"}, f"q{n}")
 
 
+def summary(n: int, usage: dict[str, Any] | None, model: str = "gpt-4o", calls: int = 1,
+            dialect: str = "chat") -> NewFact:
+    """A compaction's summary entry, carrying its calls' usage as the engine logs it."""
+    extra: dict[str, Any] = {"dialect": dialect, "calls": calls, "model": model}
+    if usage is not None:
+        extra["usage"] = usage
+    return NewFact("summary", n, "proxy", {"role": "system", "content": f"summary {n}"}, None, extra)
+
+
 def fold(*facts: NewFact) -> UsageTotals:
+    return fold_stored([StoredFact(str(seq), seq, fact.kind, fact.index, fact.source, fact.message, 0.0, fact.hash,
+                                   dict(fact.extra)) for seq, fact in enumerate(facts)])
+
+
+def fold_stored(facts: list[StoredFact]) -> UsageTotals:
     totals = UsageTotals()
-    for seq, fact in enumerate(facts):
-        totals.add(StoredFact(str(seq), seq, fact.kind, fact.index, fact.source, fact.message, 0.0, fact.hash,
-                              dict(fact.extra)))
+    for fact in facts:
+        totals.add(fact)
     return totals
 
 
@@ -53,12 +77,38 @@ def test_usage_where_reported_the_view_where_not_and_the_saved_part_at_the_model
                                                        "prompt_tokens_details": {"cached_tokens": 1_024}}),
                   question(4), reply(5, 6_000, 2_500, None))
     saved = 3_000 + 3_500
+    dollars = pytest.approx(saved * litellm_price("gpt-4o"))
     assert totals.to_json() == {"replies": 3, "prompt_tokens": 3_300, "cached_tokens": 1_024,
                                 "model_tokens": 1_100 + 2_200 + 2_500, "saved_tokens": saved,
-                                "client_tokens": 1_100 + 2_200 + 2_500 + saved,
-                                "cost_saved": pytest.approx(saved * litellm_price("gpt-4o"))}
+                                "client_tokens": 1_100 + 2_200 + 2_500 + saved, "cost_saved": dollars,
+                                "gross_saved_tokens": saved, "gross_cost_saved": dollars,
+                                "summary_calls": 0, "summary_tokens": 0, "summary_cost": None}
     assert saved_text(totals) == ("12,300 tokens sent by the client, 5,800 seen by the model (1,024 cached), "
                                   f"6,500 saved, about ${saved * litellm_price('gpt-4o'):,.2f}")
+
+
+def test_the_summary_calls_are_subtracted_from_what_was_saved_in_tokens_and_dollars() -> None:
+    """The issue's reproduction: 18,504 tokens taken out of requests by one compaction whose summary call read
+    3,144 and wrote 300 is a saving of 15,060, and so is reported; the gross and the cost stand beside it."""
+    totals = fold(question(0), reply(1, 9_000, 9_000, {"prompt_tokens": 9_000}),
+                  summary(2, {"prompt_tokens": 3_144, "completion_tokens": 300, "total_tokens": 3_444}),
+                  question(3), reply(4, 20_000, 1_496, {"prompt_tokens": 1_496}))
+    assert (totals.gross_saved_tokens, totals.summary_calls, totals.summary_tokens, totals.saved_tokens) == (
+        18_504, 1, 3_444, 15_060)
+    summary_dollars = 3_144 * litellm_price("gpt-4o") + 300 * output_price("gpt-4o")
+    assert totals.summary_cost == pytest.approx(summary_dollars)
+    assert totals.cost_saved == pytest.approx(18_504 * litellm_price("gpt-4o") - summary_dollars)
+    assert saved_text(totals).endswith(f"15,060 saved, about ${totals.cost_saved:,.2f} (net: 18,504 taken out of "
+                                       "requests, 3,444 spent on 1 summary call)")
+
+
+def test_a_summary_that_has_not_paid_for_itself_is_a_loss_and_one_without_usage_counts_its_calls() -> None:
+    totals = fold(question(0), reply(1, 2_000, 1_500, {"prompt_tokens": 1_500}),
+                  summary(2, {"input_tokens": 1_800, "output_tokens": 200}, model="claude-opus-5-5", calls=2,
+                          dialect="messages"),
+                  summary(3, None, model="house-model-7"))
+    assert (totals.saved_tokens, totals.summary_calls, totals.summary_tokens) == (500 - 2_000, 3, 2_000)
+    assert totals.cost_saved is not None and totals.cost_saved < 0
 
 
 def test_an_unknown_model_shows_tokens_only() -> None:
@@ -163,3 +213,77 @@ async def test_every_surface_shows_what_the_log_says_was_saved(make_proxy, fake,
     assert f"ctxproxy_tokens_saved_total {float(totals.saved_tokens)}" in metrics
     cost = next(line for line in metrics if line.startswith("ctxproxy_cost_saved_dollars_total "))
     assert float(cost.split()[1]) == pytest.approx(totals.cost_saved)
+
+
+async def test_dollars_follow_the_model_the_upstream_answered_with(make_proxy, fake) -> None:
+    """A client naming gpt-4o-mini to a gateway that routes it to gpt-4o is billed, and priced, as gpt-4o."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    fake.answer_model = "gpt-4o"
+    await agent_session(proxy, fake, "routed", 10, model="gpt-4o-mini")
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "routed"))
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+    assert {f.extra["model"] for f in replies} == {"gpt-4o"}
+    totals = fold_stored(facts)
+    assert totals.gross_saved_tokens > 0 and litellm_price("gpt-4o") != litellm_price("gpt-4o-mini")
+    assert totals.gross_cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price("gpt-4o"))
+    metrics = (await (await proxy.get("/metrics")).text()).splitlines()
+    cost = next(line for line in metrics if line.startswith("ctxproxy_cost_saved_dollars_total "))
+    assert float(cost.split()[1]) == pytest.approx(totals.cost_saved)
+
+
+async def test_each_summary_entry_carries_its_calls_usage_and_every_surface_subtracts_it(
+        make_proxy, fake, store_url: str) -> None:
+    """The summary calls' tokens, as the upstream reported them, come off the savings everywhere they are shown."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    fake.answer_model = "gpt-4o-2024-08-06"
+    await agent_session(proxy, fake, "net", 10)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "net"))
+    summaries = [f for f in facts if f.kind == "summary"]
+    assert summaries and len(fake.summary_requests) == sum(f.extra["calls"] for f in summaries)
+    billed = [(fake.count(body), fake._counter.text_tokens(answer)) for body, answer in
+              zip(fake.summary_requests, fake.summary_answers, strict=True)]
+    assert [f.extra["model"] for f in summaries] == ["gpt-4o-2024-08-06"] * len(summaries)
+    assert sum(f.extra["usage"]["prompt_tokens"] + f.extra["usage"]["completion_tokens"] for f in summaries) == sum(
+        p + c for p, c in billed)
+
+    totals = fold_stored(facts)
+    assert totals.summary_tokens == sum(p + c for p, c in billed) > 0
+    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens
+    model = "gpt-4o-2024-08-06"
+    summary_dollars = sum(p * litellm_price(model) + c * output_price(model) for p, c in billed)
+    assert totals.cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model) - summary_dollars)
+
+    admin = {"Authorization": f"Bearer {TOKEN}"}
+    listed = await (await proxy.get("/admin/savings", headers=admin)).json()
+    assert listed["total"] == totals.to_json()
+    shown = await asyncio.to_thread(CliRunner().invoke, main, ["sessions", "show", "net", "--json", "--store",
+                                                               store_url])
+    assert orjson.loads(shown.output)["saved_tokens"] == totals.saved_tokens
+    metrics = (await (await proxy.get("/metrics")).text()).splitlines()
+    assert f"ctxproxy_tokens_saved_total {float(totals.saved_tokens)}" in metrics
+    cost = next(line for line in metrics if line.startswith("ctxproxy_cost_saved_dollars_total "))
+    assert float(cost.split()[1]) == pytest.approx(totals.cost_saved)
+
+
+async def test_a_streamed_summary_call_is_counted_as_a_whole_one_is(make_proxy, fake) -> None:
+    """A streaming client's summary call is streamed too (with the usage the client asks for): its usage (the last
+    chunk) and the model its chunks name are what the summary entry carries."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    fake.answer_model = "gpt-4o-2024-08-06"
+    rng = random.Random(7)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for n in range(12):
+        messages.append({"role": "user", "content": f"Round {n}: " + prose(rng, 300)})
+        answer = prose(rng, 60)
+        fake.script.append(Reply(content=answer))
+        resp = await proxy.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY_UI}",
+                                                                 "X-Session-Id": "streamed"},
+                                data=orjson.dumps({"model": "gpt-4o", "messages": messages, "stream": True,
+                                                   "stream_options": {"include_usage": True}}))
+        assert resp.status == 200 and b"data: [DONE]" in await resp.read()
+        messages.append({"role": "assistant", "content": answer})
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "streamed"))
+    summaries = [f for f in facts if f.kind == "summary"]
+    assert summaries and all(body.get("stream") is True for body in fake.summary_requests)
+    assert [f.extra["model"] for f in summaries] == ["gpt-4o-2024-08-06"] * len(summaries)
+    assert sum(f.extra["usage"]["prompt_tokens"] for f in summaries) == sum(map(fake.count, fake.summary_requests))

@@ -379,7 +379,8 @@ async def test_sqlite_layout_and_migrations(tmp_path: Path) -> None:
         names = [row[0] for row in conn.execute("SELECT name FROM _migrations ORDER BY rowid")]
         assert names == [name for name, _ in MIGRATIONS] == ["m001_facts", "m002_sessions", "m003_locks",
                                                              "m004_secret", "m005_credential_links",
-                                                             "m006_fact_keys", "m007_signin_epoch"]
+                                                             "m006_fact_keys", "m007_signin_epoch",
+                                                             "m008_scoped_links"]
         rows = conn.execute("SELECT tenant, session, seq, kind, idx, body FROM facts").fetchall()
         assert rows == [("tenant-a", "run-1", 0, "message", 0, codec.encode(msg(0), 0, TS))]
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)

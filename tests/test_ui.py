@@ -66,8 +66,8 @@ async def sign_out(proxy: Any) -> Any:
     return await proxy.post("/ui/signout", data={"csrf_token": csrf_token}, allow_redirects=False)
 
 
-async def step(proxy: Any, messages: list[dict[str, Any]], session: str) -> dict[str, Any]:
-    body = {"model": "gpt-4o", "messages": messages, "tools": TOOLS}
+async def step(proxy: Any, messages: list[dict[str, Any]], session: str, model: str = "gpt-4o") -> dict[str, Any]:
+    body = {"model": model, "messages": messages, "tools": TOOLS}
     resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
                             headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": session})
     assert resp.status == 200, await resp.text()
@@ -76,7 +76,7 @@ async def step(proxy: Any, messages: list[dict[str, Any]], session: str) -> dict
 
 
 async def agent_session(proxy: Any, fake: FakeUpstream, session: str, rounds: int,
-                        poison_round: int | None = None) -> list[dict[str, Any]]:
+                        poison_round: int | None = None, model: str = "gpt-4o") -> list[dict[str, Any]]:
     """An agent's run: per round a user message, a tool call, its (long) output, an answer: two requests."""
     rng = random.Random(5)
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
@@ -84,11 +84,11 @@ async def agent_session(proxy: Any, fake: FakeUpstream, session: str, rounds: in
         messages.append({"role": "user", "content": f"Round {n}: " + prose(rng, 120)})
         fake.script.append(Reply(tool_calls=[{"id": f"call_{n}", "type": "function",
                                               "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]))
-        messages.append(await step(proxy, messages, session))
+        messages.append(await step(proxy, messages, session, model))
         output = (f"{POISON}\n" if n == poison_round else "") + prose(rng, 300)
         messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": output})
         fake.script.append(Reply(content=prose(rng, 60)))
-        messages.append(await step(proxy, messages, session))
+        messages.append(await step(proxy, messages, session, model))
     return messages
 
 

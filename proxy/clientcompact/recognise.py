@@ -64,7 +64,7 @@ class CompactionRequest:
     @property
     def prefix_only(self) -> bool:
         """Whether the client asks about the older part of its conversation only (Gemini CLI keeps its newest 30%
-        verbatim): a checkpoint of the whole conversation, which its log holds, answers it too."""
+        verbatim): its items may be a prefix of the logged conversation, which the answer must not log again."""
         return self.kind in ("gemini_snapshot", "gemini_verify")
 
     def conversation(self, items: Sequence[Message]) -> list[Message]:

@@ -27,7 +27,8 @@ summary item shows it through ``render``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import bisect
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -55,6 +56,8 @@ SHELL_WORDS = ("shell", "bash", "exec", "command", "terminal")
 #: Anthropic's text editor tool says what it does in its ``command`` argument (None: reads only).
 EDITOR_COMMANDS: dict[str, str | None] = {"create": "created", "str_replace": "edited", "insert": "edited",
                                           "undo_edit": "edited", "view": None}
+#: A call as the trail knows it: the index of the item making it, and its key there (``ItemModel.calls``).
+Call = tuple[int, str]
 
 
 @dataclass(frozen=True)
@@ -89,55 +92,67 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
             seqs: Sequence[int] = ()) -> list[Artifact]:
     """The trail of the calls made by ``messages[start:end]``, their results looked up in all of ``messages``.
 
-    ``seqs[i]`` is the log seq of ``messages[i]`` where known.
+    ``seqs[i]`` is the log seq of ``messages[i]`` where known. A call is known by its item and its key there: a
+    key need not be unique across the conversation (a Gemini call without an ``id`` is ``name#k``, the k-th call
+    of that name in its turn, in every turn), so two calls under one key are two lines.
     """
     calls = calls_in(dialect, messages, start, end)
     results = results_of(dialect, messages, start, calls)
     out: list[Artifact] = []
-    for call_id, (index, name, arguments) in calls.items():
+    for (index, call_id), (name, arguments) in calls.items():
         seq = seqs[index] if index < len(seqs) else -1
-        for kind, subject, action in _artifacts(name, arguments, results.get(call_id)):
+        for kind, subject, action in _artifacts(name, arguments, results.get((index, call_id))):
             out.append(Artifact(kind, subject, action, index, seq))
     return list(merge((), out))
 
 
-def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
-             ) -> dict[str, tuple[int, str, Any]]:
-    """Each call ``messages[start:end]`` make, in call order: its id → (item index, tool name, arguments)."""
-    calls: dict[str, tuple[int, str, Any]] = {}
+def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int) -> dict[Call, tuple[str, Any]]:
+    """Each call ``messages[start:end]`` make, in call order: (item index, key) → (tool name, arguments). A call is
+    known by its item and its key there: a key need not be unique across the conversation (a Gemini call without
+    an ``id`` is ``name#k``, the k-th call of that name in its turn, in every turn)."""
+    calls: dict[Call, tuple[str, Any]] = {}
     for index in range(max(start, 0), min(end, len(messages))):
         item = messages[index]
         for call_id in dialect.calls(item):
             found = dialect.call_of(item, call_id)
-            if found is not None and call_id not in calls:
-                calls[call_id] = (index, found[0], found[1])
+            if found is not None:
+                calls.setdefault((index, call_id), found)
     return calls
 
 
 def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
-             calls: dict[str, tuple[int, str, Any]]) -> dict[str, Result]:
-    """The first result after each call, in one pass from ``start`` that stops once every call is answered.
+               calls: Collection[Call]) -> dict[Call, Result]:
+    """The result of each call (``calls`` in conversation order), in one pass from ``start`` that stops once every
+    call is answered: a result answers the latest call under its key made before it and not answered yet, so
+    calls that share a key pair with their results by position.
 
     An error flag is read beside the output (``is_error`` in the object holding
     it: Anthropic's ``tool_result`` block); where an item's ids and outputs do
     not pair one to one, its results count as answered with nothing stated.
     """
-    found: dict[str, Result] = {}
+    waiting: dict[str, list[int]] = {}
+    for index, call_id in calls:
+        waiting.setdefault(call_id, []).append(index)
+    found: dict[Call, Result] = {}
     for index in range(max(start, 0), len(messages) if calls else 0):
         item = messages[index]
         ids = dialect.results(item)
-        wanted = [n for n, call_id in enumerate(ids)
-                  if call_id in calls and call_id not in found and calls[call_id][0] < index]
+        wanted: list[tuple[int, Call]] = []
+        for n, call_id in enumerate(ids):
+            made = waiting.get(call_id)
+            before = bisect.bisect_left(made, index) if made else 0
+            if made and before:
+                wanted.append((n, (made.pop(before - 1), call_id)))
         if not wanted:
             continue
         paths = dialect.result_paths(item)
-        for n in wanted:
+        for n, call in wanted:
             if len(paths) != len(ids):
-                found[ids[n]] = Result("", False, index)
+                found[call] = Result("", False, index)
                 continue
             holder = get_path(item, paths[n][:-1])
             is_error = isinstance(holder, dict) and holder.get("is_error") is True
-            found[ids[n]] = Result(output_text(get_path(item, paths[n]))[0], is_error, index)
+            found[call] = Result(output_text(get_path(item, paths[n]))[0], is_error, index)
         if len(found) == len(calls):
             break
     return found

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.context.callusage import CallUsage
 from proxy.context.chain import chain_hash
 
 #: ``fallback``: no usable summary could be had and the model-free tier (``proxy.context.fallback``) stood in.
@@ -174,6 +175,8 @@ class CompactionResult:
     #: Why the model's summary failed when the result still carries a reduction (a masking kept, the model-free
     #: tier): the failure backoff counts it.
     summary_error: str | None = None
+    #: What the summary calls made for it cost (None: none was made, or none reported its usage).
+    usage: CallUsage | None = None
 
 
 def masking_checkpoint(previous: Checkpoint | None, masked_until: int, hashes: Sequence[str], *, system_end: int,

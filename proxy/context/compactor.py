@@ -16,6 +16,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from proxy.context.callusage import CallUsage
 from proxy.context.checkpoint import (
     Checkpoint,
     CompactionOutcome,
@@ -308,24 +309,25 @@ class ContextCompactor:
                 model=model, created_at=0.0, tokens_before=before, working_set=in_hand[0], files=in_hand[1]))
                 + (0 if last else first_summary_tokens(sum(counts[base:start])))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
-        summary, summary_end, detail, error, outcome = await self._summary(
+        summary, summary_end, detail, error, outcome, usage = await self._summary(
             messages, previous, base, start, instructions, use_model)
         if error is not None and not fallback:
             # A failed summary keeps the masking the same compaction computed (the backoff still counts it).
-            return (replace(masking, summary_error=error) if masking is not None
-                    else CompactionResult(outcome, None, before, before, error))
+            return (replace(masking, summary_error=error, usage=usage) if masking is not None
+                    else CompactionResult(outcome, None, before, before, error, usage=usage))
         checkpoint = reduced_checkpoint(
             summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
             masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
             created_at=self.clock(), tokens_before=before, working_set=in_hand[0], files=in_hand[1])
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
-            skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}")
-            return (masking or skipped) if error is not None else skipped
+            skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}",
+                                       usage=usage)
+            return replace(masking or skipped, usage=usage) if error is not None else skipped
         if error is not None:
             return CompactionResult("fallback", replace(checkpoint, tokens_after=after), before, after,
-                                    f"model-free tier: {error}", tier="fallback", summary_error=error)
-        return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after, detail)
+                                    f"model-free tier: {error}", tier="fallback", summary_error=error, usage=usage)
+        return CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after, detail, usage=usage)
 
     def _carried(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,
                  opener: int | None, seqs: Sequence[int], counts: Sequence[int],
@@ -352,18 +354,18 @@ class ContextCompactor:
 
     async def _summary(self, messages: Sequence[Message], previous: Checkpoint | None, base: int, start: int,
                        instructions: str | None, use_model: bool,
-                       ) -> tuple[str, int, str, str | None, CompactionOutcome]:
+                       ) -> tuple[str, int, str, str | None, CompactionOutcome, CallUsage | None]:
         """The model's summary of ``messages[base:start]`` folded into the previous one: (summary, where it ends,
-        detail, error or None, outcome). On failure the previous summary and its end stand."""
+        detail, error or None, outcome, what the calls cost). On failure the previous summary and its end stand."""
         summary, end = (previous.summary, base) if previous is not None else ("", base)
         if not use_model:
-            return summary, end, "", "no summary call: the failure backoff is open", "failed"
+            return summary, end, "", "no summary call: the failure backoff is open", "failed", None
         result = await self.summarizer.summarise(previous.summary if previous is not None else None,
                                                  messages[base:start], self.projection.dialect, first_index=base,
                                                  instructions=instructions)
         if result.outcome == "ok" and result.summary is not None:
-            return result.summary, base + result.folded, result.error or "", None, "ok"
-        return summary, end, "", result.error or result.outcome, result.outcome
+            return result.summary, base + result.folded, result.error or "", None, "ok", result.usage
+        return summary, end, "", result.error or result.outcome, result.outcome, result.usage
 
     def _mask_until(self, messages: Sequence[Message], hashes: Sequence[str], previous: Checkpoint | None,
                     level: int) -> int:

@@ -18,6 +18,12 @@ the session's conversation from its first message, as far as the log goes:
 
 Knowing the session id alone never suffices; a reference the proxy handed out for the session (``proxy.secret``)
 is the other proof, checked where references are read.
+
+What a proof gives is scoped to what it proved (``scope``, ``serves``): the credential is linked to the session
+for conversations that extend the proved items only, so a later request that does not hold them (an empty one, a
+short stock start, another conversation) is its own key's again, and nothing the session's owner did since
+reaches it. Before any of this reads another tenant's session, the request's opening (``opening``) must be the
+one noted for that tenant: a cheap comparison that fails the same way for an id held elsewhere and an absent one.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from proxy.context.items import Item, ItemModel
+from proxy.context.chain import chain_hash
+from proxy.context.items import Item, ItemModel, leading_system_count
 from proxy.context.lineage import ROOT, ConversationState
 
 PROOF_MIN_ITEMS = 2
@@ -77,3 +84,25 @@ def holds(state: ConversationState, model: ItemModel, items: Sequence[Item], has
     is a path of the log. Then the request is the session's own, and no other tenant's session is looked at."""
     path = state.known_prefixes(hashes[:HOLDS_SCAN], 0, ROOT)
     return any(model.role(item) == "assistant" for item in items[:len(path)])
+
+
+def scope(hashes: Sequence[str], count: int) -> str:
+    """The chain hash naming the first ``count`` items (hashed ``hashes``): what a link keeps of what proved it."""
+    prefix = ""
+    for digest in hashes[:count]:
+        prefix = chain_hash(prefix, digest)
+    return prefix
+
+
+def serves(proved: int, prefix: str, hashes: Sequence[str]) -> bool:
+    """Whether a link scoped to ``proved`` items chaining to ``prefix`` serves the conversation ``hashes``: it holds
+    those items. A link with no scope (``prefix`` '', made before links had one) serves nothing."""
+    return bool(prefix) and proved > 0 and len(hashes) >= proved and scope(hashes, proved) == prefix
+
+
+def opening(model: ItemModel, items: Sequence[Item], hashes: Sequence[str]) -> str:
+    """The chain hash of a conversation's opening: its leading system items and the first item after them ('':
+    none). A proof holds the session from its first item, so it holds this; comparing it first keeps the store
+    from reading a session a request cannot prove."""
+    count = min(len(hashes), leading_system_count(model, items) + 1)
+    return scope(hashes, count) if count else ""

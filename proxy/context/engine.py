@@ -20,6 +20,7 @@ from typing import Any, Literal
 from proxy.context.background import BackgroundCompactions
 from proxy.context.batches import checkpoint_fact, mask_batch, maskable
 from proxy.context.budget import ContextBudgetPolicy, UsageSample
+from proxy.context.callusage import CallUsage
 from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
 from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
@@ -94,7 +95,8 @@ def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageS
         return None
     view = state.last_view
     prompt = dialect.prompt_tokens(state.last_usage)
-    if not isinstance(view, Mapping) or not isinstance(prompt, int):
+    # A shadow view (``--shadow``) was never sent: the usage measured the client's request, not it.
+    if not isinstance(view, Mapping) or not isinstance(prompt, int) or view.get("shadow") is True:
         return None
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
 
@@ -392,7 +394,8 @@ class ContextEngine:
                     fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state, recorded = await self._record(key, result.checkpoint, dialect, previous, hashes,
-                                                         planned_at, summarised=result.tier != "mask")
+                                                         planned_at, summarised=result.tier != "mask",
+                                                         usage=result.usage)
                     made = active_checkpoint(state, hashes)
                     if not recorded:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
@@ -470,10 +473,11 @@ class ContextEngine:
         return budget if budget is not None else window // 10
 
     async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, previous: Checkpoint | None,
-                      hashes: Sequence[str], planned_at: int, *,
-                      summarised: bool = True) -> tuple[ConversationState, bool]:
+                      hashes: Sequence[str], planned_at: int, *, summarised: bool = True,
+                      usage: CallUsage | None = None) -> tuple[ConversationState, bool]:
         """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
-        has none to log); the state, and whether it was appended.
+        has none to log); the state, and whether it was appended. The summary entry carries what its calls cost
+        (``usage``, as the upstream reported it): what the savings subtract (``proxy.savings``).
 
         Not when an undo (``proxy.context.undo``) was logged since the
         compaction read the log (``planned_at``): the undo is the newer
@@ -499,7 +503,8 @@ class ContextEngine:
             if summarised:
                 facts.insert(0, NewFact(kind="summary", index=final.retain_start_idx, source="proxy",
                                         message=dialect.with_summary(None, summary_text(final)),
-                                        extra={"dialect": dialect.name}))
+                                        extra={"dialect": dialect.name,
+                                               **(usage.to_extra() if usage is not None else {})}))
             return facts
 
         state = await self.history.append_planned(key, plan)

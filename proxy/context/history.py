@@ -186,11 +186,12 @@ class HistoryManager:
         stale = synced is None or time.monotonic() - synced >= self.fresh_for
         return await self.state(key, refresh=stale)
 
-    async def first_look(self, key: SessionKey) -> tuple[ConversationState, FirstLook]:
+    async def first_look(self, key: SessionKey, opening: str = "") -> tuple[ConversationState, FirstLook]:
         """The state of a session not cached here, and what else ``FactLog.first_look`` read with its log (its link,
-        the other tenants of its id): one store call unless the log is longer than a page. A session cached
-        meanwhile (a concurrent first request) keeps whichever state is furthest along, as in ``state``."""
-        looked = await self.log.first_look(key, CATCH_UP_PAGE, time.time())
+        the other tenants of its id; the own one noted with the conversation opening ``opening``): one store call
+        unless the log is longer than a page. A session cached meanwhile (a concurrent first request) keeps
+        whichever state is furthest along, as in ``state``."""
+        looked = await self.log.first_look(key, CATCH_UP_PAGE, time.time(), opening)
         facts = looked.facts
         fresh = ConversationState()
         for fact in facts:

@@ -132,6 +132,10 @@ class ItemModel(abc.ABC):
     def cached_tokens(self, usage: Mapping[str, Any]) -> int | None:
         """The part of ``prompt_tokens`` served from the provider's prompt cache."""
 
+    @abc.abstractmethod
+    def output_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        """Tokens the upstream generated (hidden reasoning included: it is billed as output)."""
+
     def count_key(self, item: Item, digest: str) -> str:
         """The key a token count is cached under: the hash, unless the item holds text its identity leaves out."""
         return digest

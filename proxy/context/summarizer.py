@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from proxy.context.callusage import CallUsage, added
 from proxy.context.chunking import Block, plan_chunk
 from proxy.context.items import ItemModel
 from proxy.context.summaryprompt import (
@@ -94,6 +95,8 @@ class SummaryResult:
     calls: int = 0
     error: str | None = None
     folded: int = 0
+    #: What the calls cost, whatever the outcome (None: no call answered, or none reported it).
+    usage: CallUsage | None = None
 
 
 class _Stop(Exception):
@@ -188,6 +191,7 @@ class _Fold:
         self.folded = 0
         self.kept: str | None = None  # the summary of messages[:folded]
         self.calls = 0
+        self.usage: CallUsage | None = None
         self.cap = generator.max_input_tokens
         self.condensed = False
         self.deadline = asyncio.get_running_loop().time() + generator.timeout
@@ -198,10 +202,10 @@ class _Fold:
                 await self.step()
         except _Stop as stop:
             if self.kept is None:
-                return SummaryResult(stop.outcome, calls=self.calls, error=stop.error)
+                return SummaryResult(stop.outcome, calls=self.calls, error=stop.error, usage=self.usage)
             return SummaryResult("ok", self.kept, self.calls, f"partial: {self.folded} of {self.total} messages "
-                                 f"folded, then {stop.error}", self.folded)
-        return SummaryResult("ok", self.summary, self.calls, None, self.folded)
+                                 f"folded, then {stop.error}", self.folded, self.usage)
+        return SummaryResult("ok", self.summary, self.calls, None, self.folded, self.usage)
 
     async def step(self) -> None:
         """Folds the next chunk, or condenses a summary that leaves no room for one."""
@@ -264,7 +268,9 @@ class _Fold:
         scope = asyncio.timeout_at(self.deadline)
         try:
             async with scope:
-                return await generator.complete(prompt, generator.max_output_tokens)
+                answer = await generator.complete(prompt, generator.max_output_tokens)
+            self.usage = added(self.usage, answer.usage)
+            return answer
         except SummaryInputTooLong:
             raise
         except TimeoutError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.context.callusage import CallUsage
 from proxy.context.elision import clip_text
 from proxy.context.items import ItemModel
 from proxy.types import Message
@@ -77,12 +78,14 @@ class SummaryAnswer:
 
     ``finished`` is False when the answer stopped early (cut at the output
     bound, filtered): its text is never used. ``reason`` is the upstream's own
-    word for how it ended, for the outcome's detail.
+    word for how it ended, for the outcome's detail. ``usage``: what the call
+    cost, as the upstream reported it (None from a caller that cannot tell).
     """
 
     text: str
     finished: bool = True
     reason: str = "stop"
+    usage: CallUsage | None = None
 
 
 

@@ -58,11 +58,19 @@ def _window_of(entry: Any) -> int | None:
     return None
 
 
-def _price_of(entry: Any) -> float | None:
+def _cost(entry: Any, field: str) -> float | None:
     if not isinstance(entry, dict):
         return None
-    value = entry.get("input_cost_per_token")
+    value = entry.get(field)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
+
+
+def _price_of(entry: Any) -> float | None:
+    return _cost(entry, "input_cost_per_token")
+
+
+def _output_price_of(entry: Any) -> float | None:
+    return _cost(entry, "output_cost_per_token")
 
 
 def _lookup(model: str, pick: Callable[[Any], T | None], model_map: Mapping[str, Any] | None) -> T | None:
@@ -91,3 +99,13 @@ def context_window_for(model: str, model_map: Mapping[str, Any] | None = None) -
 def input_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> float | None:
     """Dollars per uncached input token of ``model`` (the map's ``input_cost_per_token``), or ``None``."""
     return _lookup(model, _price_of, model_map)
+
+
+def output_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> float | None:
+    """Dollars per output token of ``model`` (the map's ``output_cost_per_token``), or ``None``."""
+    return _lookup(model, _output_price_of, model_map)
+
+
+def model_entry(model: str, model_map: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+    """``model``'s whole entry in the map (prices, window, features), or ``None`` when the map does not know it."""
+    return _lookup(model, lambda entry: entry if isinstance(entry, dict) else None, model_map)

@@ -162,8 +162,8 @@ def track(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Seque
     calls = calls_in(dialect, messages, 0, end)
     results = results_of(dialect, messages, 0, calls)
     files = _Files()
-    for call_id, (index, name, arguments) in calls.items():
-        result = results.get(call_id)
+    for call, (name, arguments) in calls.items():
+        index, result = call[0], results.get(call)
         if result is None or result.index >= end:
             continue  # not answered yet: whatever it does comes after the state tracked here
         seq = seqs[result.index] if result.index < len(seqs) else -1

@@ -58,6 +58,29 @@ class ParsedRequest:
         tools = self.payload.get("tools")
         return tools if isinstance(tools, list) else None
 
+    @property
+    def fixed(self) -> list[Any] | None:
+        """What the model reads of the request besides its items, which no compaction frees: the budget counts it
+        in every estimate and threshold (``ContextBudgetPolicy``, as its ``tools``). The tool definitions here; an
+        API whose system prompt is a request field the proxy never touches adds it (``GeminiRequest``)."""
+        return self.tools
+
+
+def answered_model(data: Any) -> str | None:
+    """The model an upstream answer names, in a whole body or in one stream event: OpenAI's ``model`` (a Chat
+    chunk's too), a Responses event's ``response.model``, an Anthropic ``message_start``'s ``message.model``,
+    Gemini's ``modelVersion``. What the upstream answered with is what it bills, whatever name the client sent
+    (a gateway routing ``gpt-4o-mini`` to ``gpt-4o``), so savings are priced by it."""
+    if not isinstance(data, Mapping):
+        return None
+    for holder in (data, data.get("response"), data.get("message")):
+        if isinstance(holder, Mapping):
+            for name in ("model", "modelVersion"):
+                value = holder.get(name)
+                if isinstance(value, str) and value:
+                    return value
+    return None
+
 
 class Verdict(enum.Enum):
     """What the relay does with one upstream event."""

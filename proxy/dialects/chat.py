@@ -254,6 +254,10 @@ class ChatDialect(Dialect):
         value = details.get("cached_tokens") if isinstance(details, Mapping) else None
         return value if isinstance(value, int) else None
 
+    def output_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        value = usage.get("completion_tokens")
+        return value if isinstance(value, int) else None
+
     def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
         return {} if "prompt_cache_key" in payload else {"prompt_cache_key": prompt_cache_key(session)}
 

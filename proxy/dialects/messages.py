@@ -222,6 +222,10 @@ class MessagesDialect(Dialect):
         value = usage.get("cache_read_input_tokens")
         return value if isinstance(value, int) else None
 
+    def output_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        value = usage.get("output_tokens")
+        return value if isinstance(value, int) else None
+
     def session_hint(self, payload: Mapping[str, Any]) -> str | None:
         """Claude Code's ``metadata.user_id`` is a JSON string holding its ``session_id``."""
         metadata = payload.get("metadata")

@@ -183,6 +183,10 @@ class ResponsesDialect(Dialect):
         value = details.get("cached_tokens") if isinstance(details, Mapping) else None
         return value if isinstance(value, int) else None
 
+    def output_tokens(self, usage: Mapping[str, Any]) -> int | None:
+        value = usage.get("output_tokens")
+        return value if isinstance(value, int) else None
+
     def summary_payload(self, model: str, system: str, user: str, max_tokens: int) -> dict[str, Any]:
         return {"model": model, "instructions": system, "store": False, "stream": False,
                 "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],

@@ -2,9 +2,10 @@
 undo a compaction.
 
 Access: ``Authorization: Bearer <--admin-token>``, compared in constant time;
-after a wrong one, the caller's address waits a growing delay before its next
-token is checked (``proxy.throttle``; 429 until then), the inspector's sign-in
-sharing the record.
+after a few wrong ones, the caller's address waits a growing delay before its
+next token is checked, and wrong ones from many addresses spend a budget shared
+by all but the addresses the token came from lately (``proxy.throttle``; 429
+until then), the inspector's sign-in sharing the record.
 Without a configured token every admin path answers 404, as if the API did not
 exist, so a deployment that never turned it on exposes nothing to probe. The
 routes are registered always and the check is per request, and a catch-all
@@ -75,13 +76,16 @@ def add_routes(router: web.UrlDispatcher) -> None:
 
 def admin_token_matches(request: web.Request, presented: str) -> bool:
     """Whether ``presented`` is the admin token, compared in constant time, unless the caller's address is still
-    waiting out a delay for earlier failures (``TooManyAttempts``, nothing compared); a failure makes it wait.
-    No token at all is no guess: False, and no delay."""
+    waiting out a delay (``proxy.throttle``: for its own failures, or for many addresses' while it is not one the
+    token came from lately; ``TooManyAttempts``, nothing compared); a failure counts towards both. No token at all
+    is no guess: False, and no delay."""
     if not presented:
         return False
     throttle, address = request.app[throttle_key], request.remote or ""
+    own = throttle.address_wait(address)
     if wait := throttle.wait(address):
-        raise TooManyAttempts(f"Too many wrong admin tokens from this address: try again in {wait:.1f} s.",
+        source = "from this address" if own > 0 else "from many addresses"
+        raise TooManyAttempts(f"Too many wrong admin tokens {source}: try again in {wait:.1f} s.",
                               retry_after=wait)
     token = request.app[settings_key].admin_token or ""
     if hmac.compare_digest(presented.encode(errors="surrogatepass"), token.encode()):

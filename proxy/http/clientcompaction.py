@@ -17,6 +17,14 @@ expects back); this module is the wiring:
   store, so it survives an OAuth refresh, a restart and a lost store. A forged, altered or unknown reference
   gets a 400.
 
+What an answer holds is bound by what the request's own history proves: only a checkpoint whose whole covered
+prefix the request holds (its prefix hash is the request's own) answers, never the session's newest one, which may
+cover messages of another lineage or another credential's that the request never showed. So Gemini CLI's
+``/compress``, which asks about the older part of its history only, gets a checkpoint made for that part or a
+summary made now of its own items. An empty history is a prefix of every conversation and proves nothing: it is
+not answered here at all, but goes upstream as the client sent it (the model summarises nothing, as without a
+proxy), with no summary, user words or trail of the session.
+
 When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.fallback``). Only when no
 checkpoint can be had at all (a conversation too short to summarise) does ``answer`` return None and the request
 go upstream as the client sent it: the model writes the summary, as without a proxy.
@@ -61,14 +69,16 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
         return None
     dialect = turn.dialect
     items = request.conversation(turn.parsed.items)
+    if not items:
+        return None  # an empty history proves nothing: the upstream answers it, as without a proxy
     same = request.index if request.index is not None else len(items)  # items before it are the request's own
     hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
+    # Only a checkpoint whose whole covered prefix the request holds (its prefix hash proves it) answers; the
+    # session's newer checkpoints, of this lineage or another, cover what the request never showed.
     checkpoint = active_checkpoint(turn.state, hashes)
     # A client asking about the older part of the conversation its log holds: nothing to log (logging it would
-    # rewind the log to that part), and the conversation's checkpoint answers, though it covers more than asked.
+    # rewind the log to that part).
     logged = request.prefix_only and turn.state is not None and list(turn.state.hashes[:len(hashes)]) == hashes
-    if checkpoint is None and logged:
-        checkpoint = active_checkpoint(turn.state)
     model = turn.parsed.model or ""
     window = turn.engine.window_for(model)
     if checkpoint is None or not checkpoint.summary.strip() or request.instructions:
@@ -135,9 +145,10 @@ def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint, bud
 
 
 async def expand(request: web.Request, key: SessionKey, items: list[Item],
-                 candidates: Candidates | None) -> tuple[list[Item], list[Reference]]:
+                 candidates: Candidates | None) -> tuple[list[Item], list[tuple[int, Reference]]]:
     """``items`` with every ``compaction`` item carrying one of our references replaced by what it stands for,
-    and the references read (each proves the session it names: ``proxy.http.continuity``).
+    and the references read with the index of their item (each proves the session it names as far as that item,
+    and no further: ``proxy.http.continuity``).
 
     An old (v1) reference checks out only under the tenant it was made for: ``key``'s, else one of
     ``candidates`` (the other tenants of the session id, when ``key`` is the request's own).
@@ -147,11 +158,12 @@ async def expand(request: web.Request, key: SessionKey, items: list[Item],
         return items, []
     app = request.app
     secret = await app[secret_key].get()
-    expanded, references = list(items), []
+    expanded: list[Item] = list(items)
+    references: list[tuple[int, Reference]] = []
     for index, token in found:
         reference = unseal(secret, token, [key.tenant])
         if reference is None and candidates is not None and token.startswith("ctxproxy.v1."):
-            reference = unseal(secret, token, await candidates.get())
+            reference = unseal(secret, token, [tenant.name for tenant in await candidates.get()])
         message = None if reference is None else reference.message
         if reference is not None and message is None:
             facts = await app[store_key].read(SessionKey(reference.tenant, reference.session),
@@ -162,5 +174,5 @@ async def expand(request: web.Request, key: SessionKey, items: list[Item],
             raise BadRequest(f"input[{index}] is a compaction item this proxy did not make.", param=f"input[{index}]",
                              code="invalid_compaction_reference")
         expanded[index] = dict(message)
-        references.append(reference)
+        references.append((index, reference))
     return expanded, references

@@ -33,5 +33,5 @@ def open_route(handler: H) -> H:
 async def client_key_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     keys = request.app[settings_key].client_keys
     if keys and not getattr(request.match_info.handler, _OPEN, False):
-        check_client_key(credential(request.headers), keys)
+        check_client_key(credential(request.headers, request.query), keys)
     return await handler(request)

@@ -30,11 +30,11 @@ from proxy.upstream import client_timeout, map_upstream_errors, request_headers,
 
 
 def view_of(turn: Turn) -> PreparedView:
-    if turn.as_sent:  # counted as it will go: the upstream compacts or clears it itself
-        return turn.sent_view()
+    if turn.as_sent or turn.settings.shadow:  # counted as it will go: the upstream compacts or clears it itself,
+        return turn.sent_view()  # or --shadow sends it as it is
     window = turn.engine.window_for(turn.parsed.model)
     return turn.engine.view(turn.parsed.items, turn.hashes, turn.state, dialect=turn.dialect, window=window,
-                            tools=turn.parsed.tools, max_output=turn.max_output)
+                            tools=turn.parsed.fixed, max_output=turn.max_output)
 
 
 def counted(route: str) -> Callable[[Handler], Handler]:

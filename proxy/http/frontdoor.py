@@ -96,6 +96,10 @@ class Turn:
     recalls: int = 0
     #: Fields the summary calls made for this request set besides the client's (``proxy.summarycall``).
     summary_fields: dict[str, Any] = field(default_factory=dict)
+    #: None: the session is the request's own key's. Else the request continues another tenant's session and only
+    #: its first ``proved`` items proved it (``continuity.Resolved``): of entries made under another credential,
+    #: it may be given only what lies within them.
+    proved: int | None = None
 
     @property
     def max_output(self) -> int | None:
@@ -132,7 +136,7 @@ class Turn:
         """The client's bytes when nothing changes (new fields spliced in); otherwise the payload with only what
         must change: the view, the fields ``added_fields`` allows, the prompt cache's hints, the recall tool."""
         dialect, payload = self.dialect, self.parsed.payload
-        if self.history_upstream:
+        if self.history_upstream or self.settings.shadow:  # --shadow: the view is only logged
             return self.parsed.raw
         extra = {**self.added_fields(), **(recall.tools_field(self) if recall.offered(self, view) else {})}
         if not view.changed and not any(name in payload for name in extra):
@@ -150,8 +154,11 @@ class Turn:
                                      "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
+        if self.settings.shadow:  # the view was computed, not sent: the inspector says so
+            view_info["shadow"] = True
 
-        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None) -> None:
+        async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None,
+                       answered: str | None) -> None:
             if usage is not None:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
@@ -160,8 +167,10 @@ class Turn:
             if not reply:
                 return
             tokens = self.request_tokens(view)
-            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens,
-                                     "model": self.parsed.model}
+            if self.settings.shadow:  # what went upstream is what the client sent: nothing was saved
+                tokens = {"client": tokens["client"], "view": tokens["client"], "shadow_view": tokens["view"]}
+            model = answered or self.parsed.model  # what the upstream bills; the client's name where it gave none
+            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens, "model": model}
             if usage is not None:
                 extra["usage"] = usage
             if not complete:
@@ -177,7 +186,7 @@ class Turn:
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
                                    after_response=previous if isinstance(previous, str) else None)
                 saved = max(0, tokens["client"] - tokens["view"])
-                self.metrics.request_saved(saved, dollars_saved(self.parsed.model, saved) if saved else None)
+                self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
@@ -191,7 +200,7 @@ class Turn:
         if not view.changed:
             return {"client": view.estimate.local, "view": view.estimate.local}
         policy = self.engine.policy(self.engine.window_for(self.parsed.model or ""))
-        whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.tools,
+        whole = policy.estimate(self.dialect, self.parsed.items, tools=self.parsed.fixed,
                                 source=(self.parsed.items, self.hashes), session=(CLIENT_SUM, self.key))
         return {"client": whole.local, "view": view.estimate.local}
 
@@ -202,7 +211,7 @@ class Turn:
 
     async def prepare(self) -> PreparedView:
         """The view to send: the proactive trigger, unless the conversation goes as sent (``as_sent``)."""
-        tools, model = self.parsed.tools, self.parsed.model or ""
+        tools, model = self.parsed.fixed, self.parsed.model or ""
         if offload.is_large(len(self.parsed.raw)):  # counted in the pool: the view then finds every count cached
             await offload.run(True, self.engine.counter.count_many, self.dialect, self.parsed.items, self.hashes)
         if self.as_sent:
@@ -214,7 +223,7 @@ class Turn:
     def sent_view(self) -> PreparedView:
         """The client's items as they are, estimated: no checkpoint, no clipping."""
         return self.engine.view(self.parsed.items, self.hashes, None, dialect=self.dialect,
-                                window=self.engine.window_for(self.parsed.model or ""), tools=self.parsed.tools,
+                                window=self.engine.window_for(self.parsed.model or ""), tools=self.parsed.fixed,
                                 max_output=self.max_output, fit=False)
 
     async def rescue(self, overflow: Overflow, refused: PreparedView) -> PreparedView | None:
@@ -233,7 +242,7 @@ class Turn:
         """
         self.attempts += 1
         attempt = self.attempts
-        if attempt > self.settings.reactive_retries or self.history_upstream:
+        if attempt > self.settings.reactive_retries or self.history_upstream or self.settings.shadow:
             return None
         model = self.parsed.model or ""
         if overflow.limit_tokens is not None:
@@ -241,7 +250,7 @@ class Turn:
         else:  # no figure, but the window is below what was refused: later views are planned under that too
             self.engine.windows.refusal(model, refused.estimate.tokens + (self.max_output or 0))
         window = self.engine.window_for(model)
-        items, tools, max_output = self.parsed.items, self.parsed.tools, self.max_output
+        items, tools, max_output = self.parsed.items, self.parsed.fixed, self.max_output
         compacted = False
         if self.state is not None:  # without a state the store is down: no compaction, clipping still helps
             result, state = await self.engine.compact(self.key, items, self.hashes, trigger="reactive",
@@ -345,9 +354,10 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
     raw = await read_body(request, settings)  # the client key is checked already
     parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
-    own = SessionKey(tenant_of(credential(request.headers)), session_of(request, dialect, parsed))
+    own = SessionKey(tenant_of(credential(request.headers, request.query)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
-    key, parsed, hashes = await continuity.resolve(request, dialect, parsed, own)
+    resolved = await continuity.resolve(request, dialect, parsed, own)
+    key, parsed, hashes = resolved.key, resolved.parsed, resolved.hashes
     metrics.session_seen(key)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has (caught up with the
@@ -359,7 +369,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
         metrics.store_errors.inc()
         logger.warning("store error while reading session %s: %s", key.session, exc)
         state = history.cached(key)  # the store is down: the checkpoint this process knows still serves
-    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key])
+    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
+                proved=resolved.proved)
     if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
         boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage
         if boundary is not None:
@@ -379,7 +390,8 @@ def front_door(dialect: Dialect) -> Handler:
         try:
             turn = await open_turn(request, dialect)
             compaction = recognise(dialect.name, turn.parsed.payload, request.headers.get(HEADER_TURN_METADATA))
-            if compaction is not None:  # the client's own compaction: answered from the checkpoint if one can be had
+            if compaction is not None and not turn.settings.shadow:  # the client's own compaction: answered from the
+                # checkpoint if one can be had (under --shadow it goes upstream as sent)
                 answered = await clientcompaction.answer(turn, compaction)
                 if answered is not None:
                     return answered
@@ -423,7 +435,7 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
     turn = await open_turn(request, RESPONSES)
     # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
     turn.summary_fields = {"stream": True, "store": False}
-    answered = await clientcompaction.answer(turn, CODEX_ENDPOINT)
+    answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
     if answered is None:
         return await passthrough(request)
     _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None, time.perf_counter() - started)

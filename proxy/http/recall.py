@@ -16,6 +16,12 @@ answer; an answer that ends as a recall call was never seen by the client.
 What is held is bounded by ``--max-event-bytes``; past it the answer is
 relayed as it is.
 
+What a recall reads is bound by what the request's own view hid: only a log entry of the request's own items whose
+output that view masked (or clipped) is served. Any other number (an output the view shows whole, an entry of
+another lineage of the session, one another credential's linked history added, a summary or checkpoint entry, a
+number past the log) gets the same "holds no tool output" answer, without the log being read, so the tool neither
+reads nor tells apart what the request never held.
+
 The recall exchange is not logged: the client never sends it back, so the log
 (the conversation as the client knows it) has no place for it.
 
@@ -39,13 +45,13 @@ import orjson
 
 from proxy.context.budget import ContextBudgetPolicy, Estimate
 from proxy.context.clipping import CLIP_MARKER, cut_text
-from proxy.context.items import Item, get_path
+from proxy.context.items import Item, get_path, leading_system_count
 from proxy.context.masking import output_text
 from proxy.context.prepared import PreparedView
 from proxy.dialects.base import Dialect
 from proxy.errors import StoreError
 from proxy.http.relay import RelayTiming, event_data
-from proxy.keys import store_key
+from proxy.keys import history_key, store_key
 from proxy.savings import dialect_of
 from proxy.sse import EventTooLarge, SSESplitter, parse_event
 from proxy.store.base import as_seq
@@ -81,7 +87,7 @@ class RecallCall:
 def offered(turn: Turn, view: PreparedView) -> bool:
     """Whether this attempt offers the recall tool: the flag is on, the view masks outputs, rounds are left."""
     checkpoint = view.checkpoint
-    return (turn.settings.recall_tool and checkpoint is not None and checkpoint.masks
+    return (turn.settings.recall_tool and not turn.settings.shadow and checkpoint is not None and checkpoint.masks
             and turn.recalls < MAX_ROUNDS and "previous_response_id" not in turn.parsed.payload)
 
 
@@ -168,18 +174,51 @@ async def answer(turn: Turn, view: PreparedView, recall: RecallCall) -> Prepared
     used = sent + sum(policy.message_tokens(dialect, item) for item in recall.items)
     margin = max(MIN_MARGIN, int(view.limit * MARGIN_SHARE))
     messages = [*view.messages, *recall.items]
+    allowed = recallable(turn, view)
     for call_id, arguments in recall.calls:
         framing = policy.message_tokens(dialect, dialect.tool_result(call_id, ""))
         result = dialect.tool_result(call_id, await recalled(turn, arguments, view.limit - used - margin - framing,
-                                                             policy))
+                                                             policy, allowed))
         messages.append(result)
         used += policy.message_tokens(dialect, result)
     # A running figure: the sources the view's estimate was taken from describe the view before the recall.
     return replace(view, messages=messages, changed=True, estimate=Estimate(used - tool, None, None, None))
 
 
-async def recalled(turn: Turn, arguments: Any, room: int, policy: ContextBudgetPolicy) -> str:
-    """The output logged at the entry ``arguments`` name, clipped to ``room`` tokens (marker included); or why not."""
+def recallable(turn: Turn, view: PreparedView) -> frozenset[int]:
+    """The log entries of the request's own items whose output ``view`` hid: masked by its checkpoint, or clipped.
+
+    Worked out again from what the view was built from (the masker's cache makes it a lookup per masked item):
+    the request's items, their entries on the log's tree (``ConversationState.entries_for``, the request's own
+    path, whichever lineage the log followed last) and the view's checkpoint.
+    """
+    state = turn.request.app[history_key].cached(turn.key) or turn.state
+    checkpoint = view.checkpoint
+    if state is None or checkpoint is None:
+        return frozenset()
+    dialect, items = turn.dialect, turn.parsed.items
+    seqs, keys = state.entries_for(turn.hashes, len(items))
+    hidden: set[int] = set()
+    if checkpoint.masks:
+        start = max(checkpoint.retain_start_idx, leading_system_count(dialect, items))
+        for index in range(start, min(checkpoint.masked_until, len(seqs))):
+            if turn.engine.masker.item(dialect, items, index, seqs, keys) is not items[index]:
+                hidden.add(seqs[index])
+    if view.clipped:  # positions in the view as built before clipping: map them back to the request's items
+        whole = turn.engine.projection(dialect).build(items, checkpoint, seqs=seqs, keys=keys)
+        positions = {id(item): index for index, item in enumerate(items)}
+        for at in view.clipped:
+            shown = positions.get(id(whole[at])) if at < len(whole) else None
+            if shown is not None and shown < len(seqs):
+                hidden.add(seqs[shown])
+    return frozenset(hidden)
+
+
+async def recalled(turn: Turn, arguments: Any, room: int, policy: ContextBudgetPolicy,
+                   allowed: frozenset[int]) -> str:
+    """The output logged at the entry ``arguments`` name, clipped to ``room`` tokens (marker included); or why not.
+
+    Only an entry of ``allowed`` (``recallable``) is read."""
     try:
         parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
         entry = parsed["entry"] if isinstance(parsed, dict) else None
@@ -187,7 +226,7 @@ async def recalled(turn: Turn, arguments: Any, room: int, policy: ContextBudgetP
         entry = None
     if type(entry) is not int or entry < 0:
         return f"{NAME} needs an integer 'entry', the log entry a placeholder names."
-    if as_seq(entry) is None:  # past what a log holds
+    if as_seq(entry) is None or entry not in allowed:  # past what a log holds, or not hidden from this request
         return f"Log entry {entry} holds no tool output of this conversation."
     try:
         facts = await turn.request.app[store_key].read(turn.key, after=entry - 1, limit=1)

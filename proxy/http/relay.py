@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from proxy.context.items import Item
-from proxy.dialects.base import Dialect, ReplyReader, Verdict
+from proxy.dialects.base import Dialect, ReplyReader, Verdict, answered_model
 from proxy.errors import UpstreamError
 from proxy.overflow import Overflow, classify_sse_event
 from proxy.sse import EventTooLarge, SSESplitter, looks_like_sse, parse_event
@@ -37,9 +37,9 @@ logger = logging.getLogger(__name__)
 #: Bytes read at most to tell an event stream sent under another content type from a body (whitespace only).
 SNIFF_BYTES = 4096
 
-#: Called once with the reply's items (none: nothing to log), its usage, whether it is complete, and its id
-#: (``Dialect.reply_id``).
-ReplySink = Callable[[list[Item], dict[str, Any] | None, bool, str | None], Awaitable[None]]
+#: Called once with the reply's items (none: nothing to log), its usage, whether it is complete, its id
+#: (``Dialect.reply_id``) and the model the upstream answered with (``answered_model``; None: it named none).
+ReplySink = Callable[[list[Item], dict[str, Any] | None, bool, str | None, str | None], Awaitable[None]]
 
 
 @dataclass
@@ -155,7 +155,8 @@ async def relay_whole(resp: aiohttp.ClientResponse, body: bytes, extra_headers: 
             parsed = None
         items, usage, _ = dialect.reply_from_json(parsed)
         if items:
-            await sink(items, usage, True, dialect.reply_id(parsed) if isinstance(parsed, dict) else None)
+            await sink(items, usage, True, dialect.reply_id(parsed) if isinstance(parsed, dict) else None,
+                       answered_model(parsed))
     headers = response_headers(resp.headers, decoded=True)
     headers.update(extra_headers)
     return web.Response(status=resp.status, headers=headers, body=body)
@@ -170,6 +171,8 @@ class _StreamRelay:
         self.sink = sink
         self.reader = reader
         self.logged = False
+        #: The model the upstream's events name (the first that names one).
+        self.model: str | None = None
 
     async def forward(self, chunk: bytes) -> None:
         """Relay the events ``chunk`` completes; ``EventTooLarge`` after relaying those before the long one."""
@@ -185,7 +188,10 @@ class _StreamRelay:
             event = parse_event(raw)
             verdict = Verdict.RELAY
             if event is not None and event.data:
-                verdict = self.reader.feed(event.event, event_data(event.data))
+                data = event_data(event.data)
+                verdict = self.reader.feed(event.event, data)
+                if self.model is None:
+                    self.model = answered_model(data)
             if verdict is Verdict.TERMINAL:
                 await self.log(True)
             if verdict is not Verdict.HIDE:
@@ -197,7 +203,7 @@ class _StreamRelay:
         self.logged = True
         reader = self.reader
         await self.sink(reader.items() if reader.received else [], reader.usage, complete and reader.finished,
-                        reader.reply_id)
+                        reader.reply_id, self.model)
 
 
 async def relay_stream(request: web.Request, resp: aiohttp.ClientResponse, extra_headers: dict[str, str],

@@ -9,9 +9,9 @@ in constant time; the answer sets an HttpOnly, SameSite=Strict cookie on
 never the token, and no token ever travels in a URL. Against CSRF: the cookie
 is SameSite=Strict, and every POST under ``/ui`` (sign in, sign out, and any
 later form) passes ``proxy.ui.csrf.check`` in ``guard`` before its handler: an
-Origin check and a token in the form, bound to the cookie (403 otherwise). A
-wrong token makes the caller's address wait before its next one is compared
-(``admin_token_matches``, shared with the admin API), and signing out revokes
+Origin check and a token in the form, bound to the cookie (403 otherwise).
+Past a few wrong tokens the caller's address waits before its next one is
+compared (``admin_token_matches``, shared with the admin API), and signing out revokes
 every cookie issued before (``proxy.ui.cookie``: the store's sign-in epoch).
 
 Every response carries a Content-Security-Policy that allows script and style

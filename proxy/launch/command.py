@@ -7,17 +7,23 @@ import logging.config
 import os
 import shutil
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import click
 
-from proxy.launch.agents import AGENTS, Target
+from proxy.launch.agents import AGENTS
 from proxy.launch.run import Launch, env_lines, exit_line, figures, launch_agent, new_session, served_root
 from proxy.logs import default_log_config
 from proxy.serveflags import serve_options, settings_from
 from proxy.sessions import valid_session
+from proxy.settings import Settings
+from proxy.store import sqlite_path
+
+
+class UnwritableStore(click.ClickException):
+    """The store the flags name cannot be written: a usage error (click's status 2), not a failure."""
+
+    exit_code = 2
 
 
 def _session(value: str | None) -> str | None:
@@ -26,15 +32,39 @@ def _session(value: str | None) -> str | None:
     return value
 
 
+def _upstreams_from_the_environment(agent: str, options: dict[str, Any]) -> None:
+    """Where the user's environment already sends the agent (their gateway) is the upstream of that door, unless
+    a flag or its ``CTXPROXY_*`` variable (both reach ``options``) names one."""
+    for door, url in AGENTS[agent].endpoints(os.environ).items():
+        if options.get(door) is None:
+            options[door] = url
+
+
+def _writable_store(settings: Settings) -> None:
+    """A one-line error (exit status 2) when the SQLite store cannot be written where the flags put it."""
+    if not settings.store.startswith("sqlite:"):
+        return
+    path = sqlite_path(settings.store)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+            raise PermissionError("not writable")
+    except OSError as exc:
+        raise UnwritableStore(f"cannot write the store {path} ({exc.strerror or exc}): name another with --store "
+                              "(or CTXPROXY_STORE), e.g. --store sqlite:///tmp/ctxproxy.db") from None
+
+
 @click.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @serve_options
 @click.option("--proxy", "proxy_url", default=None, metavar="URL",
-              help="Use the proxy already serving at URL instead of starting one (its --store gives the figures)")
+              help="Use the proxy already serving at URL instead of starting one (the closing line's figures are "
+                   "read from --store when it is given)")
 @click.option("--session", default=None, help="Session name [default: AGENT-YYYYMMDD-HHMMSS-xxxx]")
 @click.option("--keep-agent-compaction", is_flag=True,
               help="Leave the agent's own auto-compaction on (the proxy answers it from its checkpoint)")
 @click.option("--print-env", is_flag=True,
-              help="Print the variables the agent would run with (export lines) and exit; its files are kept")
+              help="Print the variables (export lines) and arguments (an alias) the agent would run with, and "
+                   "exit; its files are kept")
 @click.argument("agent", type=click.Choice(list(AGENTS)))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str | None, keep_agent_compaction: bool,
@@ -42,27 +72,31 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     """Run AGENT (claude, codex, opencode, pi, aider, qwen, gemini) through the proxy: ctxproxy run [FLAGS] AGENT
     [-- ARGS…]. The flags serve takes go before AGENT; everything after it goes to the agent.
 
-    The agent's own auto-compaction is turned off (the proxy compacts), nothing is written into its config
-    files, and on exit one line says what the run saved.
+    The agent's own auto-compaction is turned off (the proxy compacts), an endpoint the environment already
+    sends the agent to is the upstream (unless --upstream and the like say otherwise), nothing is written into
+    its config files or its home, and on exit one line says what the run saved.
     """
-    settings = settings_from(options)
     name = _session(session) or new_session(agent)
     if print_env:
-        workdir = Path(tempfile.mkdtemp(prefix=f"ctxproxy-{agent}-"))
-        target = Target(served_root(settings, proxy_url), name, keep_agent_compaction, workdir, os.environ)
-        click.echo(env_lines(agent, target))
-        if not any(workdir.iterdir()):
-            workdir.rmdir()
+        settings = settings_from(options)
+        click.echo(env_lines(agent, served_root(settings, proxy_url), name, keep_agent_compaction))
         return
+    store_named = options.get("store") is not None
+    if proxy_url is None:
+        _upstreams_from_the_environment(agent, options)
+    settings = settings_from(options)
     program = shutil.which(AGENTS[agent].command)
     if program is None:
         raise click.ClickException(f"{AGENTS[agent].command} is not on PATH")
+    reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
+    if reads_store:
+        _writable_store(settings)
     # The agent owns the terminal: the embedded proxy speaks up only for warnings, unless --log-level says more.
     logging.config.dictConfig(default_log_config(options.get("log_level") or "WARNING", settings.log_format))
     launch = Launch(agent, list(args[1:] if args[:1] == ("--",) else args), settings, name, proxy_url,
                     keep_agent_compaction)
-    with tempfile.TemporaryDirectory(prefix=f"ctxproxy-{agent}-") as private:
-        status = asyncio.run(launch_agent(launch, program, Path(private)))
-    click.echo(exit_line(name, asyncio.run(figures(settings, name)), served_root(settings, proxy_url)), err=True)
+    status = asyncio.run(launch_agent(launch, program))
+    served = None if proxy_url is not None else launch.tenants
+    found = asyncio.run(figures(settings, name, served)) if reads_store else None
+    click.echo(exit_line(name, found, served_root(settings, proxy_url)), err=True)
     sys.exit(status)
-

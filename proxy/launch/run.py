@@ -1,41 +1,62 @@
-"""``ctxproxy run AGENT``: the agent in the foreground, through an embedded proxy (or ``--proxy``), then one line.
+"""``ctxproxy run AGENT``: the agent in the foreground, through an embedded (or running) proxy, then one line.
 
 The embedded proxy is the app ``serve`` runs, on a free loopback port, for as
 long as the agent runs. The agent inherits the terminal (stdin, stdout,
 stderr) and the process group, so Ctrl-C, Ctrl-Z and window resizes reach it
-from the terminal itself; SIGINT and SIGQUIT are then ignored here (the agent
-decides what they mean), and SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
-``ctxproxy`` are passed on. Its exit status is ours (128 + N after signal N).
+from the terminal itself: while ``ctxproxy`` is the terminal's foreground job,
+SIGINT and SIGQUIT are left to the agent (the agent decides what they mean).
+Otherwise (no terminal, or sent by ``kill``) they are passed on, as SIGTERM,
+SIGHUP, SIGUSR1 and SIGUSR2 are; an agent still running ``GRACE_SECONDS`` after
+a SIGTERM, SIGHUP, SIGINT or SIGQUIT it was passed is killed. The agent dies
+with ``ctxproxy`` (Linux: a parent-death signal), so a ``kill -9`` of the
+launcher leaves no agent behind; the launcher writes no file (a recipe's files
+are memory files read through ``/proc``, gone with the process; where there are
+none, a temporary directory removed after the run). Its exit
+status is the agent's (128 + N after signal N).
 
 The closing line is read from the store, not from this process's metrics, so
 it is the same with ``--proxy`` (a proxy already serving, over the same
-``--store``): every tenant's session of that name and its sub-agents'
-(``SESSION/agent``) count.
+``--store``). It counts the session of that name and its sub-agents'
+(``SESSION/agent``) under the tenants the embedded proxy served, not another
+tenant's use of the same name.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import secrets
 import shlex
+import shutil
 import signal
+import sys
+import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
-from proxy.launch.agents import AGENTS, Target, agent_env
+import platformdirs
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from proxy.launch.agents import AGENTS, Plan, Target, agent_environ, agent_plan
 from proxy.savings import SavingsCache, UsageTotals, saved_text
+from proxy.sessions import credential, tenant_of
 from proxy.settings import Settings
 from proxy.store import open_store
 from proxy.store.base import SessionInfo
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-#: The terminal sends these to the whole foreground group, the agent included: not sent twice.
-LEFT_TO_THE_AGENT = (signal.SIGINT, signal.SIGQUIT)
+#: The terminal sends these to the whole foreground group, the agent included: passed on only when it did not.
+FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
+#: Signals that ask the agent to end: one it ignores for this long is killed.
+ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
+GRACE_SECONDS = 5.0
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -47,6 +68,8 @@ class Launch:
     #: A proxy already serving (its root URL), instead of an embedded one.
     proxy: str | None = None
     keep_compaction: bool = False
+    #: The tenants the embedded proxy served (filled while it runs): whose figures the closing line sums.
+    tenants: set[str] = field(default_factory=set)
 
 
 def new_session(agent: str, clock: float | None = None) -> str:
@@ -60,6 +83,69 @@ def served_root(settings: Settings, proxy: str | None) -> str:
     return (proxy or f"http://{settings.host}:{settings.port}").rstrip("/")
 
 
+def redacted(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class MemoryFiles:
+    """A recipe's files as memory files (``memfd``), read at ``/proc/PID/fd/N``: they live exactly as long as this
+    process, so even a ``kill -9`` leaves nothing on disk."""
+
+    def __init__(self) -> None:
+        self._fds: list[int] = []
+
+    def put(self, name: str, content: bytes) -> str:
+        fd = os.memfd_create(f"ctxproxy-{name}")
+        self._fds.append(fd)
+        os.fchmod(fd, 0o600)  # a memfd starts at 0777, and Gemini CLI skips a settings file others may write
+        with os.fdopen(os.dup(fd), "wb") as out:
+            out.write(content)
+        return f"/proc/{os.getpid()}/fd/{fd}"
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())
+
+
+class DirectoryFiles:
+    """A recipe's files in a directory made on the first one (``--print-env``: they must outlive this process).
+
+    It is made in ctxproxy's state directory, not in /tmp: Gemini CLI skips a settings file with a directory
+    above it that others may write."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.directory: Path | None = None
+
+    def put(self, name: str, content: bytes) -> str:
+        if self.directory is None:
+            (parent := Path(platformdirs.user_state_dir("ctxproxy")) / "files").mkdir(parents=True, exist_ok=True)
+            self.directory = Path(tempfile.mkdtemp(prefix=f"{self.agent}-", dir=parent))
+        (path := self.directory / name).write_bytes(content)
+        return str(path)
+
+    def close(self) -> None:
+        """Remove the directory (where there are no memory files, after the run)."""
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def tenant_recorder(tenants: set[str]) -> Middleware:
+    """A middleware noting the tenant of every request the embedded proxy serves (only the agent calls it)."""
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        tenants.add(tenant_of(credential(request.headers, request.query)))
+        return await handler(request)
+
+    return record
+
+
 @contextlib.asynccontextmanager
 async def proxy_root(launch: Launch) -> AsyncIterator[str]:
     if launch.proxy is not None:
@@ -68,33 +154,68 @@ async def proxy_root(launch: Launch) -> AsyncIterator[str]:
     from proxy.app import create_app
     from proxy.server import serving
 
-    async with serving(create_app(launch.settings), launch.settings) as root:
+    app = create_app(launch.settings)
+    app.middlewares.append(tenant_recorder(launch.tenants))
+    async with serving(app, launch.settings) as root:
         yield root
 
 
-async def run_agent(argv: Sequence[str], env: Mapping[str, str]) -> int:
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies (Linux), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # looked up before the fork
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # this process died before the signal was asked for
+            os._exit(128 + signal.SIGKILL)
+
+    return preexec
+
+
+def _terminal_sent_it() -> bool:
+    """Whether a SIGINT or SIGQUIT came from the terminal (we are its foreground job, the agent with us)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError):
+        return False
+
+
+async def run_agent(argv: Sequence[str], env: Mapping[str, str], grace: float = GRACE_SECONDS) -> int:
     """Run ``argv`` in the foreground until it exits; its status (128 + N when signal N ended it)."""
     loop = asyncio.get_running_loop()
-    proc = await asyncio.create_subprocess_exec(*argv, env=dict(env))
-    for sig in LEFT_TO_THE_AGENT:
-        loop.add_signal_handler(sig, lambda: None)
+    proc = await asyncio.create_subprocess_exec(*argv, env=dict(env), preexec_fn=_die_with_parent())
+    killer: asyncio.TimerHandle | None = None
+
+    def kill() -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+
     def forward(sig: signal.Signals) -> None:
+        nonlocal killer
+        if sig in FROM_THE_TERMINAL and _terminal_sent_it():
+            return
         with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
             proc.send_signal(sig)
+        if sig in ENDING and killer is None:
+            killer = loop.call_later(grace, kill)
 
-    for sig in FORWARDED:
+    for sig in (*FROM_THE_TERMINAL, *FORWARDED):
         loop.add_signal_handler(sig, forward, sig)
     try:
         code = await proc.wait()
     finally:
-        for sig in (*LEFT_TO_THE_AGENT, *FORWARDED):
+        if killer is not None:
+            killer.cancel()
+        for sig in (*FROM_THE_TERMINAL, *FORWARDED):
             loop.remove_signal_handler(sig)
     return 128 - code if code < 0 else code
 
 
 @dataclass
 class RunFigures:
-    """A session's figures, summed over its tenants and sub-agents."""
+    """A session's figures, summed over its sub-agents and the run's tenants."""
 
     infos: list[SessionInfo]
     totals: UsageTotals
@@ -104,10 +225,12 @@ class RunFigures:
         return sum(i.checkpoints for i in self.infos)
 
 
-async def figures(settings: Settings, session: str) -> RunFigures:
+async def figures(settings: Settings, session: str, tenants: Collection[str] | None = None) -> RunFigures:
+    """The session's figures under ``tenants`` (None: every tenant's)."""
     store = await open_store(settings.store)
     try:
-        infos = [i async for i in store.sessions() if i.session == session or i.session.startswith(session + "/")]
+        infos = [i async for i in store.sessions() if (i.session == session or i.session.startswith(session + "/"))
+                 and (tenants is None or i.tenant in tenants)]
         cache, totals = SavingsCache(), UsageTotals()
         for info in infos:
             totals.merge(await cache.of(store, info))
@@ -116,28 +239,51 @@ async def figures(settings: Settings, session: str) -> RunFigures:
     return RunFigures(infos, totals)
 
 
-def exit_line(session: str, run: RunFigures, inspector_root: str) -> str:
-    """``ctxproxy: session S: N requests, K compactions, …; inspector URL`` (one line, for people and scripts)."""
+def exit_line(session: str, run: RunFigures | None, inspector_root: str) -> str:
+    """``ctxproxy: session S: N requests, K compactions, …; inspector URL`` (one line, for people and scripts);
+    without figures (``--proxy`` and no ``--store``: no store of its own is opened) ``ctxproxy: session S;
+    inspector URL``."""
+    root = redacted(inspector_root)
+    main = next((i for i in run.infos if i.session == session), None) if run is not None else None
+    where = (f"{root}/ui/sessions/{quote(main.tenant, safe='')}/{quote(session, safe='')}"
+             if main is not None else f"{root}/ui")
+    if run is None:
+        return f"ctxproxy: session {session}; inspector {where}"
     t = run.totals
-    main = next((i for i in run.infos if i.session == session), None)
-    where = (f"{inspector_root}/ui/sessions/{quote(main.tenant, safe='')}/{quote(session, safe='')}"
-             if main is not None else f"{inspector_root}/ui")
     return (f"ctxproxy: session {session}: {t.replies:,} requests, {run.compactions:,} compactions, "
             f"{saved_text(t)}; inspector {where}")
 
 
-async def launch_agent(launch: Launch, program: str, workdir: Path) -> int:
+def agent_argv(agent: str, program: str, plan: Plan, args: Sequence[str]) -> list[str]:
+    """The recipe's arguments before the user's, unless the user's name a command that calls no model (``pi
+    install …``: the recipe's flags would turn the command into a prompt)."""
+    if args[:1] and args[0] in AGENTS[agent].bare_commands:
+        return [program, *args]
+    return [program, *plan.args, *args]
+
+
+async def launch_agent(launch: Launch, program: str) -> int:
     """Run the agent through the proxy and return its status; the closing line is printed by the caller."""
-    async with proxy_root(launch) as root:
-        target = Target(root, launch.session, launch.keep_compaction, workdir, os.environ)
-        env = {**os.environ, **agent_env(launch.agent, target)}
-        return await run_agent([program, *launch.args], env)
+    files = MemoryFiles() if hasattr(os, "memfd_create") else DirectoryFiles(launch.agent)
+    try:
+        async with proxy_root(launch) as root:
+            target = Target(root, launch.session, launch.keep_compaction, files, os.environ)
+            plan = agent_plan(launch.agent, target)
+            env = {**agent_environ(os.environ), **plan.env}
+            return await run_agent(agent_argv(launch.agent, program, plan, launch.args), env)
+    finally:
+        files.close()
 
 
-def env_lines(agent: str, target: Target) -> str:
-    """``export NAME=value`` lines for a shell (values quoted), and where the files are."""
-    env = agent_env(agent, target)
-    lines = [f"export {name}={shlex.quote(value)}" for name, value in env.items()]
-    if any(target.workdir.iterdir()):
-        lines.append(f"# files for {AGENTS[agent].command} in {target.workdir} (remove it when done)")
+def env_lines(agent: str, root: str, session: str, keep_compaction: bool) -> str:
+    """``export NAME=value`` lines for a shell (values quoted), the agent's arguments as an alias, and where the
+    files are."""
+    files = DirectoryFiles(agent)
+    plan = agent_plan(agent, Target(root, session, keep_compaction, files, os.environ))
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in plan.env.items()]
+    command = AGENTS[agent].command
+    if plan.args:
+        lines.append(f"alias {command}={shlex.quote(shlex.join([command, *plan.args]))}")
+    if files.directory is not None:
+        lines.append(f"# files for {command} in {files.directory} (remove it when done)")
     return "\n".join(lines)

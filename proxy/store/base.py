@@ -22,8 +22,12 @@ from typing import Any, Literal, NamedTuple
 
 Kind = Literal["message", "rewind", "summary", "checkpoint", "retire"]
 Source = Literal["client", "upstream", "proxy"]
-#: Tenants ``FactLog.tenants_of`` keeps per session id, the newest: the candidates a new credential may continue.
+#: Tenants ``FactLog.tenants_of`` keeps per session id, owners before probers, newest first: the candidates a new
+#: credential may continue.
 TENANTS_KEPT = 16
+#: Openings ``Tenant.openings`` keeps per tenant of a session id: a side call's (a title, a quota probe), the run's,
+#: the run's after the client compacted it itself, with room.
+OPENINGS_KEPT = 4
 #: The largest seq a log can hold: both stores keep it as a signed 64-bit integer (SQLite's INTEGER).
 MAX_SEQ = 2**63 - 1
 _MAX_SEQ_DIGITS = len(str(MAX_SEQ))
@@ -106,16 +110,36 @@ class SessionInfo:
     entries: int = 0
 
 
+class Link(NamedTuple):
+    """A credential's link to the session of another tenant it continues, scoped to what proved it: the link
+    serves only a conversation whose first ``proved`` items chain to ``prefix`` (``proxy.http.continuity``). A
+    link stored before links had a scope reads as ``proved`` 0 and ``prefix`` '': it serves nothing."""
+
+    tenant: str
+    proved: int
+    prefix: str
+
+
+class Tenant(NamedTuple):
+    """A tenant noted for a session id (``FactLog.note_tenant``)."""
+
+    name: str
+    #: Chain hashes of the openings of the tenant's conversations under the id, newest first, at most
+    #: ``OPENINGS_KEPT``: what a request must start with before its proof of that tenant's session is worth
+    #: reading the session for.
+    openings: tuple[str, ...]
+
+
 class FirstLook(NamedTuple):
     """What a request needs of a session this process has not seen yet to tell whose it is (``FactLog.first_look``)."""
 
     #: The log's first entries (``read(key, limit=limit)``).
     facts: list[StoredFact]
-    #: The tenant the key is linked to (``link_of``), or None.
-    link: str | None
-    #: The tenants other than the key's own noted for its session id (``tenants_of``); with none, the own one was
-    #: noted in the same step (``note_tenant``).
-    others: list[str]
+    #: The key's link (``link_of``), or None.
+    link: Link | None
+    #: The tenants other than the key's own noted for its session id (``tenants_of``). The own one was noted in
+    #: the same step (``note_tenant``): as an owner when there were none, else as a prober.
+    others: list[Tenant]
 
 
 class FactLog(abc.ABC):
@@ -144,10 +168,11 @@ class FactLog(abc.ABC):
         """Facts with ``seq > after``, oldest first, at most ``limit``. An unknown session reads as empty."""
 
     @abc.abstractmethod
-    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
+    async def first_look(self, key: SessionKey, limit: int, ts: float, opening: str = "") -> FirstLook:
         """The session's first ``limit`` facts, its link and the other tenants of its session id, noting the own
-        one (seen at ``ts``) when there are none: one store call where a request on a session new here would
-        otherwise make four (read, ask for the link, ask who else holds the id, note itself)."""
+        one (seen at ``ts``, its conversation opening ``opening``): as an owner when there are no others, else as a
+        prober. One store call where a request on a session new here would otherwise make four (read, ask for the
+        link, ask who else holds the id, note itself), whether or not the id is held elsewhere."""
 
     @abc.abstractmethod
     def sessions(self) -> AsyncIterator[SessionInfo]:
@@ -184,19 +209,23 @@ class FactLog(abc.ABC):
         """Move the sign-in epoch on by one, atomically (revoking every cookie issued before), and return it."""
 
     @abc.abstractmethod
-    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
-        """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up). Only the
-        ``TENANTS_KEPT`` newest tenants of a session id are kept."""
+    async def note_tenant(self, session: str, tenant: str, ts: float, opening: str = "", *,
+                          owner: bool = True) -> None:
+        """Record that ``tenant`` holds a session ``session`` (seen at ``ts``; a later call moves it up), and that
+        one of its conversations opens with ``opening`` (the newest ``OPENINGS_KEPT`` are kept). An owner (the
+        first tenant of the id) ranks above every prober (a tenant that came when others held the id), and a later
+        call never demotes it: so probes under fresh keys never push an owner out of the ``TENANTS_KEPT`` kept."""
 
     @abc.abstractmethod
-    async def tenants_of(self, session: str) -> list[str]:
-        """The tenants noted for ``session``, newest first, at most ``TENANTS_KEPT``."""
+    async def tenants_of(self, session: str) -> list[Tenant]:
+        """The tenants noted for ``session``, owners first, each rank newest first, at most ``TENANTS_KEPT``."""
 
     @abc.abstractmethod
-    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
-        """Link ``key`` (a credential's tenant and a session id) to ``tenant``'s session of that id, unless it is
-        linked already: a link is made once and never changed. Returns the tenant ``key`` is linked to."""
+    async def link(self, key: SessionKey, link: Link, ts: float) -> Link:
+        """Link ``key`` (a credential's tenant and a session id) to ``link.tenant``'s session of that id, unless it
+        is linked already: a link is made once and never changed (but a void one, from before links had a scope,
+        is replaced). Returns the link ``key`` has."""
 
     @abc.abstractmethod
-    async def link_of(self, key: SessionKey) -> str | None:
-        """The tenant ``key`` is linked to, or None."""
+    async def link_of(self, key: SessionKey) -> Link | None:
+        """The link of ``key``, or None."""

@@ -8,10 +8,12 @@ session lives in one Redis Cluster slot and one Lua script may touch it all:
 - ``ctxproxy:{t:s}:meta`` a hash: ``next_seq``, ``messages``, ``checkpoints``,
   ``updated_at``, ``tenant``, ``session``;
 - ``ctxproxy:{t:s}:lock:<name>`` a string holding the lock owner's token;
-- ``ctxproxy:{t:s}:link`` a string: the tenant whose session ``s`` the credential of tenant ``t`` continues
-  (``FactLog.link``; set once, never changed);
+- ``ctxproxy:{t:s}:link`` a string ``<tenant> <proved> <prefix>``: the tenant whose session ``s`` the credential
+  of tenant ``t`` continues and the scope of its proof (``FactLog.link``; set once, never changed);
 - ``ctxproxy:tenants:{s}`` a sorted set of the tenants holding a session ``s``, scored by when each was last
-  noted, trimmed to the ``TENANTS_KEPT`` newest (one key per session id, in its own slot).
+  noted (a prober's score far below every owner's), trimmed to the ``TENANTS_KEPT`` first, and
+  ``ctxproxy:openings:{s}`` a hash of their conversations' openings, each tenant's newest first and
+  space-separated (one pair per session id, in its own slot).
 - ``ctxproxy:{t:s}:fact-keys`` a hash from each keyed fact's ``key`` to its
   seq (``NewFact.key``: summaries and checkpoints), made by the first keyed fact.
 
@@ -84,17 +86,30 @@ from proxy.constants import (
     lock_key,
     log_key,
     meta_key,
+    openings_key,
     tenants_key,
 )
 from proxy.errors import ConflictError, StoreError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import TENANTS_KEPT, FactLog, FirstLook, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import (
+    TENANTS_KEPT,
+    FactLog,
+    FirstLook,
+    Link,
+    NewFact,
+    SessionInfo,
+    SessionKey,
+    StoredFact,
+    Tenant,
+    parse_seq,
+)
 from proxy.store.redis_scripts import (
     APPEND_LUA,
     FIRST_LOOK_LUA,
+    LINK_LUA,
     LOCK_LUA,
     NOTE_TENANT_LUA,
-    OTHERS_OR_NOTE_LUA,
+    OTHERS_NOTING_LUA,
     READ_LINKED_LUA,
     UNLOCK_LUA,
 )
@@ -147,8 +162,9 @@ class RedisFactLog(FactLog):
         self._unlock = client.register_script(UNLOCK_LUA)
         self._note_tenant = client.register_script(NOTE_TENANT_LUA)
         self._first_look = client.register_script(FIRST_LOOK_LUA)
-        self._others_or_note = client.register_script(OTHERS_OR_NOTE_LUA)
+        self._others_noting = client.register_script(OTHERS_NOTING_LUA)
         self._read_linked = client.register_script(READ_LINKED_LUA)
+        self._link = client.register_script(LINK_LUA)
 
     @classmethod
     def from_url(cls, url: str) -> RedisFactLog:
@@ -203,13 +219,13 @@ class RedisFactLog(FactLog):
                 start = out[-1].seq + 1
         return out
 
-    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
-        linked, tenants = [log_key(*key), link_key(*key)], [tenants_key(key.session)]
-        noting: list[str | int] = [repr(ts), key.tenant, TENANTS_KEPT]
+    async def first_look(self, key: SessionKey, limit: int, ts: float, opening: str = "") -> FirstLook:
+        linked, tenants = [log_key(*key), link_key(*key)], [tenants_key(key.session), openings_key(key.session)]
+        noting: list[str | int] = [repr(ts), key.tenant, TENANTS_KEPT, opening]
         with map_redis_errors("first_look"):
             if isinstance(self.client, RedisCluster):  # the session id's tenants live in a slot of their own
                 replies: tuple[Any, Any] = await asyncio.gather(self._read_linked(keys=linked, args=[limit]),
-                                                                self._others_or_note(keys=tenants, args=noting),
+                                                                self._others_noting(keys=tenants, args=noting),
                                                                 return_exceptions=True)
                 for reply in replies:
                     if isinstance(reply, BaseException):
@@ -219,7 +235,7 @@ class RedisFactLog(FactLog):
                 link, noted, *entries = await self._first_look(keys=linked + tenants, args=[limit, *noting])
         facts = [_decode_entry(entry_id, dict(zip(fields[::2], fields[1::2], strict=True)))
                  for entry_id, fields in entries]
-        return FirstLook(facts, _text(link) if link else None, [_text(name) for name in noted])
+        return FirstLook(facts, _link_from(link) if link else None, _tenants_from(noted))
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         suffix = f"}}:{META_SUFFIX}".encode()
@@ -278,25 +294,41 @@ class RedisFactLog(FactLog):
         with map_redis_errors("end_signins"):
             return int(await self.client.incr(SIGNIN_EPOCH_KEY))
 
-    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
+    async def note_tenant(self, session: str, tenant: str, ts: float, opening: str = "", *,
+                          owner: bool = True) -> None:
         with map_redis_errors("note_tenant"):
-            await self._note_tenant(keys=[tenants_key(session)], args=[repr(ts), tenant, TENANTS_KEPT])
+            await self._note_tenant(keys=[tenants_key(session), openings_key(session)],
+                                    args=[repr(ts), tenant, TENANTS_KEPT, opening, int(owner)])
 
-    async def tenants_of(self, session: str) -> list[str]:
+    async def tenants_of(self, session: str) -> list[Tenant]:
         with map_redis_errors("tenants_of"):
             names = await self.client.zrevrange(tenants_key(session), 0, TENANTS_KEPT - 1)
-        return [_text(name) for name in names if isinstance(name, bytes | str)]
+            openings = await self.client.hgetall(openings_key(session))
+        known = {_text(name): _text(opening) for name, opening in openings.items()}
+        return [Tenant(_text(name), tuple(known.get(_text(name), "").split()))
+                for name in names if isinstance(name, bytes | str)]
 
-    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
-        # SET NX then GET, as for the secret: the first link wins and never changes, so the pair is one step.
+    async def link(self, key: SessionKey, link: Link, ts: float) -> Link:
+        # One script: the first scoped link wins and never changes.
         with map_redis_errors("link"):
-            await self.client.set(link_key(*key), tenant, nx=True)
-            value = await self.client.get(link_key(*key))
-        if value is None:
-            raise StoreError(f"{link_key(*key)} vanished right after it was set")
-        return _text(value)
+            value = await self._link(keys=[link_key(*key)], args=[f"{link.tenant} {link.proved} {link.prefix}"])
+        return _link_from(value)
 
-    async def link_of(self, key: SessionKey) -> str | None:
+    async def link_of(self, key: SessionKey) -> Link | None:
         with map_redis_errors("link_of"):
             value = await self.client.get(link_key(*key))
-        return None if value is None else _text(value)
+        return None if value is None else _link_from(value)
+
+
+def _link_from(value: bytes | str) -> Link:
+    """A stored link; one from before links had a scope (the tenant alone) has none, and serves nothing."""
+    tenant, _, scope = _text(value).partition(" ")
+    proved, _, prefix = scope.partition(" ")
+    count = parse_seq(proved)
+    return Link(tenant, count, prefix) if count is not None else Link(tenant, 0, "")
+
+
+def _tenants_from(flat: Sequence[bytes | str]) -> list[Tenant]:
+    """``others_noting``'s flat {name, opening...} reply."""
+    return [Tenant(_text(name), tuple(_text(openings).split()))
+            for name, openings in zip(flat[::2], flat[1::2], strict=True)]

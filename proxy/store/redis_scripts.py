@@ -5,6 +5,8 @@ script touches is passed in ``KEYS`` and shares the session's hash tag, so each
 script runs on Redis Cluster too, on the node of that session's slot.
 """
 
+from proxy.store.base import OPENINGS_KEPT
+
 # KEYS: log, meta, fact keys. ARGV: expected_seq, ts, tenant, session, messages, checkpoints, tail ('' for none),
 # then per fact its key ('' for none) and its body.
 # Returns {"ok", id...}; {"conflict", actual_next_seq}; {"diverged", actual_next_seq} when the last entry is not the
@@ -82,27 +84,54 @@ end
 return 0
 """
 
-# Note a tenant of a session id and keep only the newest ARGV[3]. KEYS: the session id's set. ARGV: ts, tenant, kept.
-NOTE_TENANT_LUA = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZREMRANGEBYRANK', KEYS[1], 0, -(tonumber(ARGV[3]) + 1))
+# Noting a tenant of a session id: its set scored by when each was last noted, a prober's score lowered by
+# PROBER_OFFSET so owners always rank first and a trim drops probers first (ZADD GT: a later call moves it up, never
+# an owner down), and a hash of each one's conversation openings, newest first, space-separated, at most
+# OPENINGS_KEPT.
+_NOTE = """
+local PROBER_OFFSET = 1e12
+local OPENINGS_KEPT = """ + str(OPENINGS_KEPT) + """
+local function note(tenants, openings, ts, tenant, kept, opening, owner)
+  local score = tonumber(ts)
+  if owner == 0 then
+    score = score - PROBER_OFFSET
+  end
+  redis.call('ZADD', tenants, 'GT', score, tenant)
+  if opening ~= '' then
+    local list = {opening}
+    for known in string.gmatch(redis.call('HGET', openings, tenant) or '', '%S+') do
+      if known ~= opening and #list < OPENINGS_KEPT then
+        list[#list + 1] = known
+      end
+    end
+    redis.call('HSET', openings, tenant, table.concat(list, ' '))
+  end
+  for _, name in ipairs(redis.call('ZRANGE', tenants, 0, -(kept + 1))) do
+    redis.call('ZREM', tenants, name)
+    redis.call('HDEL', openings, name)
+  end
+end
+"""
+
+# Note a tenant (``FactLog.note_tenant``). KEYS: the session id's set, its openings. ARGV: ts, tenant, kept, opening,
+# owner (1 or 0).
+NOTE_TENANT_LUA = _NOTE + """
+note(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]))
 return 1
 """
 
-# The tenants of a session id other than ``tenant``, newest first, at most ``kept``; none: note ``tenant`` (as
-# NOTE_TENANT_LUA does).
-_OTHERS_OR_NOTE = """
-local function others_or_note(tenants, ts, tenant, kept)
+# The tenants of a session id other than ``tenant``, owners first, newest first, at most ``kept``, flat as
+# {name, opening, name, opening...}; then ``tenant`` is noted: an owner when there were none, else a prober.
+_OTHERS_NOTING = _NOTE + """
+local function others_noting(tenants, openings, ts, tenant, kept, opening)
   local others = {}
   for _, name in ipairs(redis.call('ZREVRANGE', tenants, 0, kept - 1)) do
     if name ~= tenant then
       others[#others + 1] = name
+      others[#others + 1] = redis.call('HGET', openings, name) or ''
     end
   end
-  if #others == 0 then
-    redis.call('ZADD', tenants, ts, tenant)
-    redis.call('ZREMRANGEBYRANK', tenants, 0, -(kept + 1))
-  end
+  note(tenants, openings, ts, tenant, kept, opening, #others == 0 and 1 or 0)
   return others
 end
 """
@@ -119,13 +148,26 @@ end
 """
 
 # ``FactLog.first_look`` in one script: {link, others, entry...}. KEYS: the log, the link, the session id's set of
-# tenants. ARGV: limit, ts, tenant, kept. Only where one script may touch keys of two slots (not on a cluster).
-FIRST_LOOK_LUA = _OTHERS_OR_NOTE + _READ_LINKED + """
+# tenants, its openings. ARGV: limit, ts, tenant, kept, opening. Only where one script may touch keys of two slots
+# (not on a cluster).
+FIRST_LOOK_LUA = _OTHERS_NOTING + _READ_LINKED + """
 local out = read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))
-table.insert(out, 2, others_or_note(KEYS[3], ARGV[2], ARGV[3], tonumber(ARGV[4])))
+table.insert(out, 2, others_noting(KEYS[3], KEYS[4], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]))
 return out
 """
 # The same on a cluster, as two scripts: the log's slot {link, entry...} (KEYS: the log, the link; ARGV: limit),
-# and the tenants' slot (KEYS: the set; ARGV: ts, tenant, kept).
+# and the tenants' slot (KEYS: the set, its openings; ARGV: ts, tenant, kept, opening).
 READ_LINKED_LUA = _READ_LINKED + "return read_linked(KEYS[1], KEYS[2], tonumber(ARGV[1]))"
-OTHERS_OR_NOTE_LUA = _OTHERS_OR_NOTE + "return others_or_note(KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3]))"
+OTHERS_NOTING_LUA = _OTHERS_NOTING + (
+    "return others_noting(KEYS[1], KEYS[2], ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4])")
+
+# Link a key unless it has a link with a scope (``FactLog.link``; a value with no space is a link from before
+# links had one, and serves nothing): {link}. KEYS: the link. ARGV: the new value.
+LINK_LUA = """
+local value = redis.call('GET', KEYS[1])
+if not value or not string.find(value, ' ', 1, true) then
+  redis.call('SET', KEYS[1], ARGV[1])
+  value = ARGV[1]
+end
+return value
+"""

@@ -39,7 +39,18 @@ from typing import Any, TypeVar
 
 from proxy.errors import ConflictError, StoreUnavailable
 from proxy.store import codec
-from proxy.store.base import TENANTS_KEPT, FactLog, FirstLook, NewFact, SessionInfo, SessionKey, StoredFact
+from proxy.store.base import (
+    OPENINGS_KEPT,
+    TENANTS_KEPT,
+    FactLog,
+    FirstLook,
+    Link,
+    NewFact,
+    SessionInfo,
+    SessionKey,
+    StoredFact,
+    Tenant,
+)
 
 T = TypeVar("T")
 
@@ -144,6 +155,17 @@ def m006_fact_keys(conn: sqlite3.Connection) -> None:
 def m007_signin_epoch(conn: sqlite3.Connection) -> None:
     # One row at most: the inspector's sign-in epoch (``FactLog.signin_epoch``); no row reads as 0.
     conn.execute("CREATE TABLE signin_epoch (id INTEGER PRIMARY KEY CHECK (id = 1), value INTEGER NOT NULL)")
+
+
+@migration
+def m008_scoped_links(conn: sqlite3.Connection) -> None:
+    # A link's scope (``Link.proved``, ``Link.prefix``; a link made before has none and serves nothing), and per
+    # noted tenant its rank (the tenants noted so far held a logged session: owners) and its conversations'
+    # openings (space-separated, newest first).
+    conn.execute("ALTER TABLE links ADD COLUMN proved INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE links ADD COLUMN prefix TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE session_tenants ADD COLUMN owner INTEGER NOT NULL DEFAULT 1")
+    conn.execute("ALTER TABLE session_tenants ADD COLUMN opening TEXT NOT NULL DEFAULT ''")
 
 
 @contextmanager
@@ -327,42 +349,48 @@ def _end_signins(conn: sqlite3.Connection) -> int:
         return _signin_epoch(conn)
 
 
-def _note_tenant(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> None:
-    # Rows are one per (session id, tenant) that ever held it; ``_tenants_of`` reads the newest only.
+def _note_tenant(conn: sqlite3.Connection, session: str, tenant: str, ts: float, opening: str, owner: bool) -> None:
+    # Rows are one per (session id, tenant) that ever held it; ``_tenants_of`` reads the first ranked only.
     with immediate(conn):
-        conn.execute("""INSERT INTO session_tenants (session, tenant, noted_at) VALUES (?, ?, ?)
-                        ON CONFLICT (session, tenant) DO UPDATE SET noted_at = max(noted_at, excluded.noted_at)""",
-                     (session, tenant, ts))
+        row = conn.execute("SELECT opening FROM session_tenants WHERE session = ? AND tenant = ?",
+                           (session, tenant)).fetchone()
+        known = str(row[0]).split() if row is not None else []
+        openings = [opening, *(o for o in known if o != opening)][:OPENINGS_KEPT] if opening else known
+        conn.execute("""INSERT INTO session_tenants (session, tenant, noted_at, owner, opening) VALUES (?, ?, ?, ?, ?)
+                        ON CONFLICT (session, tenant) DO UPDATE SET noted_at = max(noted_at, excluded.noted_at),
+                          owner = max(owner, excluded.owner), opening = excluded.opening""",
+                     (session, tenant, ts, int(owner), " ".join(openings)))
 
 
-def _tenants_of(conn: sqlite3.Connection, session: str) -> list[str]:
-    rows = conn.execute("SELECT tenant FROM session_tenants WHERE session = ? ORDER BY noted_at DESC, tenant LIMIT ?",
-                        (session, TENANTS_KEPT)).fetchall()
-    return [str(row[0]) for row in rows]
+def _tenants_of(conn: sqlite3.Connection, session: str) -> list[Tenant]:
+    rows = conn.execute("SELECT tenant, opening FROM session_tenants WHERE session = ? "
+                        "ORDER BY owner DESC, noted_at DESC, tenant LIMIT ?", (session, TENANTS_KEPT)).fetchall()
+    return [Tenant(str(name), tuple(str(openings).split())) for name, openings in rows]
 
 
-def _others_or_note(conn: sqlite3.Connection, session: str, tenant: str, ts: float) -> list[str]:
-    others = [t for t in _tenants_of(conn, session) if t != tenant]
-    if not others:
-        _note_tenant(conn, session, tenant, ts)
+def _others_noting(conn: sqlite3.Connection, session: str, tenant: str, ts: float, opening: str) -> list[Tenant]:
+    others = [t for t in _tenants_of(conn, session) if t.name != tenant]
+    _note_tenant(conn, session, tenant, ts, opening, not others)
     return others
 
 
-def _link(conn: sqlite3.Connection, key: SessionKey, tenant: str, ts: float) -> str:
+def _link(conn: sqlite3.Connection, key: SessionKey, link: Link, ts: float) -> Link:
     with immediate(conn):
-        conn.execute("INSERT OR IGNORE INTO links (tenant, session, target, linked_at) VALUES (?, ?, ?, ?)",
-                     (key.tenant, key.session, tenant, ts))
-        (target,) = conn.execute("SELECT target FROM links WHERE tenant = ? AND session = ?", key).fetchone()
-    return str(target)
+        conn.execute("""INSERT INTO links (tenant, session, target, linked_at, proved, prefix) VALUES (?, ?, ?, ?, ?, ?)
+                        ON CONFLICT (tenant, session) DO UPDATE SET target = excluded.target,
+                          linked_at = excluded.linked_at, proved = excluded.proved, prefix = excluded.prefix
+                        WHERE links.prefix = ''""", (*key, link.tenant, ts, link.proved, link.prefix))
+        found = _link_of(conn, key)
+    return found if found is not None else link  # the row was written just now: never None
 
 
-def _link_of(conn: sqlite3.Connection, key: SessionKey) -> str | None:
-    row = conn.execute("SELECT target FROM links WHERE tenant = ? AND session = ?", key).fetchone()
-    return None if row is None else str(row[0])
+def _link_of(conn: sqlite3.Connection, key: SessionKey) -> Link | None:
+    row = conn.execute("SELECT target, proved, prefix FROM links WHERE tenant = ? AND session = ?", key).fetchone()
+    return None if row is None else Link(str(row[0]), int(row[1]), str(row[2]))
 
 
-def _first_look(conn: sqlite3.Connection, key: SessionKey, limit: int, ts: float) -> FirstLook:
-    others = _others_or_note(conn, key.session, key.tenant, ts)
+def _first_look(conn: sqlite3.Connection, key: SessionKey, limit: int, ts: float, opening: str) -> FirstLook:
+    others = _others_noting(conn, key.session, key.tenant, ts, opening)
     return FirstLook(_read(conn, key, -1, limit), _link_of(conn, key), others)
 
 
@@ -400,8 +428,8 @@ class SqliteFactLog(FactLog):
     async def read(self, key: SessionKey, after: int = -1, limit: int | None = None) -> list[StoredFact]:
         return await self._run(_read, key, after, limit)
 
-    async def first_look(self, key: SessionKey, limit: int, ts: float) -> FirstLook:
-        return await self._run(_first_look, key, limit, ts)
+    async def first_look(self, key: SessionKey, limit: int, ts: float, opening: str = "") -> FirstLook:
+        return await self._run(_first_look, key, limit, ts, opening)
 
     async def sessions(self) -> AsyncIterator[SessionInfo]:
         cursor = ("", "")
@@ -441,14 +469,15 @@ class SqliteFactLog(FactLog):
     async def end_signins(self) -> int:
         return await self._run(_end_signins)
 
-    async def note_tenant(self, session: str, tenant: str, ts: float) -> None:
-        await self._run(_note_tenant, session, tenant, ts)
+    async def note_tenant(self, session: str, tenant: str, ts: float, opening: str = "", *,
+                          owner: bool = True) -> None:
+        await self._run(_note_tenant, session, tenant, ts, opening, owner)
 
-    async def tenants_of(self, session: str) -> list[str]:
+    async def tenants_of(self, session: str) -> list[Tenant]:
         return await self._run(_tenants_of, session)
 
-    async def link(self, key: SessionKey, tenant: str, ts: float) -> str:
-        return await self._run(_link, key, tenant, ts)
+    async def link(self, key: SessionKey, link: Link, ts: float) -> Link:
+        return await self._run(_link, key, link, ts)
 
-    async def link_of(self, key: SessionKey) -> str | None:
+    async def link_of(self, key: SessionKey) -> Link | None:
         return await self._run(_link_of, key)

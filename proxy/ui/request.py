@@ -199,9 +199,12 @@ def request_html(r: RequestView, counter: TokenCounter, *, entry: Callable[[int]
     kinds = [Origin("clipped", origin.index) if position in r.clipped and origin.kind == "verbatim" else origin
              for position, origin in enumerate(origins(r.view, r.messages, r.dialect, r.seqs))]
     p = r.point
+    # --shadow: the view was computed and logged, and the client's request went upstream unchanged.
+    title = ("Shadow view: what the proxy would have sent (the client's request went upstream unchanged)"
+             if r.logged_view.get("shadow") is True else "As sent upstream")
     return (f'<section class="request" id="request-view" data-seq="{p.seq}">'
             f"<h2>Request {p.n + 1} · entry #{p.seq} · {e(iso_time(p.ts))}</h2>{_figures(r)}"
-            '<div class="columns"><div class="col"><h3>As sent upstream</h3>'
+            f'<div class="columns"><div class="col"><h3>{e(title)}</h3>'
             f'<ol class="view">{_view_rows(r, kinds, counter, entry)}</ol></div>'
             '<div class="col"><h3>The conversation the client sent</h3>'
             f'<ol class="history">{_history_rows(r, kinds, entry)}</ol></div></div>'

@@ -1,0 +1,116 @@
+"""The corpus's recorded sessions replayed with ``ctxproxy replay``, each in a window a third of its size.
+
+    python3 -m bench.replayed [--corpus ../shared/corpus/sessions] [--share 3] [--write]
+
+For each ``*.json`` session of the shared corpus (read from there, never copied
+into the repository): ``python3 -m proxy replay FILE --context-window N --json``
+with N the session's whole conversation (the engine's own count of every item)
+divided by ``--share``, the built-in summariser that keeps nothing (the default),
+and the corpus's probes. Deterministic: the table is the same on every run.
+``--write`` replaces the section ``## Replayed corpus, issue 33`` of
+docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench.latency import write_doc
+from proxy.context.tokens import TokenCounter
+from proxy.replay.probes import KINDS
+from proxy.replay.sources import read_file
+
+HEADING = "## Replayed corpus, issue 33"
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "sessions"
+LABELS = {"paths": "paths", "commands": "commands", "errors": "error lines", "constraints": "constraints",
+          "working_set": "last 3 files (exact)"}
+
+
+def window_of(path: Path, share: int) -> int:
+    recording = read_file(path)
+    counter = TokenCounter()
+    return sum(counter.message_tokens(recording.dialect, item) for item in recording.items) // share
+
+
+def replay(path: Path, window: int) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "proxy", "replay", str(path), "--context-window", str(window),
+                           "--json"], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+    report: dict[str, Any] = orjson.loads(done.stdout)
+    return report
+
+
+def _share(kept: int, of: int) -> str:
+    return f"{kept}/{of}" if of else "-"
+
+
+def table(reports: list[tuple[str, int, dict[str, Any]]]) -> str:
+    runs = ["| session | steps | window | last request | last view | largest view | over the window | "
+            "summaries | masking batches | prefix changes | cost, proxy | cost, as sent |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    kept = ["| session | " + " | ".join(LABELS[k] for k in KINDS) + " |", "|---|" + "---:|" * len(KINDS)]
+    totals = {(way, kind): [0, 0] for way in ("view", "truncation") for kind in KINDS}
+    for name, window, r in reports:
+        made = r["compactions"]
+        money = [f"${v:,.2f}" if v is not None else "n/a" for v in (r["cost"]["view"], r["cost"]["as_sent"])]
+        runs.append(f"| {name} | {r['steps']} | {window:,} | {r['tokens']['last_request']:,} | "
+                    f"{r['tokens']['last_view']:,} | {r['tokens']['largest_view']:,} | {r['over_window']} | "
+                    f"{sum(c['tier'] == 'summary' for c in made)} | {sum(c['tier'] == 'mask' for c in made)} | "
+                    f"{r['prefix_changes']} | {money[0]} | {money[1]} |")
+        cells = []
+        for kind in KINDS:
+            view, cut = r["retention"]["view"][kind], r["retention"]["truncation"][kind]
+            for way, got in (("view", view), ("truncation", cut)):
+                totals[way, kind][0] += got["kept"]
+                totals[way, kind][1] += got["of"]
+            cells.append(f"{_share(view['kept'], view['of'])} ({_share(cut['kept'], cut['of'])})")
+        kept.append(f"| {name} | " + " | ".join(cells) + " |")
+
+    def percent(way: str, kind: str) -> str:
+        got, of = totals[way, kind]
+        return f"{got}/{of} = {got / of:.0%}" if of else "-"
+
+    kept.append("| **all** | " + " | ".join(f"**{percent('view', k)}** ({percent('truncation', k)})"
+                                            for k in KINDS) + " |")
+    return "\n".join([*runs, "", *kept])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--share", type=int, default=3, help="the window is the session's size divided by this")
+    parser.add_argument("--write", action="store_true")
+    args = parser.parse_args()
+    reports = []
+    for path in sorted(args.corpus.glob("*.json")):
+        window = window_of(path, args.share)
+        reports.append((path.stem, window, replay(path, window)))
+        print(path.stem, file=sys.stderr)
+    text = table(reports)
+    print(text)
+    if args.write:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        write_doc("\n".join([HEADING, "", DESCRIPTION, "", f"Code: {commit}, before the working set, literals and "
+                             "pins of issue 33.", "", text, ""]), HEADING)
+
+
+DESCRIPTION = (
+    "`python3 -m bench.replayed --write`: each of the nine recorded sessions in `../shared/corpus/sessions/` "
+    "replayed with `python3 -m proxy replay FILE --context-window N --json`, N a third of the session's whole "
+    "conversation (the engine's count of every item), the built-in summariser that keeps nothing (what survives "
+    "is the proxy's own doing), the corpus's probes. Deterministic (two runs give the same bytes). A step is one "
+    "recorded reply, its request everything before it; a prefix change, a view that does not begin with the "
+    "whole previous view; cost, the prompts (a prefix shared with the previous request at the cache-read price) "
+    "and replies at litellm's prices, where its map knows the model; as sent, the client's whole requests "
+    "without a window. Retention counts the probes the last request itself holds, found verbatim among the last "
+    "view's strings (in brackets: plain truncation, the newest messages that fit the window); the last three "
+    "files count all three, their exact final text.")
+
+
+if __name__ == "__main__":
+    main()
