@@ -33,6 +33,7 @@ from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState
 from proxy.context.masking import Masker, first_unmasked, mask_end
 from proxy.context.prepared import PreparedView
+from proxy.context.workingset import WorkingSetMaker, refreshed
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -64,6 +65,8 @@ class MaskingEngine(Protocol):
     def policy(self, window: int) -> ContextBudgetPolicy: ...
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
+
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker: ...
 
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
@@ -141,6 +144,8 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
         candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
                                        model=model, created_at=engine.clock(),
                                        tokens_before=prepared.estimate.tokens)
+        candidate = refreshed(candidate, engine.working_set_of(dialect, window), messages,
+                              state.entries_for(hashes, len(hashes))[0])
         after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                             max_output=max_output, fit=False, checkpoint=candidate)
         candidate = replace(candidate, tokens_after=after.estimate.tokens)

@@ -39,6 +39,7 @@ from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, Summar
 from proxy.context.tokens import TokenCounter
 from proxy.context.trail import trail_maker
 from proxy.context.window import context_window_for
+from proxy.context.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -87,6 +88,8 @@ class EngineSettings:
     mask_batch_share: float | None = 0.125
     #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
     artifact_share: float = 0.10
+    #: Share of the window the files in hand may take in a summary item (``proxy.context.workingset``; 0: none).
+    working_set_share: float = WORKING_SET_SHARE
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -441,7 +444,14 @@ class ContextEngine:
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
-                                                     policy.text_tokens))
+                                                     policy.text_tokens),
+                                working_set_of=self.working_set_of(dialect, window))
+
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
+        """The files in hand a checkpoint carries (``proxy.context.workingset``), in ``working_set_share`` of
+        ``window``: for a summary, and for a masking batch that takes a file's text out of the view."""
+        return working_set_maker(dialect, int(window * self.settings.working_set_share),
+                                 self.policy(window).text_tokens)
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
