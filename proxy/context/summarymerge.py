@@ -162,19 +162,26 @@ def merge(previous: str, answer: str) -> str:
 
 
 def trim(summary: str, budget: int, count: Count) -> str:
-    """``summary`` within ``budget`` tokens: the oldest line of the longest section goes first, counted."""
-    if count(summary) <= budget:
+    """``summary`` within ``budget`` tokens: the oldest line of the longest section goes first, counted.
+
+    Lines go by the characters the overshoot stands for, then the text is counted again: a few counts, not one
+    per line."""
+    tokens = count(summary)
+    if tokens <= budget:
         return summary
     sections = parse(summary)
     text = summary
-    while count(text) > budget:
-        full = [index for index, section in sections.items() if section.lines]
-        if not full:
-            break
-        longest = sections[max(full, key=lambda i: (sum(len(line) for line in sections[i].lines), -i))]
-        longest.lines.pop(0)
-        longest.trimmed += 1
+    while tokens > budget:
+        excess = max(1, (tokens - budget) * len(text) // max(1, tokens))
+        while excess > 0:
+            full = [index for index, section in sections.items() if section.lines]
+            if not full:
+                return render(sections)
+            longest = sections[max(full, key=lambda i: (sum(len(line) for line in sections[i].lines), -i))]
+            excess -= len(longest.lines.pop(0)) + 1
+            longest.trimmed += 1
         text = render(sections)
+        tokens = count(text)
     return text
 
 
