@@ -56,8 +56,9 @@ def test_identifiers_are_extended_and_go_only_when_retracted_reassigned_or_repea
 def test_an_answer_in_another_format_keeps_the_previous_sections() -> None:
     german = "## Ziele\nDen Parser portieren.\n## Erledigte Arbeit\nparse.py gelesen."
     merged = merge(PREVIOUS, german)
-    assert merged.startswith(german + "\n## 1. Goals")
-    assert merged.endswith(PREVIOUS)
+    assert merged == german + "\n" + PREVIOUS
+    later = merge(merged, "## Ziele\nDen Parser portieren.\n## Erledigte Arbeit\nlexer.py geschrieben.")
+    assert later == german + "\nlexer.py geschrieben.\n" + PREVIOUS, "added to, never replaced"
     assert merge("Plain prose before.", "Plain prose after.") == "Plain prose after.", "no sections: as before"
 
 

@@ -16,10 +16,11 @@ merges the answer into the previous summary here:
   drops a previous ``NAME=…``), or repeats every word of it in the new lines
   (the literal is still there, in the new wording). These are the checks the
   proxy can make honestly from the text; it does not guess supersession.
-- an answer in which no section heading is recognised (another language, prose,
-  numbered lines) is the previous behaviour, a whole new summary, when the
-  previous summary had no sections either; otherwise it stands before the
-  previous summary's sections, which are all kept.
+- text outside the sections (an answer in which no section heading is
+  recognised: another language, prose, numbered lines) is added to the
+  previous summary's own text outside the sections, before the sections, which
+  are all kept; only when the previous summary had no sections either is the
+  answer a whole new summary, as before summaries were updated.
 
 The merged summary is bounded (``trim``): over its budget, the oldest line of
 the longest section goes first, and the section says how many it lost, rather
@@ -148,13 +149,15 @@ def extend_identifiers(previous: Section | None, answer: Section) -> Section:
 def merge(previous: str, answer: str) -> str:
     """``answer`` (the sections that change) merged into ``previous`` (see the module docstring)."""
     old, new = parse(previous), parse(answer)
-    if not any(index != PREAMBLE for index in new):
-        if not any(index != PREAMBLE for index in old):
-            return answer.strip()
-        return render({**old, PREAMBLE: Section("", answer.strip().splitlines())})
+    if not any(index != PREAMBLE for index in old) and not any(index != PREAMBLE for index in new):
+        return answer.strip()
     merged = dict(old)
     for index, section in new.items():
-        if index == IDENTIFIERS:
+        if index == PREAMBLE:
+            before = old.get(PREAMBLE, Section(""))
+            merged[index] = Section("", before.lines + [line for line in section.lines if line not in before.lines],
+                                    before.trimmed)
+        elif index == IDENTIFIERS:
             merged[index] = extend_identifiers(old.get(index), section)
         elif section.lines or index not in old:
             merged[index] = section
