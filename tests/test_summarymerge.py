@@ -41,6 +41,11 @@ def test_a_section_left_out_is_carried_and_a_section_given_replaces() -> None:
     assert merged.index("## 2.") < merged.index("## 6.") < merged.index("## 8."), "sections in their order"
 
 
+def test_a_heading_inside_a_code_block_is_code() -> None:
+    answer = "## 2. Work completed\nWrote the script:\n```sh\n# 1. build\nmake\n```"
+    assert section(merge(PREVIOUS, answer), 1) == "Port the parser; never touch vendor/."
+
+
 def test_none_under_a_section_never_erases_it() -> None:
     lazy = "\n".join(f"## {n}. {title}\nNone" for n, title in enumerate(SECTION_TITLES, 1))
     assert merge(PREVIOUS, lazy) == PREVIOUS

@@ -87,8 +87,11 @@ def parse(text: str) -> dict[int, Section]:
     sections: dict[int, Section] = {}
     current = Section("")
     sections[PREAMBLE] = current
+    fenced = False  # inside a code block a "# 1. …" line is code, not a heading
     for line in text.strip().splitlines():
-        index = heading_index(line)
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        index = None if fenced else heading_index(line)
         if index is not None:
             current = sections.setdefault(index, Section(line.strip()))
             continue
