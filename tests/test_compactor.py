@@ -293,7 +293,7 @@ async def test_a_second_compaction_rolls_the_previous_summary_forward() -> None:
     result = await compactor(model).compact(messages, hashes, first, budget=10_000, model="m")
     assert result.checkpoint is not None
     assert result.checkpoint.retain_start_idx == 13
-    assert result.checkpoint.summary == full_summary("SECOND")
+    assert result.checkpoint.summary == "FIRST\n" + full_summary("SECOND")  # an update: the previous one is kept
     assert model.indices() == list(range(5, 13))
     assert model.prompts[0].startswith("<previous-summary>\nFIRST\n</previous-summary>")
 
