@@ -25,7 +25,8 @@ CompactionOutcome = Literal["ok", "failed", "timeout", "skipped", "fallback"]
 Tier = Literal["mask", "summary", "fallback"]
 
 #: Version 2 added ``masked_until`` and ``user_words``; version 3 ``summarised_until``, ``elision``, ``artifacts``
-#: and ``trail``. An older checkpoint reads as one without them.
+#: and ``trail``; ``working_set`` and ``files`` came after it, additive (absent: none). An older checkpoint reads as one
+#: without them.
 CHECKPOINT_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
@@ -63,7 +64,10 @@ class Checkpoint:
     starts there and folds them back in. ``artifacts`` are the files and
     commands of everything before the split (``proxy.context.artifacts``, as
     JSON), and ``trail`` their rendering in the summary item: both written by
-    the proxy from the log, never by the model.
+    the proxy from the log, never by the model. ``working_set`` names the files
+    whose exact text the summary item carries (``proxy.context.workingset``:
+    ``[path, seq it is current as of, index, first line, last line]``) and
+    ``files`` is that section.
     """
 
     summary: str
@@ -80,6 +84,8 @@ class Checkpoint:
     elision: str = ""
     artifacts: tuple[Any, ...] = ()
     trail: str = ""
+    working_set: tuple[Any, ...] = ()
+    files: str = ""
 
     @property
     def summary_end(self) -> int:
@@ -94,7 +100,7 @@ class Checkpoint:
     @property
     def summarises(self) -> bool:
         """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
-        return bool(self.summary.strip() or self.user_words or self.elision or self.trail)
+        return bool(self.summary.strip() or self.user_words or self.elision or self.trail or self.files)
 
     @property
     def masks(self) -> bool:
@@ -116,6 +122,8 @@ class Checkpoint:
         if self.elision or self.trail:
             proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}".encode(), digest_size=8).hexdigest()
             key += f":e{self.summarised_until}:{proxy_text}"
+        if self.files:
+            key += f":w{hashlib.blake2b(self.files.encode(), digest_size=8).hexdigest()}"
         return key
 
     def matches(self, hashes: Sequence[str]) -> bool:
@@ -148,6 +156,9 @@ class Checkpoint:
                 or not isinstance(values["trail"], str) or not isinstance(values["artifacts"], list | tuple)):
             raise ValueError("checkpoint has a malformed summarised_until, elision, artifacts or trail")
         values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
+        if not isinstance(values["files"], str) or not isinstance(values["working_set"], list | tuple):
+            raise ValueError("checkpoint has a malformed working_set or files")
+        values["working_set"] = tuple(tuple(w) if isinstance(w, list) else w for w in values["working_set"])
         return cls(**values)
 
 

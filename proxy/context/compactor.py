@@ -33,6 +33,7 @@ from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
 from proxy.context.userwords import carry
+from proxy.context.workingset import WorkingSetMaker, refreshed
 from proxy.types import Message
 
 __all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_ROUNDS", "DEFAULT_RETAIN_FRACTION",
@@ -183,6 +184,7 @@ class ContextCompactor:
         measure: Measure | None = None,
         user_words_budget: int = 0,
         trail_of: TrailMaker | None = None,
+        working_set_of: WorkingSetMaker | None = None,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -196,6 +198,7 @@ class ContextCompactor:
         self.measure = measure
         self.user_words_budget = user_words_budget
         self.trail_of = trail_of
+        self.working_set_of = working_set_of
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
@@ -277,6 +280,7 @@ class ContextCompactor:
         if masked_until > (previous.covers if previous is not None else system_end):
             checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
                                             created_at=self.clock(), tokens_before=before)
+            checkpoint = refreshed(checkpoint, self.working_set_of, messages, seqs)
             after = tokens(checkpoint)
             if worth(after):
                 masking = CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after,
@@ -294,6 +298,7 @@ class ContextCompactor:
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
+        in_hand = self._in_hand(messages, start, masked_until, seqs)
         # Worth a summary call? Judged on the checkpoint it would make, with what the proxy carries and a summary
         # the size of the last one (a first one: ``first_summary_tokens``): judged without them, 11 of 20 calls in
         # 60 steps with 9k of tools were thrown away after the call ("summary left it over 90 %").
@@ -301,8 +306,8 @@ class ContextCompactor:
         if start > split_from and not worth(tokens(reduced_checkpoint(
                 summary=last, summary_end=start, start=start, opener=opener, hashes=hashes,
                 masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs,
-                model=model, created_at=0.0, tokens_before=before)) + (0 if last else first_summary_tokens(
-                    sum(counts[base:start])))):
+                model=model, created_at=0.0, tokens_before=before, working_set=in_hand[0], files=in_hand[1]))
+                + (0 if last else first_summary_tokens(sum(counts[base:start])))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         summary, summary_end, detail, error, outcome, usage = await self._summary(
             messages, previous, base, start, instructions, use_model)
@@ -313,7 +318,7 @@ class ContextCompactor:
         checkpoint = reduced_checkpoint(
             summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
             masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
-            created_at=self.clock(), tokens_before=before)
+            created_at=self.clock(), tokens_before=before, working_set=in_hand[0], files=in_hand[1])
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
             skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}",
@@ -338,6 +343,14 @@ class ContextCompactor:
         if self.trail_of is not None and start > split_from:
             artifacts, trail = self.trail_of(artifacts, messages, split_from, start, seqs)
         return words, artifacts, trail
+
+    def _in_hand(self, messages: Sequence[Message], start: int, masked_until: int,
+                 seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
+        """The files in hand whose text a split at ``start`` takes out of the view (``proxy.context.workingset``),
+        as of the newest item: (rows for the checkpoint, the section)."""
+        if self.working_set_of is None:
+            return (), ""
+        return self.working_set_of(messages, start, masked_until, seqs)
 
     async def _summary(self, messages: Sequence[Message], previous: Checkpoint | None, base: int, start: int,
                        instructions: str | None, use_model: bool,

@@ -55,10 +55,10 @@ SUMMARY_HEADER = (
 
 def summary_text(checkpoint: Checkpoint) -> str:
     """The summary item's text: the header, the model's summary, the marker of what the model-free tier elided,
-    the user's words, then the artifact trail ("" when it has none of them). All but the model's summary are the
-    proxy's own, stated exactly from the log."""
+    the user's words, the artifact trail, then the files in hand ("" when it has none of them). All but the model's
+    summary are the proxy's own, stated exactly from the log."""
     parts = [part for part in (checkpoint.summary.strip(), checkpoint.elision,
-                               render_user_words(checkpoint.user_words), checkpoint.trail) if part]
+                               render_user_words(checkpoint.user_words), checkpoint.trail, checkpoint.files) if part]
     return "\n\n".join([SUMMARY_HEADER, *parts]) if parts else ""
 
 

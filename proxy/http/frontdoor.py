@@ -23,6 +23,7 @@ from aiohttp.typedefs import Handler
 from proxy import offload
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_TURN_METADATA, HEADER_VIEW_TOKENS
+from proxy.context.applying import ANYONE, Requester
 from proxy.context.budget import retry_limit
 from proxy.context.engine import ContextEngine
 from proxy.context.items import Item, leading_system_count
@@ -96,10 +97,10 @@ class Turn:
     recalls: int = 0
     #: Fields the summary calls made for this request set besides the client's (``proxy.summarycall``).
     summary_fields: dict[str, Any] = field(default_factory=dict)
-    #: None: the session is the request's own key's. Else the request continues another tenant's session and only
-    #: its first ``proved`` items proved it (``continuity.Resolved``): of entries made under another credential,
-    #: it may be given only what lies within them.
-    proved: int | None = None
+    #: Whom the view is for: which of the session's checkpoints it may use (``proxy.context.applying``): the
+    #: request's own tenant, and when it continues another tenant's session how many of its first items proved it
+    #: (``continuity.Resolved.proved``): of checkpoints made under another credential, only those within them.
+    requester: Requester = ANYONE
 
     @property
     def max_output(self) -> int | None:
@@ -219,7 +220,7 @@ class Turn:
             return self.sent_view()
         return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
                                          model=model, tools=tools, max_output=self.max_output,
-                                         complete=self.summarise)
+                                         complete=self.summarise, requester=self.requester)
 
     def sent_view(self) -> PreparedView:
         """The client's items as they are, estimated: no checkpoint, no clipping."""
@@ -257,12 +258,13 @@ class Turn:
             result, state = await self.engine.compact(self.key, items, self.hashes, trigger="reactive",
                                                       dialect=self.dialect, model=model, complete=self.summarise,
                                                       window=window, level=attempt, tools=tools,
-                                                      max_output=max_output, fallback=True)
+                                                      max_output=max_output, fallback=True,
+                                                      requester=self.requester)
             compacted = result.outcome in ("ok", "fallback")
             self.state = state if state is not None else self.state
         limit = retry_limit(self.engine.policy(window).hard_limit(max_output), refused.estimate.tokens)
         view = self.engine.view(items, self.hashes, self.state, dialect=self.dialect, window=window, tools=tools,
-                                max_output=max_output, compacted="reactive", limit=limit)
+                                max_output=max_output, compacted="reactive", limit=limit, requester=self.requester)
         if not compacted and not view.estimate.tokens < refused.estimate.tokens:
             self.metrics.reactive_retries.labels(outcome="failed").inc()
             return None
@@ -383,7 +385,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
         state = await session_state(app, key)
     metrics.session_seen(key)
     turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
-                proved=resolved.proved)
+                requester=Requester(own.tenant, resolved.proved))
     if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
         boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage
         if boundary is not None:
