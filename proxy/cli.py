@@ -195,9 +195,9 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
 @_json_option
 def sessions_uncompact(session: str, checkpoint_seq: int | None, tenant: str | None, store: str | None,
                        as_json: bool) -> None:
-    """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint (and the later ones, made
-    from it), and the next view is built from the checkpoint before it, or from the whole history (``ctxproxy
-    sessions view`` shows it)."""
+    """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint (and those made from it),
+    and the next view is built from the checkpoint it was made from, or from the whole history (``ctxproxy
+    sessions view`` shows it). Refused while a compaction of the session runs (try again once it is done)."""
     from proxy.context.history import HistoryManager
     from proxy.context.undo import uncompact
     from proxy.errors import NothingToUndo

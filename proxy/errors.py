@@ -8,6 +8,7 @@
     │   ├── TooManyAttempts
     │   ├── UpgradeRequired
     │   └── NothingToUndo
+    │       └── CompactionRunning
     ├── UpstreamError
     │   ├── UpstreamTimeout
     │   └── UpstreamUnreachable
@@ -104,6 +105,12 @@ class NothingToUndo(BadRequest):
 
     status = 409
     code = "nothing_to_undo"
+
+
+class CompactionRunning(NothingToUndo):
+    """An undo that came while a compaction of the session ran, and was not done: to be tried again after it."""
+
+    code = "compaction_running"
 
 
 class UpstreamError(ProxyError):

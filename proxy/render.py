@@ -287,7 +287,7 @@ def undo_line(undone: Undone) -> str:
     """What an undo did, in a sentence."""
     now = f"the checkpoint at entry #{undone.now}" if undone.now is not None else "the whole history"
     first, *later = undone.retired
-    after = f" and the {len(later)} after it ({', '.join(f'#{s}' for s in later)})" if later else ""
+    after = f" and the {len(later)} made from it ({', '.join(f'#{s}' for s in later)})" if later else ""
     return (f"Undid the compaction at entry #{first}{after} (retired by entry #{undone.entry}); "
             f"the next view is built from {now}.")
 

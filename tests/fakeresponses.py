@@ -1,4 +1,4 @@
-"""A fake OpenAI Responses API upstream for the real Codex CLI: a real aiohttp server.
+"""A fake OpenAI Responses API upstream for the real Codex CLI (and pi): a real aiohttp server.
 
 ``POST /v1/responses`` answers each turn of ``script`` (a reasoning item with
 ``encrypted_content``, then a call to the shell tool the request offers, or the
@@ -347,6 +347,8 @@ def _shell_call(tools: list[dict[str, Any]], command: str) -> dict[str, str] | N
         return {"name": "exec_command", "arguments": orjson.dumps({"cmd": command}).decode()}
     if "shell" in names:
         return {"name": "shell", "arguments": orjson.dumps({"command": ["bash", "-lc", command]}).decode()}
+    if "bash" in names:  # pi's
+        return {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()}
     return None
 
 

@@ -225,6 +225,11 @@ class FakeUpstream:
         #: When set, summary requests wait for it (a slow summary model); ``summaries_answered`` counts the done.
         self.summary_gate: asyncio.Event | None = None
         self.summaries_answered = 0
+        #: Set whenever a summary request arrives (before it waits at ``summary_gate``).
+        self.summary_asked = asyncio.Event()
+        #: The summary also keeps the FACT-… tokens of the request's tool descriptions, as a model repeating what it
+        #: was shown of the agent's tools does.
+        self.echo_tools = False
         self.prompt_tokens: list[int] = []
         self.refused = 0
         #: Refuse views a strict chat template rejects (``role_error``) with vLLM's 400.
@@ -287,6 +292,7 @@ class FakeUpstream:
     async def summary(self, body: dict[str, Any]) -> web.Response:
         """A summariser that keeps every FACT-… token it is shown (or fails as told)."""
         self.summary_requests.append(body)
+        self.summary_asked.set()
         if self.summary_mode == "fail":
             return web.json_response({"error": {"message": "boom", "type": "server_error"}}, status=500)
         fault = await summary_fault(self.summary_mode)
@@ -301,7 +307,10 @@ class FakeUpstream:
             return web.json_response({"id": "sum", "object": "chat.completion", "model": body.get("model"),
                                       "choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
                                           "role": "assistant", "content": content, "tool_calls": [call]}}]})
-        facts = " ".join(sorted(set(FACT.findall(body["messages"][-1]["content"]))))
+        shown = body["messages"][-1]["content"]
+        if self.echo_tools:
+            shown += orjson.dumps(body.get("tools")).decode()
+        facts = " ".join(sorted(set(FACT.findall(shown))))
         text = "" if self.summary_mode == "empty" else restyle(self.summary_mode, full_summary("Keep going.", facts))
         self.summaries_answered += 1
         self.summary_answers.append(text)

@@ -19,6 +19,7 @@ from proxy.store.base import FactLog, SessionKey
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
 from tests.test_engine import Summariser
+from tests.test_workingset import numbered
 
 KEY = SessionKey("tenant", "batches")
 WINDOW = 16_000
@@ -112,3 +113,20 @@ async def test_when_masking_cannot_reach_the_target_a_summary_masks_its_tail_too
     assert 2 < checkpoint.retain_start_idx < checkpoint.masked_until == len(messages) - 2 * 10 + 1
     assert checkpoint.round_start_idx == 1 and checkpoint.user_words == (), "the round's opener is still in view"
     assert checkpoint.covers == checkpoint.masked_until and checkpoint.matches(hashes)
+
+
+async def test_a_batch_that_masks_a_read_carries_the_files_exact_text_into_the_view(store: FactLog) -> None:
+    engine = engine_over(store, keep_tool_output_share=1.0)
+    messages = run(16)
+    text = prose(random.Random(1), 400) + "\n"  # a whole read, large enough to be masked
+    messages[2:4] = [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "r", "type": "function", "function": {"name": "Read",
+                                                         "arguments": '{"file_path": "/r/app.py"}'}}]},
+        {"role": "tool", "tool_call_id": "r", "content": numbered(text)}]
+    view, _ = await batch(engine, messages)
+    assert view is not None and view.checkpoint.masked_until > 3, "the read's output is masked"
+    shown = view.messages[1]["content"]
+    assert f"### /r/app.py (current as of log entry 3)\n```\n{text}```" in shown
+    logged = [f.extra["checkpoint"] for f in await read_log(store, KEY) if f.kind == "checkpoint"]
+    assert logged[-1]["working_set"] == [["/r/app.py", 3, 3, 1, text.count("\n")]]

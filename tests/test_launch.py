@@ -452,4 +452,6 @@ def test_pis_commands_that_call_no_model_get_no_extension() -> None:
     plan = Plan({}, ["-e", "ext.ts"])
     assert agent_argv("pi", "/bin/pi", plan, ["install", "npm:x"]) == ["/bin/pi", "install", "npm:x"]
     assert agent_argv("pi", "/bin/pi", plan, ["-p", "install it"]) == ["/bin/pi", "-e", "ext.ts", "-p", "install it"]
+    # pi 0.73 has no `auth` command (`pi --help`): `pi auth` is a prompt, which must go through the proxy.
+    assert agent_argv("pi", "/bin/pi", plan, ["auth"]) == ["/bin/pi", "-e", "ext.ts", "auth"]
     assert agent_argv("codex", "/bin/codex", plan, ["exec", "hi"]) == ["/bin/codex", "-e", "ext.ts", "exec", "hi"]

@@ -178,7 +178,8 @@ def test_a_masking_checkpoint_serves_only_conversations_holding_all_it_masks() -
     hashes = [CHAT.hash(m) for m in CONVERSATION]
     state = state_of(hashes)
     checkpoint = masking_checkpoint(None, 11, hashes, system_end=1, model="m", created_at=1.0)
-    state.checkpoints.append(orjson.loads(checkpoint.to_json()))
+    state.apply(StoredFact(id="c", seq=len(hashes), kind="checkpoint", index=None, source="proxy", message=None,
+                           ts=0.0, extra={"checkpoint": orjson.loads(checkpoint.to_json())}))
     assert state.checkpoint_for(hashes) is not None
     assert state.checkpoint_for(hashes[:11]) is not None
     assert state.checkpoint_for(hashes[:10]) is None, "a rewind before masked_until never gets its placeholders"

@@ -182,8 +182,10 @@ async def test_a_fold_whose_viewer_left_stops_before_its_lock_is_released() -> N
 
     class Held(Timeline):
         applied = 0
+        stop: threading.Event | None = None
 
         def extend(self, facts: Sequence[StoredFact], stop: threading.Event | None = None) -> None:
+            self.stop = stop
             try:
                 super().extend(facts, stop)
             finally:
@@ -203,7 +205,9 @@ async def test_a_fold_whose_viewer_left_stops_before_its_lock_is_released() -> N
     fold = asyncio.create_task(extend_off_loop(timeline, facts))
     assert await asyncio.get_running_loop().run_in_executor(None, entered.wait, GATE_TIMEOUT)
     fold.cancel()  # the viewer left while the thread folds the first entry
-    release.set()
+    stop = timeline.stop
+    assert stop is not None and await asyncio.get_running_loop().run_in_executor(None, stop.wait, GATE_TIMEOUT)
+    release.set()  # only once the cancellation asked the thread to stop: else it may fold on meanwhile
     with pytest.raises(asyncio.CancelledError):
         await fold
     assert finished.is_set()  # the thread was done before the caller went on (and so before any lock it held)

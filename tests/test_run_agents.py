@@ -9,6 +9,9 @@ figures are checked against the fake's own count of what it was sent (the
 usage it reported), litellm's price for the model, the session's log
 (``ctxproxy sessions show``), and, where the proxy is one the test serves
 (``--proxy``: Codex, and Claude Code once of its two runs), its ``/metrics``.
+Gemini CLI, Qwen Code and pi run at the user's own gateway; pi, told a small
+window, also shows that the extension ``run`` loads cancels only the
+compactions pi starts by itself.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
+from proxy.launch.agents import PI_EXTENSION
 from proxy.savings import SavingsCache, UsageTotals
 from proxy.settings import Settings
 from proxy.store import open_store
@@ -52,6 +57,10 @@ ROOT = Path(__file__).resolve().parent.parent
 STEPS = 25
 PROMPT = "Run the scripted shell steps one at a time, then say that you are done."
 CLAUDE_MODEL = "claude-opus-5-5"  # Claude Code's default
+#: A model pi's built-in openai provider (Responses API) knows; the fakes answer any name.
+PI_MODEL = "gpt-5.5"
+#: The window of the pi run: the proxy is told it, and so is pi (the user's models.json).
+PI_WINDOW = 4_000
 EXIT_LINE = re.compile(
     r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests, (?P<compactions>[\d,]+) compactions, "
     r"(?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by the model \((?P<cached>[\d,]+) "
@@ -273,3 +282,118 @@ async def test_ctxproxy_run_qwen_keeps_the_users_gateway_and_its_settings_layer_
     assert len(turns) == 3, "every request reached the user's gateway"
     assert all(t.headers.get("Authorization") == "Bearer sk-qwen-gateway-key" for t in turns)
     assert run.figures()["requests"] == "3"
+
+
+def pi_home(home: Path, gateway: str, window: int) -> dict[str, bytes]:
+    """The user's own pi setup: the openai provider at their gateway (``gateway``, with ``/v1``), gpt-5.5 believed to
+    have ``window`` tokens, and a reserve that puts pi's own compaction threshold at 1,000 tokens, under every
+    request of a run: pi wants to compact after every run. Returns the files as written, to compare afterwards."""
+    files = {"models.json": orjson.dumps({"providers": {"openai": {
+                 "baseUrl": gateway, "modelOverrides": {PI_MODEL: {"contextWindow": window}}}}}),
+             "settings.json": orjson.dumps({"compaction": {"reserveTokens": window - 1_000}})}
+    (home / ".pi" / "agent").mkdir(parents=True)
+    for name, content in files.items():
+        (home / ".pi" / "agent" / name).write_bytes(content)
+    return files
+
+
+def pi_events(stdout: str) -> list[dict[str, Any]]:
+    """pi's JSON lines (``--mode json`` and ``--mode rpc``)."""
+    return [orjson.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def pi_home_is_the_users(home: Path, files: dict[str, bytes], session: str) -> None:
+    """The user's pi files are as they wrote them and nothing pi keeps names the extension, its variables or the
+    proxy's URL (the test's directory names hold "ctxproxy": the markers are narrower)."""
+    agent_dir = home / ".pi" / "agent"
+    assert {name: (agent_dir / name).read_bytes() for name in files} == files
+    for path in home.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert not any(m in text for m in (PI_EXTENSION.name, "CTXPROXY_PI", f"/s/{session}")), path
+
+
+async def test_ctxproxy_run_pi_keeps_the_users_gateway_and_leaves_compacting_to_the_proxy(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # 25 steps in a window of 4,000 tokens, which the run does not fit (its last request would be about 6,300): pi
+    # is told that window too, with its own threshold under the first request, so it tries to compact by itself
+    # after the run; the extension must cancel that, and the proxy compacts instead.
+    gateway = FakeResponses(Script(steps=STEPS))
+    root, store = await serve_fake(aiohttp_server, gateway), f"sqlite:///{tmp_path}/facts.db"
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    files = pi_home(home, root + "/v1", PI_WINDOW)
+    env = {**base_env(home), "OPENAI_API_KEY": "sk-pi-gateway-key", "PI_OFFLINE": "1"}
+
+    run = await ctxproxy_run(["--store", store, "--session", "pi-run", "--context-window", str(PI_WINDOW), "pi",
+                              "--", "-p", "--mode", "json", "--provider", "openai", "--model", PI_MODEL, PROMPT],
+                             env, work)
+
+    assert run.returncode == 0, run.stderr
+    events = pi_events(run.stdout)
+    answers = [e["message"] for e in events if e.get("type") == "message_end" and e["message"]["role"] == "assistant"]
+    assert [c.get("text") for c in answers[-1]["content"] if c["type"] == "text"] == [final_text(STEPS)]
+    tried = [e for e in events if e.get("type") in ("compaction_start", "compaction_end")]
+    assert [e["type"] for e in tried] == ["compaction_start", "compaction_end"], "pi tried to compact once"
+    assert (tried[0]["reason"], tried[1]["aborted"]) == ("threshold", True), "and the extension cancelled it"
+    turns = gateway.turns()
+    assert len(turns) == STEPS + 1 and all(t.body.get("tools") for t in turns), "only pi's turns, no summary of pi's"
+    assert all(t.headers.get("Authorization") == "Bearer sk-pi-gateway-key" for t in turns), "the user's key"
+    figures = run.figures()
+    totals, checkpoints = await session_totals(store, "pi-run")
+    assert figures["session"] == "pi-run" and int(figures["requests"]) == totals.replies == STEPS + 1, \
+        "every request went through the proxy"
+    assert int(figures["compactions"]) == checkpoints >= 1, "the proxy compacted"
+    pi_home_is_the_users(home, files, "pi-run")
+    [log] = (home / ".pi" / "agent" / "sessions").rglob("*.jsonl")
+    assert '"type":"compaction"' not in log.read_text(), "pi's own session holds no compaction of its own"
+
+
+async def test_ctxproxy_run_pi_cancels_only_pis_own_compactions_and_a_compaction_asked_for_goes_ahead(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    # pi in RPC mode, as an editor drives it: two prompts, each followed by pi's own compaction at its threshold
+    # (cancelled, as is the check before the second prompt), then the compact command (a /compact), which pi runs.
+    gateway = FakeResponses(Script(steps=2))
+    root = await serve_fake(aiohttp_server, gateway)
+    home, work = tmp_path / "home", tmp_path / "work"
+    work.mkdir()
+    files = pi_home(home, root + "/v1", 100_000)
+    env = {**base_env(home), "OPENAI_API_KEY": "sk-pi-gateway-key", "PI_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "PATH": f"{BIN}:{base_env(home)['PATH']}"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "proxy", "run", "--store", f"sqlite:///{tmp_path}/facts.db", "--session", "pi-rpc",
+        "pi", "--", "--mode", "rpc", "--provider", "openai", "--model", PI_MODEL, cwd=work, env=env,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    seen: list[dict[str, Any]] = []
+
+    async def send_until(command: dict[str, Any], done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(orjson.dumps(command) + b"\n")
+        await proc.stdin.drain()
+        while True:
+            line = await asyncio.wait_for(proc.stdout.readline(), TIMEOUT)
+            assert line, "pi ended early"
+            seen.append(orjson.loads(line))
+            if done(seen[-1]):
+                return seen[-1]
+
+    try:
+        for prompt in (PROMPT, "Once more."):
+            await send_until({"type": "prompt", "message": prompt}, lambda e: e.get("type") == "agent_end")
+        answer = await send_until({"type": "compact"}, lambda e: e.get("command") == "compact")
+        proc.stdin.close()
+        _, err = await asyncio.wait_for(proc.communicate(), TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+    assert proc.returncode == 0, err.decode(errors="replace")
+    ends = [(e["reason"], e["aborted"]) for e in seen if e.get("type") == "compaction_end"]
+    assert ends == [("threshold", True)] * 3 + [("manual", False)]
+    assert answer["success"] is True, answer
+    summaries = [r for r in gateway.requests if r.kind == "turn" and not r.body.get("tools")]
+    assert len(summaries) == 1, "pi's own summary call, through the proxy, only for the compaction asked for"
+    assert all(r.headers.get("Authorization") == "Bearer sk-pi-gateway-key" for r in gateway.requests)
+    pi_home_is_the_users(home, files, "pi-rpc")

@@ -85,6 +85,19 @@ def test_without_usage_the_estimate_is_the_view_the_checkpoint_makes() -> None:
     assert t.checkpoints == {checkpoint.view_key: checkpoint}
 
 
+def test_an_undo_marks_retired_only_the_checkpoint_and_those_made_from_it() -> None:
+    m = [msg("system", "sys"), msg("user", "q1"), msg("assistant", "a1"), msg("user", "q2"), msg("assistant", "a2")]
+    made = [Checkpoint(f"s{n}", 1, "", None, 10, 5, "m", 0.0) for n in range(3)]
+    facts = [fact(i, "message", i, x) for i, x in enumerate(m)]
+    facts += [fact(5, "checkpoint", 1, None, "proxy", checkpoint=orjson.loads(made[0].to_json()), made_from=None),
+              fact(6, "checkpoint", 1, None, "proxy", checkpoint=orjson.loads(made[1].to_json()), made_from=None),
+              fact(7, "checkpoint", 1, None, "proxy", checkpoint=orjson.loads(made[2].to_json()), made_from=5),
+              fact(8, "retire", None, None, "proxy", checkpoint_seq=5)]
+    t = Timeline()
+    t.extend(facts)
+    assert [(mark.seq, mark.retired_by) for mark in t.marks] == [(5, 8), (6, None), (7, 8)], "6: another lineage's"
+
+
 async def test_a_cached_fold_catches_up_with_what_was_appended(store: FactLog) -> None:
     cache = TimelineCache(size=1)
     first = [NewFact(kind="message", index=0, source="client", message=msg("user", "q"), hash="h0"),

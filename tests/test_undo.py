@@ -1,8 +1,9 @@
 """Undoing a compaction: a ``retire`` entry, through the admin API and the CLI, on each store.
 
 After an undo the next view is the one the retired checkpoint replaced (the
-checkpoint before it, or the whole history), the log keeps every entry it had,
-a compaction that was running when the undo landed appends nothing, and
+checkpoint it was made from, or the whole history), the log keeps every entry
+it had, an undo while a compaction runs is refused (409) and logs nothing, a
+compaction planned before an undo that landed anyway appends nothing, and
 nothing is reduced again before the view passes the trigger.
 """
 
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from proxy.cli import main
 from proxy.context.engine import UNDONE
 from proxy.context.lineage import ConversationState
+from proxy.context.undo import retire_fact
 from proxy.keys import compactions_key, engine_key, history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Secret
@@ -270,19 +272,24 @@ class AgentRun:
         assert self.engine.background.running(self.key) is None
 
 
-async def test_a_compaction_running_when_the_undo_lands_appends_nothing_and_none_starts_ahead_again(
+async def test_an_undo_while_a_compaction_runs_is_refused_and_after_one_none_starts_ahead_again(
         make_proxy, fake: FakeUpstream) -> None:
     run = await AgentRun.start(make_proxy, fake)
-    fake.summary_gate = asyncio.Event()  # the background summary is held until the undo has landed
+    fake.summary_gate = asyncio.Event()  # the background summary is held until the undo was answered
     asked = len(fake.summary_requests)
     while len(fake.summary_requests) == asked:  # until the summary call is out: the job planned on the checkpoint
         started = await run.step()  # at last the step whose view passed the soft threshold and started it
     assert run.engine.background.running(run.key) is not None
+    before = await read_log(run.proxy.app[store_key], run.key)
     resp = await uncompact(run.proxy, AGENT_TENANT, "bg")
-    assert (await resp.json())["checkpoint"] is None
+    assert resp.status == 409 and (await error_of(resp))["code"] == "compaction_running"
+    assert await read_log(run.proxy.app[store_key], run.key) == before, "a refused undo logs nothing"
     fake.summary_gate.set()
     await run.engine.background.join(run.key)
-    await run.nothing_recorded_after_the_undo()
+    facts = await read_log(run.proxy.app[store_key], run.key)
+    early, made = [f.seq for f in facts if f.kind == "checkpoint"]
+    resp = await uncompact(run.proxy, AGENT_TENANT, "bg")  # tried again once it is done: it undoes that one
+    assert await resp.json() == {"retired": [made], "entry": facts[-1].seq + 1, "checkpoint": early}
 
     # Until the view passes the trigger nothing is summarised ahead of need, not even past the view that started
     # the held summary (over the soft threshold, then).
@@ -302,7 +309,10 @@ async def test_a_background_compaction_that_waited_for_the_lock_past_an_undo_mak
     assert await store.try_lock(run.key, "compact", "another-replica", 60.0)  # the job waits for it
     await run.until_background()
     resp = await uncompact(run.proxy, AGENT_TENANT, "bg")
-    assert (await resp.json())["checkpoint"] is None
+    assert resp.status == 409, "another replica's compaction holds the lock: the undo waits for none"
+    # A retire logged past the lock all the same (its holder lost the lease to a store outage): still the newer
+    # decision, which the compaction planned before it does not overrule.
+    await run.proxy.app[history_key].append_planned(run.key, lambda state: [retire_fact(state, None)])
     asked = len(fake.summary_requests)
     await store.unlock(run.key, "compact", "another-replica")
     await run.engine.background.join(run.key)
@@ -387,3 +397,103 @@ async def test_a_retire_entry_is_stored_and_folded_on_each_backend(store: FactLo
     assert state.checkpoint is not None and state.checkpoint["summary"] == "s3" and not state.undone
     state.apply(stored[6])
     assert state.checkpoint is None and state.retired == {1, 2, 5} and state.undone, "1 and the live ones after it"
+
+
+# ---- lineages, and an undo during a foreground compaction ---------------------------------------------------------
+
+
+async def test_undoing_one_lineages_compaction_leaves_the_other_lineages_checkpoint_in_force(make_proxy,
+                                                                                           fake: FakeUpstream) -> None:
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    start = await rounds(proxy, fake, "two", [{"role": "system", "content": "You are helpful."}], 1, seed=21)
+    first = await rounds(proxy, fake, "two", list(start), 4, seed=22)
+    await compact(proxy, ADMIN_TENANT, "two")
+    second = await rounds(proxy, fake, "two", list(start), 4, seed=23)  # a rewind: the second lineage
+    in_force = await view_of(proxy, ADMIN_TENANT, "two")
+    assert in_force["checkpoint"] is None, "the first lineage's checkpoint covers what this one does not hold"
+    await compact(proxy, ADMIN_TENANT, "two")
+    in_force = await view_of(proxy, ADMIN_TENANT, "two")
+    facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "two"))
+    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "two", {"checkpoint": first_seq})
+    assert await resp.json() == {"retired": [first_seq], "entry": facts[-1].seq + 1, "checkpoint": second_seq}
+    assert await view_of(proxy, ADMIN_TENANT, "two") == in_force, "the other lineage's checkpoint stays in force"
+    fake.script.append(Reply(content="On the second lineage."))
+    await chat(proxy, [*second, {"role": "user", "content": "next"}], "two")
+    assert fake.requests[-1]["messages"] == [*in_force["messages"], {"role": "user", "content": "next"}]
+    fake.script.append(Reply(content="Back on the first."))
+    await chat(proxy, [*first, {"role": "user", "content": "next"}], "two")
+    assert fake.requests[-1]["messages"] == [*first, {"role": "user", "content": "next"}], "its own was undone"
+
+
+async def foreground_compaction_held(make_proxy: Any, fake: FakeUpstream, window: int,
+                                     session: str) -> tuple[Any, list[dict[str, Any]], dict[str, Any], Any]:
+    """A proxy with a ``window``-token upstream, a session compacted once (that compaction's answer), and rounds
+    until one passes the trigger and waits for its own summary, held at the gate: the proxy, the messages, the
+    first compaction, and the waiting request."""
+    fake.window = window
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1, context_window=window, **MASKING_OFF)
+    messages = await rounds(proxy, fake, session, [{"role": "system", "content": "You are helpful."}], 7, seed=31)
+    early = await compact(proxy, ADMIN_TENANT, session)
+    fake.summary_gate = asyncio.Event()
+    rng = random.Random(32)
+    while True:
+        messages.append({"role": "user", "content": prose(rng, 220)})
+        fake.script.append(Reply(content=prose(rng, 160)))
+        fake.summary_asked.clear()
+        request = asyncio.ensure_future(chat(proxy, messages, session))
+        asked = asyncio.ensure_future(fake.summary_asked.wait())
+        await asyncio.wait([request, asked], return_when=asyncio.FIRST_COMPLETED)
+        if asked.done():
+            return proxy, messages, early, request
+        asked.cancel()
+        messages.append((await (await request).json())["choices"][0]["message"])
+
+
+async def test_an_undo_during_a_foreground_compaction_never_sends_a_view_over_the_window(make_proxy,
+                                                                                        fake: FakeUpstream) -> None:
+    window = 6_000
+    proxy, messages, early, request = await foreground_compaction_held(make_proxy, fake, window, "fg")
+    sent = len(fake.prompt_tokens)
+    resp = await uncompact(proxy, ADMIN_TENANT, "fg")  # lands while the summary is held
+    assert resp.status == 409 and (await error_of(resp))["code"] == "compaction_running"
+    fake.summary_gate.set()
+    answered = await request
+    assert fake.refused == 0 and max(fake.prompt_tokens[sent:]) <= window
+    assert answered.headers["X-Ctxproxy-Compacted"] == "proactive"
+    messages.append((await answered.json())["choices"][0]["message"])
+
+    # Undone once it is done, as far as the first compaction: the next view is the whole history, over the
+    # window, and the next request compacts again rather than send it.
+    resp = await uncompact(proxy, ADMIN_TENANT, "fg", {"checkpoint": early_seq(await read_log(
+        proxy.app[store_key], SessionKey(ADMIN_TENANT, "fg")), early)})
+    assert resp.status == 200 and (await resp.json())["checkpoint"] is None
+    assert (await view_of(proxy, ADMIN_TENANT, "fg"))["estimate"] > window
+    fake.script.append(Reply(content="Compacted again."))
+    resp = await chat(proxy, [*messages, {"role": "user", "content": "go on"}], "fg")
+    assert resp.headers["X-Ctxproxy-Compacted"] == "proactive"
+    assert fake.refused == 0 and max(fake.prompt_tokens[sent:]) <= window
+
+
+async def test_an_undo_past_the_lock_during_a_foreground_compaction_still_sends_a_view_that_fits(
+        make_proxy, fake: FakeUpstream) -> None:
+    window = 6_000
+    proxy, _, _, request = await foreground_compaction_held(make_proxy, fake, window, "past")
+    sent = len(fake.prompt_tokens)
+    # A retire logged without the lock (its holder lost the lease to a store outage) overrules the compaction the
+    # request waits for: the request compacts again on what it left, rather than send the whole history.
+    key = SessionKey(ADMIN_TENANT, "past")
+    await proxy.app[history_key].append_planned(key, lambda state: [retire_fact(state, None)])
+    fake.summary_gate.set()
+    answered = await request
+    assert fake.refused == 0 and max(fake.prompt_tokens[sent:]) <= window
+    assert answered.headers["X-Ctxproxy-Compacted"] == "proactive"
+    facts = await read_log(proxy.app[store_key], key)
+    kinds_after = [f.kind for f in facts[[f.kind for f in facts].index("retire"):]]
+    assert kinds_after[:3] == ["retire", "summary", "checkpoint"], "made again after the undo"
+
+
+def early_seq(facts: list[StoredFact], made: dict[str, Any]) -> int:
+    """The seq of the checkpoint entry an admin compaction answered with."""
+    return next(f.seq for f in facts if f.kind == "checkpoint" and f.extra["checkpoint"] == made["checkpoint"])

@@ -28,7 +28,7 @@ summary item shows it through ``render``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,9 +80,12 @@ class Artifact:
 
 
 @dataclass(frozen=True)
-class _Result:
+class Result:
+    """A call's result: its output text, whether it is flagged as an error, and its item's index."""
+
     text: str
     is_error: bool
+    index: int = -1
 
 
 def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
@@ -93,26 +96,14 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     key need not be unique across the conversation (a Gemini call without an ``id`` is ``name#k``, the k-th call
     of that name in its turn, in every turn), so two calls under one key are two lines.
     """
+    calls = calls_in(dialect, messages, start, end)
+    results = results_of(dialect, messages, start, calls)
     out: list[Artifact] = []
-    for (index, _), name, arguments, result in _answered(dialect, messages, start, end):
+    for (index, call_id), (name, arguments) in calls.items():
         seq = seqs[index] if index < len(seqs) else -1
-        for kind, subject, action in _artifacts(name, arguments, result):
+        for kind, subject, action in _artifacts(name, arguments, results.get((index, call_id))):
             out.append(Artifact(kind, subject, action, index, seq))
     return list(merge((), out))
-
-
-def _answered(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
-              ) -> list[tuple[Call, str, Any, _Result | None]]:
-    """Each call ``messages[start:end]`` make, in order, with its name, arguments and result (None: none yet)."""
-    calls: dict[Call, tuple[str, Any]] = {}
-    for index in range(max(start, 0), min(end, len(messages))):
-        item = messages[index]
-        for call_id in dialect.calls(item):
-            found = dialect.call_of(item, call_id)
-            if found is not None:
-                calls.setdefault((index, call_id), found)
-    results = _results(dialect, messages, start, list(calls))
-    return [(call, name, arguments, results.get(call)) for call, (name, arguments) in calls.items()]
 
 
 def answered_calls(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
@@ -120,20 +111,37 @@ def answered_calls(dialect: ItemModel, messages: Sequence[Message], start: int, 
     """Each call of ``messages[start:end]``: its item's index, tool name, arguments, result text (None: not
     answered yet) and whether the result carries an error flag; for readers beside the trail
     (``proxy.context.literals``)."""
+    calls = calls_in(dialect, messages, start, end)
+    results = results_of(dialect, messages, start, calls)
+    answered = [(call[0], name, arguments, results.get(call)) for call, (name, arguments) in calls.items()]
     return [(index, name, arguments, result.text if result is not None else None,
-             result.is_error if result is not None else False)
-            for (index, _), name, arguments, result in _answered(dialect, messages, start, end)]
+             result.is_error if result is not None else False) for index, name, arguments, result in answered]
 
 
-def command_of(name: str, arguments: Any) -> str | None:
+def shell_command(name: str, arguments: Any) -> str | None:
     """The command line a shell call runs, exactly as given (``bash -lc`` unwrapped); None for any other call and
     for a patch fed to a shell (its files are the trail's)."""
-    args = _parsed(arguments)
-    command = _command_of(name.lower(), args) if isinstance(args, dict) else None
+    args = parsed_arguments(arguments)
+    command = command_of(name.lower(), args) if isinstance(args, dict) else None
     return command if command is not None and patch_in_command(command) is None else None
 
 
-def _results(dialect: ItemModel, messages: Sequence[Message], start: int, calls: Sequence[Call]) -> dict[Call, _Result]:
+def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int) -> dict[Call, tuple[str, Any]]:
+    """Each call ``messages[start:end]`` make, in call order: (item index, key) → (tool name, arguments). A call is
+    known by its item and its key there: a key need not be unique across the conversation (a Gemini call without
+    an ``id`` is ``name#k``, the k-th call of that name in its turn, in every turn)."""
+    calls: dict[Call, tuple[str, Any]] = {}
+    for index in range(max(start, 0), min(end, len(messages))):
+        item = messages[index]
+        for call_id in dialect.calls(item):
+            found = dialect.call_of(item, call_id)
+            if found is not None:
+                calls.setdefault((index, call_id), found)
+    return calls
+
+
+def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
+               calls: Collection[Call]) -> dict[Call, Result]:
     """The result of each call (``calls`` in conversation order), in one pass from ``start`` that stops once every
     call is answered: a result answers the latest call under its key made before it and not answered yet, so
     calls that share a key pair with their results by position.
@@ -145,7 +153,7 @@ def _results(dialect: ItemModel, messages: Sequence[Message], start: int, calls:
     waiting: dict[str, list[int]] = {}
     for index, call_id in calls:
         waiting.setdefault(call_id, []).append(index)
-    found: dict[Call, _Result] = {}
+    found: dict[Call, Result] = {}
     for index in range(max(start, 0), len(messages) if calls else 0):
         item = messages[index]
         ids = dialect.results(item)
@@ -160,39 +168,39 @@ def _results(dialect: ItemModel, messages: Sequence[Message], start: int, calls:
         paths = dialect.result_paths(item)
         for n, call in wanted:
             if len(paths) != len(ids):
-                found[call] = _Result("", False)
+                found[call] = Result("", False, index)
                 continue
             holder = get_path(item, paths[n][:-1])
             is_error = isinstance(holder, dict) and holder.get("is_error") is True
-            found[call] = _Result(output_text(get_path(item, paths[n]))[0], is_error)
+            found[call] = Result(output_text(get_path(item, paths[n]))[0], is_error, index)
         if len(found) == len(calls):
             break
     return found
 
 
-def _artifacts(name: str, arguments: Any, result: _Result | None) -> list[tuple[Kind, str, str]]:
+def _artifacts(name: str, arguments: Any, result: Result | None) -> list[tuple[Kind, str, str]]:
     """What one call did: the files it wrote (none if its result says it failed), or the command it ran."""
-    args = _parsed(arguments)
+    args = parsed_arguments(arguments)
     lowered = name.lower()
     files: list[tuple[str, str]] | None = None
-    if "patch" in lowered and (patch := _patch_of(args)) is not None:
+    if "patch" in lowered and (patch := patch_of(args)) is not None:
         files = patch_files(patch)
     elif isinstance(args, dict) and any(word in lowered for word, _ in WRITE_VERBS):
         files = _file_action(lowered, args)
     if files is None and isinstance(args, dict):
-        command = _command_of(lowered, args)
+        command = command_of(lowered, args)
         if command is not None:
             patch = patch_in_command(command)
             if patch is None:
                 status = outcome(result.text, result.is_error) if result is not None else ""
                 return [("command", clip(command, NAME_CHARS), status)]
             files = patch_files(patch)
-    if not files or (result is not None and _failed(result)):
+    if not files or (result is not None and failed(result)):
         return []
     return [("file", path, action) for path, action in files]
 
 
-def _parsed(arguments: Any) -> Any:
+def parsed_arguments(arguments: Any) -> Any:
     """Arguments as a dict where they are one (or JSON of one); a string that is not JSON stays text."""
     if isinstance(arguments, str):
         try:
@@ -203,7 +211,7 @@ def _parsed(arguments: Any) -> Any:
     return arguments if isinstance(arguments, dict) else None
 
 
-def _patch_of(args: Any) -> str | None:
+def patch_of(args: Any) -> str | None:
     if isinstance(args, str):
         return args
     if isinstance(args, dict):
@@ -229,7 +237,7 @@ def _file_action(lowered: str, args: dict[str, Any]) -> list[tuple[str, str]] | 
     return [(path, f"moved to {target}"), (target, f"moved from {path}")] if target else [(path, "edited")]
 
 
-def _command_of(lowered: str, args: dict[str, Any]) -> str | None:
+def command_of(lowered: str, args: dict[str, Any]) -> str | None:
     """The command line of a shell call: any tool's ``command``/``cmd`` argument, a shell-named tool's ``commands``."""
     for key in ("command", "cmd"):
         if key in args:
@@ -242,7 +250,7 @@ def _command_of(lowered: str, args: dict[str, Any]) -> str | None:
     return command_text(value)
 
 
-def _failed(result: _Result) -> bool:
+def failed(result: Result) -> bool:
     status = outcome(result.text, result.is_error)
     return status.startswith("error") or (status.startswith("exit ") and status != "exit 0")
 

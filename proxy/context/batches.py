@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from proxy.context.applying import ANYONE, Requester
 from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint
 from proxy.context.history import HistoryManager
@@ -32,6 +33,7 @@ from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.lineage import ConversationState
 from proxy.context.masking import Masker, first_unmasked, mask_end
 from proxy.context.prepared import PreparedView
+from proxy.context.workingset import WorkingSetMaker, refreshed
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -64,9 +66,11 @@ class MaskingEngine(Protocol):
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
 
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker: ...
+
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
-             fit: bool = True, checkpoint: Checkpoint | None = None) -> PreparedView: ...
+             fit: bool = True, checkpoint: Checkpoint | None = None, requester: Requester = ANYONE) -> PreparedView: ...
 
     def observe(self, key: SessionKey, trigger: Literal["proactive"], result: CompactionResult,
                 started: float) -> CompactionResult: ...
@@ -75,14 +79,17 @@ class MaskingEngine(Protocol):
 BATCH_ROOM_DIVISOR = 4
 
 
-def checkpoint_fact(checkpoint: Checkpoint) -> NewFact:
-    """The log entry of a checkpoint (``index``: where its verbatim history resumes)."""
-    return NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy",
-                   extra={"checkpoint": orjson.loads(checkpoint.to_json())})
+def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None) -> NewFact:
+    """The log entry of a checkpoint (``index``: where its verbatim history resumes), naming the tenant that made
+    it (None: the session's owner) and the checkpoint it was made from (``proxy.context.applying``)."""
+    extra: dict[str, Any] = {"checkpoint": orjson.loads(checkpoint.to_json()), "made_from": made_from}
+    if tenant is not None:
+        extra["tenant"] = tenant
+    return NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy", extra=extra)
 
 
-def _current(state: ConversationState, hashes: Sequence[str]) -> Checkpoint | None:
-    payload = state.checkpoint_for(hashes)
+def _current(state: ConversationState, hashes: Sequence[str], requester: Requester) -> Checkpoint | None:
+    payload = state.checkpoint_for(hashes, requester)
     try:
         return Checkpoint.from_json(payload) if payload is not None else None
     except ValueError:
@@ -108,8 +115,10 @@ def maskable(engine: MaskingEngine, messages: Sequence[Message], hashes: Sequenc
 
 async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                      state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
-                     window: int, tools: Sequence[Any] | None, max_output: int | None) -> PreparedView | None:
+                     window: int, tools: Sequence[Any] | None, max_output: int | None,
+                     requester: Requester = ANYONE) -> PreparedView | None:
     """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
+    ``requester``: whom the view is for (``proxy.context.applying``): the batch is made from its checkpoint.
 
     Due when the outputs older than the last ``keep_tool_outputs`` that are not
     masked yet would free a batch of tokens. The work before that decision
@@ -135,16 +144,23 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
         candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
                                        model=model, created_at=engine.clock(),
                                        tokens_before=prepared.estimate.tokens)
+        candidate = refreshed(candidate, engine.working_set_of(dialect, window), messages,
+                              state.entries_for(hashes, len(hashes))[0])
         after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                             max_output=max_output, fit=False, checkpoint=candidate)
         candidate = replace(candidate, tokens_after=after.estimate.tokens)
-        fact = checkpoint_fact(candidate)
-        state = await engine.history.append_planned(
-            key, lambda current: [fact] if _current(current, hashes) == previous else [])
+
+        def plan(current: ConversationState) -> list[NewFact]:
+            if _current(current, hashes, requester) != previous:
+                return []
+            made_from = current.checkpoint_seq_for(hashes, requester) if previous is not None else None
+            return [checkpoint_fact(candidate, tenant=requester.tenant, made_from=made_from)]
+
+        state = await engine.history.append_planned(key, plan)
     except StoreError:
         return None
     view = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools, max_output=max_output,
-                       fit=False)
+                       fit=False, requester=requester)
     if view.checkpoint != candidate:
         return view  # another reduction came first: this step goes with it
     engine.observe(key, "proactive", CompactionResult("ok", candidate, prepared.estimate.tokens, view.estimate.tokens,

@@ -21,6 +21,7 @@ from proxy.context.checkpoint import (
     Checkpoint,
     CompactionOutcome,
     CompactionResult,
+    Pin,
     UserWords,
     masking_checkpoint,
     prefix_hash,
@@ -30,10 +31,12 @@ from proxy.context.fallback import reduced_checkpoint
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
 from proxy.context.literals import LiteralMaker, shown_text
 from proxy.context.masking import first_unmasked, mask_end
+from proxy.context.pins import carry as carry_pins
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
 from proxy.context.userwords import carry
+from proxy.context.workingset import WorkingSetMaker, refreshed
 from proxy.types import Message
 
 __all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_ROUNDS", "DEFAULT_RETAIN_FRACTION",
@@ -184,6 +187,8 @@ class ContextCompactor:
         measure: Measure | None = None,
         user_words_budget: int = 0,
         trail_of: TrailMaker | None = None,
+        pins_budget: int = 0,
+        working_set_of: WorkingSetMaker | None = None,
         literals_of: LiteralMaker | None = None,
     ) -> None:
         self.summarizer = summarizer
@@ -198,6 +203,8 @@ class ContextCompactor:
         self.measure = measure
         self.user_words_budget = user_words_budget
         self.trail_of = trail_of
+        self.pins_budget = pins_budget
+        self.working_set_of = working_set_of
         self.literals_of = literals_of
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
@@ -280,6 +287,7 @@ class ContextCompactor:
         if masked_until > (previous.covers if previous is not None else system_end):
             checkpoint = masking_checkpoint(previous, masked_until, hashes, system_end=system_end, model=model,
                                             created_at=self.clock(), tokens_before=before)
+            checkpoint = refreshed(checkpoint, self.working_set_of, messages, seqs)
             after = tokens(checkpoint)
             if worth(after):
                 masking = CompactionResult("ok", replace(checkpoint, tokens_after=after), before, after,
@@ -297,6 +305,8 @@ class ContextCompactor:
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
+        pins = self._pins(messages, previous, split_from, start, opener, seqs)
+        in_hand = self._in_hand(messages, start, masked_until, seqs)
         # Worth a summary call? Judged on the checkpoint it would make, with what the proxy carries and a summary
         # the size of the last one (a first one: ``first_summary_tokens``): judged without them, 11 of 20 calls in
         # 60 steps with 9k of tools were thrown away after the call ("summary left it over 90 %").
@@ -304,8 +314,8 @@ class ContextCompactor:
         if start > split_from and not worth(tokens(reduced_checkpoint(
                 summary=last, summary_end=start, start=start, opener=opener, hashes=hashes,
                 masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs,
-                model=model, created_at=0.0, tokens_before=before)) + (0 if last else first_summary_tokens(
-                    sum(counts[base:start])))):
+                model=model, created_at=0.0, tokens_before=before, pins=pins, working_set=in_hand[0],
+                files=in_hand[1])) + (0 if last else first_summary_tokens(sum(counts[base:start])))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         summary, summary_end, detail, error, outcome, usage = await self._summary(
             messages, previous, base, start, instructions, use_model)
@@ -316,7 +326,7 @@ class ContextCompactor:
         checkpoint = reduced_checkpoint(
             summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
             masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
-            created_at=self.clock(), tokens_before=before)
+            created_at=self.clock(), tokens_before=before, pins=pins, working_set=in_hand[0], files=in_hand[1])
         checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys)
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
@@ -357,6 +367,25 @@ class ContextCompactor:
         rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
                                                split_from, start, seqs, shown)
         return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())
+
+    def _pins(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,
+              opener: int | None, seqs: Sequence[int]) -> tuple[Pin, ...]:
+        """The instruction files and user-pinned text (``proxy.context.pins``) of ``messages[split_from:start]``
+        added to the previous checkpoint's."""
+        pins = previous.pins if previous is not None else ()
+        if self.measure is None or self.pins_budget <= 0:
+            return pins
+        return carry_pins(self.projection.dialect, messages, pins, start=split_from, end=start, opener=opener,
+                          previous_opener=previous.round_start_idx if previous is not None else None, seqs=seqs,
+                          measure=self.measure, budget=self.pins_budget)
+
+    def _in_hand(self, messages: Sequence[Message], start: int, masked_until: int,
+                 seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
+        """The files in hand whose text a split at ``start`` takes out of the view (``proxy.context.workingset``),
+        as of the newest item: (rows for the checkpoint, the section)."""
+        if self.working_set_of is None:
+            return (), ""
+        return self.working_set_of(messages, start, masked_until, seqs)
 
     async def _summary(self, messages: Sequence[Message], previous: Checkpoint | None, base: int, start: int,
                        instructions: str | None, use_model: bool,

@@ -15,8 +15,10 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Literal
 
+from proxy.context.applying import ANYONE, Requester
 from proxy.context.background import BackgroundCompactions
 from proxy.context.batches import checkpoint_fact, mask_batch, maskable
 from proxy.context.budget import ContextBudgetPolicy, UsageSample
@@ -31,6 +33,7 @@ from proxy.context.lineage import ConversationState, common_prefix
 from proxy.context.literals import LITERALS_SHARE, literal_maker
 from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.pace import SessionPace
+from proxy.context.pins import SHARE as PINS_SHARE
 from proxy.context.prepared import Compacted, PreparedView
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
@@ -38,6 +41,7 @@ from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, Summar
 from proxy.context.tokens import TokenCounter
 from proxy.context.trail import trail_maker
 from proxy.context.window import context_window_for
+from proxy.context.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -86,6 +90,8 @@ class EngineSettings:
     mask_batch_share: float | None = 0.125
     #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
     artifact_share: float = 0.10
+    #: Share of the window the files in hand may take in a summary item (``proxy.context.workingset``; 0: none).
+    working_set_share: float = WORKING_SET_SHARE
     #: Share of the window the exact literals added back may take in a summary item (``proxy.context.literals``).
     literal_share: float = LITERALS_SHARE
 
@@ -125,11 +131,13 @@ def step_tokens(policy: ContextBudgetPolicy, dialect: ItemModel, messages: Seque
     return 0
 
 
-def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None) -> Checkpoint | None:
-    """The checkpoint that applies to the conversation ``hashes`` (default: the logged lineage)."""
+def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None,
+                      requester: Requester = ANYONE) -> Checkpoint | None:
+    """The checkpoint that applies to the conversation ``hashes`` (default: the logged lineage) for ``requester``
+    (``proxy.context.applying``)."""
     if state is None:
         return None
-    payload = state.checkpoint_for(hashes) if hashes is not None else state.checkpoint
+    payload = state.checkpoint_for(state.hashes if hashes is None else hashes, requester)
     if payload is None:
         return None
     try:
@@ -202,15 +210,18 @@ class ContextEngine:
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none", limit: int | None = None, fit: bool = True,
-             checkpoint: Checkpoint | None = None, session: SessionKey | None = None) -> PreparedView:
+             checkpoint: Checkpoint | None = None, session: SessionKey | None = None,
+             requester: Requester = ANYONE) -> PreparedView:
         """Build and estimate the view under the session's active checkpoint (or ``checkpoint``). Read-only.
 
         With ``fit``, a view over ``limit`` (default: what the upstream would
         refuse) has tool results clipped until it fits (``proxy.context.clipping``).
         ``session``: whose routine view this is, so that its count starts where
         the session's last view's parts from it (``TokenCounter.count_many``).
+        ``requester``: whom the view is for, which decides the checkpoints it may use (``proxy.context.applying``;
+        the default, anyone, is a session only one credential uses).
         """
-        checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes)
+        checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes, requester)
         seqs, keys = (state.entries_for(hashes, checkpoint.covers) if state is not None and checkpoint is not None
                       and checkpoint.masks else ((), ()))
         view = self.projection(dialect).build(messages, checkpoint, seqs=seqs, keys=keys)
@@ -238,7 +249,8 @@ class ContextEngine:
 
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, dialect: ItemModel, model: str,
-                      tools: Sequence[Any] | None, max_output: int | None, complete: Complete) -> PreparedView:
+                      tools: Sequence[Any] | None, max_output: int | None, complete: Complete,
+                      requester: Requester = ANYONE) -> PreparedView:
         """The proactive path: summarise ahead in the background, and make a request wait only when it must.
 
         Past the soft threshold (``precompact_threshold``) a background
@@ -254,14 +266,15 @@ class ContextEngine:
         """
         window = self.window_for(model)
         self.pace.step(key)
-        options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output}
+        options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output,
+                                   "requester": requester}
         prepared = self.view(messages, hashes, state, fit=False, session=key, **options)
         if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
             del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
             prepared = replace(prepared, compacted="background")
         # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
-                                    window=window, tools=tools, max_output=max_output) or prepared
+                                    window=window, tools=tools, max_output=max_output, requester=requester) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
         soft = self.soft_threshold(key, window, prepared, dialect, messages, hashes)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
@@ -301,9 +314,15 @@ class ContextEngine:
             return self.view(messages, hashes, state, **options)
         # Over the hard limit, the model-free tier stands in for a summary that cannot be had: the view never goes
         # out over the window because a summary failed (with the backoff open, it answers without a model call).
-        result, state = await self.compact(key, messages, hashes, trigger="proactive", model=model,
-                                           complete=complete, threshold=prepared.threshold, over_limit=over,
-                                           fallback=over, model_call=allowed and ask_model, **options)
+        compaction = partial(self.compact, key, messages, hashes, trigger="proactive", model=model, complete=complete,
+                             threshold=prepared.threshold, model_call=allowed and ask_model, **options)
+        result, state = await compaction(over_limit=over, fallback=over)
+        if result.detail == UNDONE:
+            # An undo landed past the lock (its holder lost the lease to a store outage) and overruled this
+            # compaction: made again on what the undo left where that is over the window, never sent over it.
+            left = self.view(messages, hashes, state, fit=False, **options)
+            if left.estimate.tokens > left.limit:
+                result, state = await compaction(over_limit=True, fallback=True)
         self._waited(time.monotonic() - started)
         after = self.view(messages, hashes, state, **options)
         # A checkpoint another request made while this one waited for the lock counts as this one's compaction.
@@ -331,7 +350,7 @@ class ContextEngine:
                       level: int = 0,
                       threshold: int | None = None, instructions: str | None = None,
                       tools: Sequence[Any] | None = None, max_output: int | None = None, over_limit: bool = False,
-                      fallback: bool = False, model_call: bool = True,
+                      fallback: bool = False, model_call: bool = True, requester: Requester = ANYONE,
                       ) -> tuple[CompactionResult, ConversationState | None]:
         """Compact under the session lock and record the checkpoint; the state is returned caught up.
 
@@ -341,7 +360,8 @@ class ContextEngine:
         are the request's: every measure counts them. ``over_limit`` (and any
         reactive ``level``) lifts the minimum gain: a view over the window must shrink. ``fallback`` lets the
         model-free tier stand in when no summary can be had (``ContextCompactor.compact``); the failure backoff,
-        when open, then skips the summary call altogether.
+        when open, then skips the summary call altogether. ``requester``: whom it compacts for; the checkpoint
+        starts from the one that requester's view uses, and its entry names the requester's tenant as its maker.
         """
         started = time.perf_counter()
         session = _backoff_key(key)
@@ -364,9 +384,10 @@ class ContextEngine:
                 if trigger == "background" and state.undone:  # started before an undo that landed since
                     return self.observe(key, trigger, CompactionResult("skipped", None, 0, 0, UNDONE),
                                          started), state
-                previous = active_checkpoint(state, hashes)
+                previous = active_checkpoint(state, hashes, requester)
+                made_from = state.checkpoint_seq_for(hashes, requester) if previous is not None else None
                 fresh = self.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
-                                  max_output=max_output, fit=False)
+                                  max_output=max_output, fit=False, requester=requester)
                 if (threshold is not None and previous is not None and level == 0
                         and fresh.estimate.tokens <= threshold):  # another request compacted while we waited
                     skipped = CompactionResult("skipped", None, 0, 0, "already compacted")
@@ -393,10 +414,10 @@ class ContextEngine:
                     seqs=seqs, keys=keys,
                     fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
-                    state, recorded = await self._record(key, result.checkpoint, dialect, previous, hashes,
-                                                         planned_at, summarised=result.tier != "mask",
-                                                         usage=result.usage)
-                    made = active_checkpoint(state, hashes)
+                    state, recorded = await self._record(key, result.checkpoint, dialect, (previous, made_from),
+                                                         hashes, planned_at, requester,
+                                                         summarised=result.tier != "mask", usage=result.usage)
+                    made = active_checkpoint(state, hashes, requester)
                     if not recorded:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
                     elif trigger == "background" and made is not None:
@@ -426,10 +447,18 @@ class ContextEngine:
                                 keep_tool_tokens=self.keep_tool_tokens(window, room),
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
+                                pins_budget=int(window * PINS_SHARE),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens),
+                                working_set_of=self.working_set_of(dialect, window),
                                 literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
                                                           policy.text_tokens))
+
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
+        """The files in hand a checkpoint carries (``proxy.context.workingset``), in ``working_set_share`` of
+        ``window``: for a summary, and for a masking batch that takes a file's text out of the view."""
+        return working_set_maker(dialect, int(window * self.settings.working_set_share),
+                                 self.policy(window).text_tokens)
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
@@ -467,11 +496,13 @@ class ContextEngine:
         budget = self.settings.keep_user_words
         return budget if budget is not None else window // 10
 
-    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel, previous: Checkpoint | None,
-                      hashes: Sequence[str], planned_at: int, *, summarised: bool = True,
+    async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel,
+                      previous: tuple[Checkpoint | None, int | None], hashes: Sequence[str], planned_at: int,
+                      requester: Requester, *, summarised: bool = True,
                       usage: CallUsage | None = None) -> tuple[ConversationState, bool]:
         """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
-        has none to log); the state, and whether it was appended. The summary entry carries what its calls cost
+        has none to log); the state, and whether it was appended. ``previous``: the checkpoint the compaction
+        started from, and its seq (what the new one is made from). The summary entry carries what its calls cost
         (``usage``, as the upstream reported it): what the savings subtract (``proxy.savings``).
 
         Not when an undo (``proxy.context.undo``) was logged since the
@@ -488,13 +519,14 @@ class ContextEngine:
         def plan(state: ConversationState) -> list[NewFact]:
             if state.last_retire >= planned_at:
                 return []
-            current = active_checkpoint(state, hashes)
-            final = checkpoint
-            if (current is not None and current != previous and current.masked_until > final.masked_until
+            current = active_checkpoint(state, hashes, requester)
+            final, made_from = checkpoint, previous[1]
+            if (current is not None and current != previous[0] and current.masked_until > final.masked_until
                     and current.masked_until > final.retain_start_idx):
                 final = replace(final, masked_until=current.masked_until,
                                 prefix_hash=prefix_hash(hashes, max(final.retain_start_idx, current.masked_until)))
-            facts = [checkpoint_fact(final)]
+                made_from = state.checkpoint_seq_for(hashes, requester)  # it carries that batch's masking too
+            facts = [checkpoint_fact(final, tenant=requester.tenant, made_from=made_from)]
             if summarised:
                 facts.insert(0, NewFact(kind="summary", index=final.retain_start_idx, source="proxy",
                                         message=dialect.with_summary(None, summary_text(final)),

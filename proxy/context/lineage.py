@@ -21,12 +21,14 @@ log is never read for it. Strings are shared between the lineage and the
 index, so a message costs about 100 bytes of index on top of the lineage
 (states are cached for up to 10,000 sessions).
 
-Checkpoints are kept whatever the lineage does: ``checkpoint_for`` serves one
-to every conversation whose prefix hash it matches. A ``retire`` entry (an undo
-of a compaction: ``proxy.context.undo``) names a checkpoint entry by its seq;
-from then on that checkpoint and every later one (each was made from it, or
-carries its summary) serve nobody, and the one before it (or none) applies
-again. The log keeps every entry: retiring is a fact, not a deletion.
+Checkpoints are kept whatever the lineage does: ``checkpoint_for`` serves a
+conversation the checkpoint that covers the most of it among those it may use
+(``proxy.context.applying``: made under its credential, or within its proof). A
+``retire`` entry (an undo of a compaction: ``proxy.context.undo``) names a
+checkpoint entry by its seq; from then on that checkpoint and every one made
+from it (a masking one carries its summary, a rolling summary folds it) serve
+nobody, and the one it was made from (or none) applies again; other lineages'
+checkpoints stay. The log keeps every entry: retiring is a fact, not a deletion.
 """
 
 from __future__ import annotations
@@ -34,9 +36,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from operator import attrgetter
 from typing import Any
 
+from proxy.context.applying import ANYONE, LiveCheckpoint, Requester, choose, descendants
 from proxy.context.chain import chain_hash
 from proxy.store.base import StoredFact
 
@@ -85,14 +89,16 @@ class ConversationState:
     hashes: list[str] = field(default_factory=list)
     prefixes: list[str] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    #: Every live checkpoint of the session (not retired), oldest first (raw ``checkpoint`` payloads); each serves
-    #: the lineages whose prefix hash it matches.
-    checkpoints: list[Mapping[str, Any]] = field(default_factory=list)
-    #: The seq of each entry of ``checkpoints``, and the seqs of the checkpoints a ``retire`` entry took back.
-    checkpoint_seqs: list[int] = field(default_factory=list)
+    #: Every live checkpoint of the session (not retired), oldest first; each serves the lineages whose prefix hash
+    #: it matches.
+    live: list[LiveCheckpoint] = field(default_factory=list)
+    #: The seqs of the checkpoints a ``retire`` entry took back.
     retired: set[int] = field(default_factory=set)
     #: Seq of the newest ``retire`` entry (-1: none): what a compaction planned before it must not overrule.
     last_retire: int = -1
+    #: What the session's conversations open with (the ``opening`` of each first message): a request that shares
+    #: no message with the log and opens otherwise is another agent's conversation (``proxy.http.subagents``).
+    openings: set[str] = field(default_factory=set)
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -108,7 +114,17 @@ class ConversationState:
     @property
     def bytes(self) -> int:
         """What the state holds, estimated: a cache of states is bounded by it (``HistoryManager``)."""
-        return len(self._parents) * MESSAGE_BYTES + len(self.checkpoints) * CHECKPOINT_BYTES
+        return len(self._parents) * MESSAGE_BYTES + len(self.live) * CHECKPOINT_BYTES
+
+    @property
+    def checkpoints(self) -> list[Mapping[str, Any]]:
+        """The live checkpoints' payloads, oldest first."""
+        return [entry.payload for entry in self.live]
+
+    @property
+    def checkpoint_seqs(self) -> list[int]:
+        """The live checkpoints' seqs, oldest first."""
+        return [entry.seq for entry in self.live]
 
     @property
     def head(self) -> int:
@@ -129,6 +145,9 @@ class ConversationState:
         self.tail = fact.digest
         if fact.kind == "message" and fact.hash is not None:
             self._add_node(fact.seq, fact.hash)
+            opening = fact.extra.get("opening") if fact.index == 0 else None
+            if isinstance(opening, str):
+                self.openings.add(opening)
             usage, reply = fact.extra.get("usage"), fact.extra.get("response_id")
             if fact.source == "upstream" and isinstance(reply, str):
                 self._by_response[reply] = fact.seq
@@ -144,33 +163,76 @@ class ConversationState:
         if fact.kind == "rewind":
             self._switch(self._rewind_target(fact))
         elif fact.kind == "checkpoint":
-            payload = fact.extra.get("checkpoint")
-            if isinstance(payload, Mapping):
-                self.checkpoints.append(payload)
-                self.checkpoint_seqs.append(fact.seq)
+            self._add_checkpoint(fact)
         elif fact.kind == "retire":
             self._retire(fact)
 
+    def _add_checkpoint(self, fact: StoredFact) -> None:
+        payload = fact.extra.get("checkpoint")
+        if not isinstance(payload, Mapping):
+            return
+        try:
+            covers = covered(payload)
+        except (TypeError, ValueError):
+            return  # unusable: no view could apply it
+        maker = fact.extra.get("tenant")
+        if "made_from" in fact.extra:
+            made_from = fact.extra["made_from"]
+            parent = made_from if type(made_from) is int else None
+        else:  # logged before entries named it: the checkpoint that served its covered prefix then
+            parent = self._served(covers, payload.get("prefix_hash"))
+        self.live.append(LiveCheckpoint(fact.seq, payload, covers, maker if isinstance(maker, str) else None, parent,
+                                        max(covers, self.live[-1].ceiling if self.live else 0)))
+
+    def _served(self, covers: int, prefix: object) -> int | None:
+        """The seq of the newest live checkpoint (any maker's) whose covered prefix starts the path that a prefix of
+        ``covers`` messages hashed ``prefix`` names: what the view of that path used, under the rule of the time."""
+        node = ROOT if covers == 0 else self._by_prefix.get(prefix) if isinstance(prefix, str) else None
+        if node is None:
+            return None
+        for entry in reversed(self.live):
+            if self._path_starts_with(node, entry.covers, entry.payload.get("prefix_hash")):
+                return entry.seq
+        return None
+
+    def _path_starts_with(self, node: int, length: int, prefix: object) -> bool:
+        """Whether the path from the root to message ``node`` starts with the ``length`` messages ``prefix`` names."""
+        if length == 0:
+            return True
+        if node == ROOT or self._depths[node] + 1 < length:
+            return False
+        while self._depths[node] + 1 > length:
+            node = self._parents[node]
+        return self._node_prefixes[node] == prefix
+
     def _retire(self, fact: StoredFact) -> None:
-        """Take back the checkpoint the entry names and the live ones after it; naming no live one changes nothing."""
-        at = self.retiring(fact.extra.get("checkpoint_seq"))
-        if at is not None:
-            self.retired.update(self.checkpoint_seqs[at:])
-            del self.checkpoints[at:], self.checkpoint_seqs[at:]
+        """Take back the checkpoint the entry names and the live ones made from it; naming no live one changes
+        nothing."""
+        gone = self.retiring(fact.extra.get("checkpoint_seq"))
+        if gone:
+            self.retired.update(self.live[at].seq for at in gone)
+            for at in reversed(gone):
+                del self.live[at]
+            ceiling = 0
+            for at, entry in enumerate(self.live):
+                ceiling = max(ceiling, entry.covers)
+                self.live[at] = replace(entry, ceiling=ceiling)
             self.last_retire = fact.seq
 
-    def retiring(self, checkpoint_seq: object) -> int | None:
-        """Where live checkpoint ``checkpoint_seq`` is in ``checkpoint_seqs`` (a retire takes it and all after it
-        back), or None when it is not a live checkpoint."""
+    def retiring(self, checkpoint_seq: object) -> list[int]:
+        """Where in ``live`` checkpoint ``checkpoint_seq`` is, then every live one made from it: what retiring it
+        takes back (empty when it is not a live checkpoint)."""
         if type(checkpoint_seq) is not int:
-            return None
-        at = bisect_left(self.checkpoint_seqs, checkpoint_seq)
-        return at if at < len(self.checkpoint_seqs) and self.checkpoint_seqs[at] == checkpoint_seq else None
+            return []
+        at = bisect_left(self.live, checkpoint_seq, key=attrgetter("seq"))
+        if at == len(self.live) or self.live[at].seq != checkpoint_seq:
+            return []
+        return descendants(self.live, at)
 
     @property
     def undone(self) -> bool:
         """Whether the newest reduction decision is an undo: no checkpoint was made since the last ``retire``."""
-        return self.last_retire > (self.checkpoint_seqs[-1] if self.checkpoint_seqs else -1)
+        return self.last_retire > (self.live[-1].seq if self.live else -1)
 
     def _add_node(self, seq: int, digest: str) -> None:
         prefix = chain_hash(self.prefixes[-1] if self.prefixes else "", digest)
@@ -292,11 +354,12 @@ class ConversationState:
 
     @property
     def checkpoint(self) -> Mapping[str, Any] | None:
-        """The newest checkpoint whose covered prefix is the current lineage's."""
+        """The checkpoint the current lineage's view uses (any maker's)."""
         return self.checkpoint_for(self.hashes)
 
-    def checkpoint_for(self, hashes: Sequence[str]) -> Mapping[str, Any] | None:
-        """The newest checkpoint whose covered prefix (``covered``) is ``hashes``'s, on whatever lineage it was made.
+    def checkpoint_for(self, hashes: Sequence[str], requester: Requester = ANYONE) -> Mapping[str, Any] | None:
+        """The checkpoint the view of ``hashes`` uses for ``requester`` (``proxy.context.applying.choose``), on
+        whatever lineage it was made.
 
         Lets a request use the session's checkpoint before its own new messages
         are logged, and a lineage keep its checkpoint while another one was
@@ -305,32 +368,33 @@ class ConversationState:
         prefix hashes come from the tree walk, computed only if a checkpoint
         needs them.
         """
-        found = self._applying(hashes)
-        return dict(self.checkpoints[found]) if found is not None else None
+        found = self._applying(hashes, requester)
+        return dict(self.live[found].payload) if found is not None else None
 
-    def checkpoint_seq_for(self, hashes: Sequence[str]) -> int | None:
-        """The seq of the entry ``checkpoint_for(hashes)`` comes from, or None."""
-        found = self._applying(hashes)
-        return self.checkpoint_seqs[found] if found is not None else None
+    def checkpoint_seq_for(self, hashes: Sequence[str], requester: Requester = ANYONE) -> int | None:
+        """The seq of the entry ``checkpoint_for(hashes, requester)`` comes from, or None."""
+        found = self._applying(hashes, requester)
+        return self.live[found].seq if found is not None else None
 
-    def _applying(self, hashes: Sequence[str]) -> int | None:
-        if not self.checkpoints:
+    def _applying(self, hashes: Sequence[str], requester: Requester) -> int | None:
+        if not self.live:
             return None
         shared = len(hashes) if hashes is self.hashes else common_prefix(self.hashes, hashes)
         branch: list[str] | None = None
-        for at in range(len(self.checkpoints) - 1, -1, -1):
-            payload = self.checkpoints[at]
-            idx = covered(payload)
+
+        def holds(entry: LiveCheckpoint) -> bool:
+            nonlocal branch
+            idx = entry.covers
             if idx == 0:
-                return at
+                return True
             if idx <= shared:
                 prefix = self.prefixes[idx - 1]
             else:
                 if branch is None:
                     branch = self.known_prefixes(hashes, shared)
                 if idx - shared > len(branch):
-                    continue
+                    return False
                 prefix = branch[idx - shared - 1]
-            if prefix == payload.get("prefix_hash"):
-                return at
-        return None
+            return prefix == entry.payload.get("prefix_hash")
+
+        return choose(self.live, holds, requester)

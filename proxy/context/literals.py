@@ -37,7 +37,7 @@ from typing import Any
 import orjson
 
 from proxy.context.artifactparse import ERROR_MARKS, SCAN_CHARS, clip, status_line
-from proxy.context.artifacts import answered_calls, collect, command_of
+from proxy.context.artifacts import answered_calls, collect, shell_command
 from proxy.context.items import ItemModel
 from proxy.types import Message
 
@@ -234,7 +234,7 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     found: list[Exact] = []
     runs: list[tuple[str, int, bool]] = []
     for index, name, arguments, text, is_error in answered_calls(dialect, messages, start, len(messages)):
-        command = command_of(name, arguments)
+        command = shell_command(name, arguments)
         source = call_source(name, arguments, command)
         if text is None:
             continue

@@ -250,8 +250,8 @@ async def compact_session(request: web.Request) -> web.Response:
 
 async def uncompact_session(request: web.Request) -> web.Response:
     """Undo a compaction: a ``retire`` entry takes back checkpoint ``{"checkpoint": seq}`` (default: the newest
-    live one) and the later ones, so the next view is the one it replaced (``proxy.context.undo``). 409 when
-    there is none to undo."""
+    live one) and those made from it, so the next view is the one it replaced (``proxy.context.undo``). 409 when
+    there is none to undo, or while a compaction of the session runs."""
     key = _key(request)
     raw = (await _body(request)).get("checkpoint")
     seq = as_seq(raw)

@@ -75,7 +75,7 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     hashes = [*turn.hashes[:same], *map(dialect.hash, items[same:])]
     # Only a checkpoint whose whole covered prefix the request holds (its prefix hash proves it) answers; the
     # session's newer checkpoints, of this lineage or another, cover what the request never showed.
-    checkpoint = active_checkpoint(turn.state, hashes)
+    checkpoint = active_checkpoint(turn.state, hashes, turn.requester)
     # A client asking about the older part of the conversation its log holds: nothing to log (logging it would
     # rewind the log to that part).
     logged = request.prefix_only and turn.state is not None and list(turn.state.hashes[:len(hashes)]) == hashes
@@ -86,8 +86,10 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
         # have waited for its own; when none can be had, the model-free tier's answer stands in.
         result, state = await turn.engine.compact(
             turn.key, items, hashes, trigger="client", dialect=dialect, model=model, complete=turn.summarise,
-            window=window, instructions=request.instructions, over_limit=True, fallback=True)
-        checkpoint = active_checkpoint(state, hashes) if result.outcome in ("ok", "fallback", "skipped") else None
+            window=window, instructions=request.instructions, over_limit=True, fallback=True,
+            requester=turn.requester)
+        made = result.outcome in ("ok", "fallback", "skipped")
+        checkpoint = active_checkpoint(state, hashes, turn.requester) if made else None
         if checkpoint is None or not checkpoint.summarises:
             return None
     text = summary_with_tail(turn, items, checkpoint, int(window * ANSWER_SHARE))

@@ -34,7 +34,7 @@ def view_of(turn: Turn) -> PreparedView:
         return turn.sent_view()  # or --shadow sends it as it is
     window = turn.engine.window_for(turn.parsed.model)
     return turn.engine.view(turn.parsed.items, turn.hashes, turn.state, dialect=turn.dialect, window=window,
-                            tools=turn.parsed.fixed, max_output=turn.max_output)
+                            tools=turn.parsed.fixed, max_output=turn.max_output, requester=turn.requester)
 
 
 def counted(route: str) -> Callable[[Handler], Handler]:

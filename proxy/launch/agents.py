@@ -56,8 +56,9 @@ from proxy.settings import Settings
 OUT_OF_REACH = 1_000_000_000
 #: The pi extension ``ctxproxy run pi`` loads (``-e``): shipped with the package, so nothing is written for it.
 PI_EXTENSION = Path(__file__).with_name("pi_extension.ts")
-#: pi's commands that call no model (``pi install …``): ``-e`` before them would make them a prompt.
-PI_COMMANDS = frozenset({"install", "remove", "uninstall", "update", "list", "config", "auth"})
+#: pi's commands that call no model (``pi install …``; those of ``pi --help``): ``-e`` before them would make them
+#: a prompt. Any other first word is a prompt already, which must reach the model through the proxy.
+PI_COMMANDS = frozenset({"install", "remove", "uninstall", "update", "list", "config"})
 #: The ``Settings`` field of each door's upstream.
 OPENAI, ANTHROPIC, GEMINI = "upstream", "anthropic_upstream", "gemini_upstream"
 

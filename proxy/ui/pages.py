@@ -202,8 +202,8 @@ def undo_form(links: Links, seq: int, csrf_token: str) -> str:
     """The button that undoes the compaction at entry ``seq`` (``proxy.context.undo``), a POST with the CSRF token."""
     return (f'<form class="undo" method="post" action="{e(links.uncompact())}">{csrf.field(csrf_token)}'
             f'<input type="hidden" name="checkpoint" value="{seq}">'
-            '<button type="submit" title="Retire this checkpoint and the later ones: the next request is built from '
-            'the one before it, or from the whole history">Undo this compaction</button></form>')
+            '<button type="submit" title="Retire this checkpoint and those made from it: the next request is built '
+            'from the one it was made from, or from the whole history">Undo this compaction</button></form>')
 
 
 def log_items(facts: Iterable[StoredFact], t: Timeline, links: Links, csrf_token: str) -> str:

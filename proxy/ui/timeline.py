@@ -124,6 +124,8 @@ class Timeline:
         self.points: list[Point] = []
         self.marks: list[Mark] = []
         self.checkpoints: dict[str, Checkpoint] = {}
+        #: The checkpoint each mark was made from (``proxy.context.applying``), by seq.
+        self._made_from: dict[int, int | None] = {}
         self._summary_tokens: dict[tuple[str, int | None], int] = {}
         self.kinds: Counter[str] = Counter()
         self.next_seq = 0
@@ -182,6 +184,9 @@ class Timeline:
         except ValueError:
             return
         self.checkpoints[checkpoint.view_key] = checkpoint
+        made_from = fact.extra.get("made_from") if "made_from" in fact.extra else next(  # logged before entries said
+            (m.seq for m in reversed(self.marks) if m.retired_by is None), None)
+        self._made_from[fact.seq] = made_from if type(made_from) is int else None
         system = leading_system_count(self.lineage.dialect, self.lineage.messages)
         self.marks.append(Mark(fact.seq, fact.ts, len(self.points), system,
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
@@ -190,15 +195,18 @@ class Timeline:
                                literals=checkpoint.literal_receipt))
 
     def _retire(self, fact: StoredFact) -> None:
-        """Mark the compaction the entry undid, and the later ones still live, as retired (as the engine's fold,
+        """Mark the compaction the entry undid, and the live ones made from it, as retired (as the engine's fold,
         ``ConversationState``, does)."""
         target = fact.extra.get("checkpoint_seq")
         at = bisect.bisect_left(self.marks, target, key=lambda m: m.seq) if type(target) is int else len(self.marks)
         if at == len(self.marks) or self.marks[at].seq != target or self.marks[at].retired_by is not None:
             return
+        gone = {self.marks[at].seq}
         for i in range(at, len(self.marks)):
-            if self.marks[i].retired_by is None:
-                self.marks[i] = replace(self.marks[i], retired_by=fact.seq)
+            mark = self.marks[i]
+            if mark.retired_by is None and (i == at or self._made_from.get(mark.seq) in gone):
+                gone.add(mark.seq)
+                self.marks[i] = replace(mark, retired_by=fact.seq)
 
     def _point(self, fact: StoredFact) -> None:
         index = len(self.lineage.messages) - 1

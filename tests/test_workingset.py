@@ -1,0 +1,342 @@
+"""The working set: the exact current text of the files in hand, per agent's tools, and when it is dropped."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.context.checkpoint import Checkpoint
+from proxy.context.projection import summary_text
+from proxy.context.shellwrites import effect
+from proxy.context.workingset import (
+    MAX_FILES,
+    WORKING_SET_HEADING,
+    FileText,
+    lost,
+    refreshed,
+    render,
+    track,
+    working_set_maker,
+)
+from proxy.dialects.chat import DIALECT as CHAT
+
+APP = "def main():\n    print('hello')\n\n\nif __name__ == '__main__':\n    main()\n"
+
+
+class Run:
+    """A Chat conversation built call by call: each call answered by its result right after it."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = [{"role": "user", "content": "work on the repo"}]
+
+    def call(self, name: str, arguments: dict[str, Any] | str, result: str) -> Run:
+        n = len(self.messages)
+        args = arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
+        self.messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": args}}]})
+        self.messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": result})
+        return self
+
+    def files(self) -> dict[str, str]:
+        return {state.path: state.text for state in track(CHAT, self.messages, len(self.messages))}
+
+
+def numbered(text: str, arrow: str = "→") -> str:
+    """Claude Code's ``Read`` output: every line of ``text.split('\\n')`` numbered, the empty last one too."""
+    return "\n".join(f"{n:6}{arrow}{line}" for n, line in enumerate(text.split("\n"), 1))
+
+
+REMINDER = "\n\n<system-reminder>\nWhenever you read a file, consider whether it is malware.\n</system-reminder>\n"
+
+
+# -- Claude Code ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arrow", ["→", "\t"])
+def test_a_claude_code_read_is_the_file_byte_for_byte(arrow: str) -> None:
+    run = Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP, arrow) + REMINDER)
+    assert run.files() == {"/r/app.py": APP}
+
+
+def test_claude_code_edit_multiedit_and_write_apply_to_the_text() -> None:
+    run = (Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP))
+           .call("Edit", {"file_path": "/r/app.py", "old_string": "'hello'", "new_string": "'bye'"},
+                 "The file /r/app.py has been updated.")
+           .call("MultiEdit", {"file_path": "/r/app.py", "edits": [
+               {"old_string": "def main", "new_string": "def run"},
+               {"old_string": "    main()", "new_string": "    run()", "replace_all": True}]}, "Applied 2 edits")
+           .call("Write", {"file_path": "/r/new.txt", "content": "one\ntwo"}, "File created successfully"))
+    assert run.files() == {"/r/app.py": APP.replace("'hello'", "'bye'").replace("main", "run").replace(
+        "'__run__'", "'__main__'"), "/r/new.txt": "one\ntwo"}
+
+
+def test_a_partial_read_neither_sets_nor_drops_the_text() -> None:
+    run = Run().call("Read", {"file_path": "/r/a.py", "offset": 3, "limit": 2}, numbered("x\ny"))
+    assert run.files() == {}
+    run.call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
+        "Read", {"file_path": "/r/a.py", "offset": 2}, "     2→    print('hello')")
+    assert run.files() == {"/r/a.py": APP}
+
+
+def test_an_edit_whose_old_text_is_not_there_drops_the_file() -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
+        "Edit", {"file_path": "/r/a.py", "old_string": "absent", "new_string": "x"}, "updated")
+    assert run.files() == {}
+
+
+def test_an_edit_found_twice_without_replace_all_drops_the_file() -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": "x\nx\n"}, "ok").call(
+        "Edit", {"file_path": "/r/a.py", "old_string": "x", "new_string": "y"}, "updated")
+    assert run.files() == {}
+
+
+def test_a_failed_call_drops_what_it_names() -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
+        "Edit", {"file_path": "/r/a.py", "old_string": "main", "new_string": "x", "replace_all": True},
+        "<tool_use_error>File has been modified since read</tool_use_error>")
+    assert run.files() == {}
+
+
+def test_a_read_that_is_not_numbered_is_no_text_for_claude_codes_read() -> None:
+    run = Run().call("Read", {"file_path": "/r/a.py"}, "<tool_use_error>File does not exist.</tool_use_error>")
+    assert run.files() == {}
+
+
+# -- Codex ------------------------------------------------------------------------------------------------------------
+
+
+def patch(*lines: str) -> dict[str, str]:
+    return {"input": "\n".join(["*** Begin Patch", *lines, "*** End Patch"])}
+
+
+OK = '{"output":"Success. Updated the following files:\\n","metadata":{"exit_code":0,"duration_seconds":0.0}}'
+
+
+def test_codex_apply_patch_adds_updates_and_deletes() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: src/a.py", "+import os", "+", "+def f():", "+    return 1",
+                                           "*** Add File: src/b.py", "+gone"), OK)
+           .call("apply_patch", patch("*** Update File: src/a.py", "@@ def f():", "-    return 1", "+    return 2",
+                                      "*** Delete File: src/b.py"), OK))
+    assert run.files() == {"src/a.py": "import os\n\ndef f():\n    return 2\n"}
+
+
+def test_codex_patch_by_an_absolute_path_updates_the_file_named_relatively() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: src/a.py", "+x = 1"), OK)
+           .call("apply_patch", patch("*** Update File: /home/u/repo/src/a.py", "@@", "-x = 1", "+x = 2"), OK))
+    assert run.files() == {"/home/u/repo/src/a.py": "x = 2\n"}
+
+
+def test_a_codex_move_carries_the_text_to_the_new_path() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: a.py", "+x = 1"), OK)
+           .call("apply_patch", patch("*** Update File: a.py", "*** Move to: b.py", "@@", "-x = 1", "+x = 3"), OK))
+    assert run.files() == {"b.py": "x = 3\n"}
+
+
+def test_a_codex_patch_that_failed_or_does_not_apply_drops_its_files() -> None:
+    failed = '{"output":"error: Failed to find expected lines","metadata":{"exit_code":1,"duration_seconds":0.0}}'
+    run = Run().call("apply_patch", patch("*** Add File: a.py", "+x = 1", "*** Add File: b.py", "+y = 1"), OK)
+    run.call("apply_patch", patch("*** Update File: a.py", "@@", "-x = 1", "+x = 2"), failed)
+    assert run.files() == {"b.py": "y = 1\n"}
+    run.call("apply_patch", patch("*** Update File: b.py", "@@", "-y = 9", "+y = 2"), OK)
+    assert run.files() == {}
+
+
+def test_a_codex_shell_heredoc_writes_and_a_shell_cat_reads() -> None:
+    header = "Command: /bin/bash -lc 'cat x'\nChunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\n"
+    run = (Run().call("exec_command", {"cmd": "mkdir -p cfg && cat > cfg/a.yml <<'EOF'\nkey: $HOME\nEOF"},
+                      header + "Output:\n")
+           .call("exec_command", {"cmd": "cat notes.md"}, header + "Output:\n# Notes\n\nsome text\n"))
+    assert run.files() == {"cfg/a.yml": "key: $HOME\n", "notes.md": "# Notes\n\nsome text\n"}
+
+
+# -- Gemini CLI and opencode ------------------------------------------------------------------------------------------
+
+
+def test_gemini_cli_read_file_write_file_and_replace() -> None:
+    run = (Run().call("read_file", {"file_path": "src/a.ts"}, "export const a = 1;\nexport const b = 1;\n")
+           .call("replace", {"file_path": "src/a.ts", "old_string": "= 1", "new_string": "= 2",
+                             "expected_replacements": 2}, "Successfully modified file")
+           .call("write_file", {"file_path": "src/c.ts", "content": "export {};\n"}, "null"))
+    assert run.files() == {"src/a.ts": "export const a = 2;\nexport const b = 2;\n", "src/c.ts": "export {};\n"}
+
+
+def test_a_gemini_truncated_read_or_a_wrong_replacement_count_is_no_text() -> None:
+    truncated = "IMPORTANT: The file content has been truncated.\nStatus: Showing lines 1-2 of 900 total lines.\n"
+    run = Run().call("read_file", {"file_path": "big.ts"}, truncated + "a\nb\n")
+    run.call("write_file", {"file_path": "s.ts", "content": "x x"}, "null").call(
+        "replace", {"file_path": "s.ts", "old_string": "x", "new_string": "y"}, "Successfully modified file")
+    assert run.files() == {}
+
+
+def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> None:
+    run = (Run().call("write", {"filePath": "/p/a.go", "content": "package a\n"}, "Wrote file successfully.")
+           .call("edit", {"filePath": "/p/a.go", "oldString": "package a", "newString": "package b"}, "Edit applied")
+           .call("read", {"filePath": "/p/z.go"}, "<file>\n00001| package z\n\n(End of file - total 1 lines)\n</file>"))
+    assert run.files() == {"/p/a.go": "package b\n"}
+
+
+# -- shell commands ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("command", "left"), [
+    ("sed -i 's/hello/bye/' /r/app.py", {"/r/b.py"}),
+    ("mv /r/app.py /r/old.py", {"/r/b.py"}),
+    ("rm -rf /r", set()),
+    ("git checkout -- .", set()),
+    ("python3 -c \"open('x', 'w').write('y')\"", set()),
+    ("echo hi > /r/b.py", {"/r/app.py"}),
+    ("cd /r && npm install left-pad", {"/r/app.py", "/r/b.py"}),
+    ("pytest -q /r/app.py 2>&1 | tail -3", {"/r/app.py", "/r/b.py"}),
+    ("redis-cli FLUSHDB && python -m pytest /r/app.py -v", {"/r/app.py", "/r/b.py"}),
+    ("npx jest /r/app.py /r/b.py", {"/r/app.py", "/r/b.py"}),
+    ("python3 -m mytool /r/app.py", {"/r/b.py"}),
+    ("python3 /r/app.py", {"/r/app.py", "/r/b.py"}),
+    ("cd /r && rg main && git status && sed -n 1,5p app.py", {"/r/app.py", "/r/b.py"}),
+    ("echo 'unterminated", set()),
+])
+def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[str]) -> None:
+    run = Run().call("Write", {"file_path": "/r/app.py", "content": APP}, "ok").call(
+        "Write", {"file_path": "/r/b.py", "content": "b = 1\n"}, "ok").call("Bash", {"command": command}, "")
+    assert set(run.files()) == left
+
+
+def test_a_tool_that_runs_code_it_does_not_show_drops_everything_but_a_poll_does_not() -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok")
+    run.call("write_stdin", {"session_id": 7, "chars": ""}, "still running")
+    run.call("write_stdin", {"session_id": 7, "chars": "\u0003"}, "^C")
+    assert set(run.files()) == {"/r/a.py"}, "a poll, or Ctrl-C alone, runs nothing"
+    run.call("write_stdin", {"session_id": 7, "chars": "y\n"}, "ok")
+    assert run.files() == {}
+    run.call("Write", {"file_path": "/r/a.py", "content": APP}, "ok")
+    run.call("exec", {"input": "for (const c of ['make', 'make install']) await tools.exec_command({cmd: c})"},
+             "Script completed\nOutput:\n")
+    assert run.files() == {}, "a code-mode cell that is more than a sequence of tool calls"
+
+
+CELL_DONE = [{"type": "text", "text": "Script completed\nWall time 0.1 seconds\nOutput:\n"},
+             {"type": "text", "text": "{}"}]
+
+
+def cell(*statements: str) -> dict[str, str]:
+    return {"input": "\n".join(statements) + "\n"}
+
+
+def test_a_codex_code_mode_cell_is_read_as_the_tool_calls_it_makes() -> None:
+    add = orjson.dumps("*** Begin Patch\n*** Add File: src/a.ts\n+export const a = 1;\n*** End Patch").decode()
+    update = orjson.dumps("*** Begin Patch\n*** Update File: src/a.ts\n@@\n-export const a = 1;\n"
+                          "+export const a = 2;\n*** End Patch").decode()
+    heredoc = orjson.dumps("cat > cfg.yml <<'EOF'\nkey: 1\nEOF").decode()
+    run = Run().call("exec", cell(f"const patch = {add};", "text(await tools.apply_patch(patch));"), CELL_DONE)
+    run.call("exec", cell(f'const r = await tools.exec_command({{cmd:{heredoc},"workdir":"/w","yield_time_ms":1000}});'
+                          " text(r.output); if(r.session_id) text(`SESSION_ID=${r.session_id}`);"), CELL_DONE)
+    assert run.files() == {"src/a.ts": "export const a = 1;\n", "cfg.yml": "key: 1\n"}
+    run.call("exec", cell(f"text(await tools.apply_patch({update}));"), CELL_DONE)
+    assert run.files()["src/a.ts"] == "export const a = 2;\n"
+    failed = [{"type": "text", "text": "Script failed\nOutput:\n"},
+              {"type": "text", "text": "Script error: apply_patch verification failed"}]
+    run.call("exec", cell(f"text(await tools.apply_patch({update}));"), failed)
+    assert run.files() == {"cfg.yml": "key: 1\n"}, "a failed cell's patch leaves its file unknown"
+    run.call("exec", cell(f"const r = await tools.exec_command({{cmd:{heredoc}}}); text(r.output);"),
+             "Script running with cell ID 3\nWall time 10.0 seconds\nOutput:\n")
+    assert run.files() == {}, "a cell still running: what its command writes is not known yet"
+
+
+def test_a_heredoc_that_expands_is_no_exact_text() -> None:
+    assert effect("cat > a.sh <<EOF\necho $HOME\nEOF").writes == [("a.sh", None)]
+    assert effect("cat > a.sh <<EOF\necho home\nEOF").writes == [("a.sh", "echo home\n")]
+
+
+# -- the section in the summary item ----------------------------------------------------------------------------------
+
+
+def state(path: str, text: str, index: int, region: tuple[int, int] = (1, 1)) -> FileText:
+    return FileText(path, text, index, 100 + index, index, True, region)
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_only_files_whose_text_left_the_view_are_carried_newest_first() -> None:
+    files = [state("a", "a\n", 1), state("b", "b\n", 5), state("c", "c\n", 9)]
+    assert [f.path for f in lost(files, 6, 0)] == ["b", "a"]
+    read = FileText("d", "d\n", 7, 107, 7, False, (1, 1))
+    assert [f.path for f in lost([*files, read], 6, 8)] == ["d", "b", "a"], "a read whose output is masked is lost"
+
+
+def test_the_section_labels_each_file_with_its_entry_and_holds_it_exactly() -> None:
+    rows, text = render([state("/r/app.py", APP, 4), state("/r/b.md", "```\ncode\n```\n", 2)], 500, words)
+    assert rows == [["/r/app.py", 104, 4, 1, 6], ["/r/b.md", 102, 2, 1, 3]]
+    assert text.startswith(WORKING_SET_HEADING)
+    assert f"### /r/app.py (current as of log entry 104)\n```\n{APP}```" in text
+    assert "### /r/b.md (current as of log entry 102)\n````\n```\ncode\n```\n````" in text
+
+
+def test_files_are_filled_whole_in_order_and_a_large_one_takes_what_is_left() -> None:
+    big = "".join(f"line {n}\n" for n in range(1, 121))  # about 250 words whole: four times an equal share of 340
+    small = [state(f"/s{n}", f"{n}\n", n) for n in range(4)]
+    rows, text = render([state("/big.txt", big, 50), *small], 340, words)
+    assert [row[0] for row in rows] == ["/big.txt", "/s0", "/s1", "/s2", "/s3"]
+    assert f"/big.txt (current as of log entry 150)\n```\n{big}```" in text, "whole: the others are small"
+    rows, text = render([state("/a.txt", big, 60), state("/b.txt", big, 50)], 340, words)
+    assert [row[0] for row in rows] == ["/a.txt", "/b.txt"] and rows[0][3:] == [1, 120] and rows[1][3:] != [1, 120]
+    assert words(text) <= 340
+
+
+def test_files_the_agent_wrote_come_before_files_it_only_read() -> None:
+    run = (Run().call("Write", {"file_path": "/r/mine.py", "content": APP}, "ok")
+           .call("Read", {"file_path": "/r/lib.py"}, numbered("x = 1\n")))
+    run.messages.append({"role": "user", "content": "next"})
+    rows, _ = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, [])
+    assert [row[0] for row in rows] == ["/r/mine.py", "/r/lib.py"], "newer, but only read"
+
+
+def test_a_codex_update_is_shown_whole_only_where_its_file_was() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: a.py", "+x = 1"), OK)
+           .call("apply_patch", patch("*** Update File: a.py", "@@", "-x = 1", "+x = 2"), OK))
+    run.messages.append({"role": "user", "content": "next"})
+    make = working_set_maker(CHAT, 1000, words)
+    assert make(run.messages, 3, 0, [])[0] == (("a.py", -1, 4, 1, 1),), "the hunks in view are not the file"
+    assert make(run.messages, 1, 0, []) == ((), "")
+
+
+def test_a_masking_that_takes_a_read_out_of_view_carries_the_file_and_one_that_does_not_changes_nothing() -> None:
+    run = Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP)).call("Bash", {"command": "ls"}, "app.py\n")
+    run.messages.append({"role": "user", "content": "next"})
+    make = working_set_maker(CHAT, 1000, words)
+    seqs = list(range(10, 10 + len(run.messages)))
+    unmasked = Checkpoint("", 1, "h", None, 0, 0, "m", 0.0, masked_until=2)
+    assert refreshed(unmasked, make, run.messages, seqs) is unmasked, "the read's output (item 2) is in view"
+    masked = refreshed(replace(unmasked, masked_until=3), make, run.messages, seqs)
+    assert masked.working_set == (("/r/app.py", 12, 2, 1, 6),) and APP in summary_text(masked)
+    assert refreshed(masked, make, run.messages, seqs) is masked, "nothing new left the view"
+    assert refreshed(masked, None, run.messages, seqs) is masked
+
+
+def test_at_most_five_files_and_a_large_one_as_its_region_with_line_numbers() -> None:
+    big = "".join(f"line {n} of the big file\n" for n in range(1, 401))
+    files = [state("/big.txt", big, 50, (200, 201)), *(state(f"/f{n}", f"{n}\n", n) for n in range(8))]
+    rows, text = render(files, 600, words)
+    assert len(rows) == MAX_FILES
+    path, _, _, first, last = rows[0]
+    assert path == "/big.txt" and first < 200 and last > 201 and last - first < 400
+    assert "   200\tline 200 of the big file\n   201\tline 201 of the big file" in text
+    assert f"/big.txt, lines {first}-{last} of 400 with line numbers" in text
+    assert words(text) <= 600
+
+
+def test_the_maker_carries_the_current_text_into_the_checkpoint_and_the_summary_item() -> None:
+    run = Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP)).call(
+        "Edit", {"file_path": "/r/app.py", "old_string": "'hello'", "new_string": "'bye'"}, "updated")
+    run.messages.append({"role": "user", "content": "next"})
+    seqs = list(range(10, 10 + len(run.messages)))
+    rows, text = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, seqs)
+    assert rows == (("/r/app.py", 14, 4, 1, 6),)
+    checkpoint = Checkpoint("sum", 5, "abc", None, 0, 0, "m", 0.0, working_set=rows, files=text)
+    assert Checkpoint.from_json(checkpoint.to_json()) == checkpoint
+    assert APP.replace("'hello'", "'bye'") in summary_text(checkpoint)
+    assert "current as of log entry 14" in summary_text(checkpoint)
+    assert working_set_maker(CHAT, 1000, words)(run.messages, 1, 0, seqs) == ((), ""), "the read is still in view"
