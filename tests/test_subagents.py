@@ -32,7 +32,7 @@ from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import SUMMARY_HEADINGS, Recorder, Script
-from tests.proxyfixtures import read_log, replay
+from tests.proxyfixtures import ProxyFactory, read_log, replay
 from tests.scripted import INSTRUCTIONS, KEY, TASK, Claude, Codex, echo
 from tests.test_gemini import SYSTEM, TOOLS
 
@@ -207,3 +207,30 @@ async def test_a_sub_agent_under_its_parents_session_is_a_conversation_of_its_ow
     assert alone_steps == steps
     alone_facts = await read_log(alone_proxy.app[store_key], SessionKey(tenant_of(KEY), SESSION))
     assert shape(facts) == shape(alone_facts)
+
+
+async def test_a_run_whose_first_request_was_a_side_call_is_the_session_not_a_sub_agent(
+        make_proxy: ProxyFactory) -> None:
+    """Claude Code's first request is its quota probe (one user line, no system prompt); the run after it opens
+    otherwise and shares none of its messages, yet it is the session's conversation (a lone exchange is no parent),
+    not a sub-agent split off to ``<session>/<fingerprint>``."""
+    proxy = await make_proxy()
+    store = proxy.app[store_key]
+
+    async def chat(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        resp = await proxy.post("/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}",
+                                                                  HEADER_SESSION: SESSION},
+                                json={"model": "gpt-4o", "messages": messages})
+        assert resp.status == 200 and resp.headers[HEADER_SESSION] == SESSION
+        return dict((await resp.json())["choices"][0]["message"])
+
+    await chat([{"role": "user", "content": "quota"}])
+    run: list[dict[str, Any]] = [{"role": "system", "content": "You are a careful engineer."},
+                                 {"role": "user", "content": TASK}]
+    for step in range(2):
+        run.append(await chat(run))
+        run.append({"role": "user", "content": f"Go on with step {step}."})
+    await chat(run)
+    sessions = sorted([info.session async for info in store.sessions()])
+    assert sessions == [SESSION]
+    assert replay(await read_log(store, SessionKey(tenant_of(KEY), SESSION)))[:len(run)] == run

@@ -13,7 +13,10 @@ What tells a sub-agent from the parent is how it opens: its own system prompt
 (``opening``: the system field and the leading system items), which each
 conversation's first message in the log carries (``ConversationState.openings``).
 A request is another agent's conversation when the log holds none of its
-messages and it opens as none of the session's conversations did, and it does
+messages and it opens as none of the session's conversations did, the
+session's current conversation is more than a side call (a lone exchange:
+Claude Code's first request is its quota probe, and the run after it is the
+parent, not a sub-agent of the probe), and it does
 not continue a compaction the client made itself (Claude Code's and Codex's
 summaries, Codex's compaction items, Gemini CLI's ``<state_snapshot>``), which
 restarts the parent's conversation. A client that edits its first message keeps
@@ -45,6 +48,9 @@ SYSTEM_FIELDS = ("system", "instructions", "systemInstruction")
 GEMINI_SNAPSHOT = "<state_snapshot>"
 #: How far into a request a client's own compaction shows: Gemini CLI puts its snapshot after its environment turn.
 OPENING_ITEMS = 3
+#: A conversation of this many items at most is a side call (Claude Code's quota probe, a title request), not a
+#: parent: a run whose first request was one is the run, not a sub-agent of its probe.
+SIDE_CALL_ITEMS = 2
 
 
 def opening(dialect: Dialect, parsed: ParsedRequest) -> str:
@@ -64,6 +70,8 @@ def separate(dialect: Dialect, sent: ParsedRequest, hashes: Sequence[str], state
     """Whether a request is another agent's conversation in a session with ``state``: ``sent`` as the client sent
     it (a Codex compaction item not yet expanded), ``hashes`` those of its conversation (expanded)."""
     if state is None or not state.openings or not hashes or "previous_response_id" in sent.payload:
+        return False
+    if len(state.hashes) <= SIDE_CALL_ITEMS:  # the log's conversation so far is a side call: no parent to keep
         return False
     if state.locate(hashes)[0] > 0 or opening(dialect, sent) in state.openings:
         return False
