@@ -279,3 +279,30 @@ async def test_the_new_doors_are_counted_by_route(aiohttp_server, aiohttp_client
                                                      ("responses", "426"), ("passthrough", "404"),
                                                      ("chat", "200"), ("responses", "400"),
                                                      ("messages", "400")]] == [3.0, 2.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+# -- the estimate counts the system prompt ----------------------------------------------------------------------
+
+#: A system prompt of about 5,000 tokens: left out of the estimate, the proactive trigger fires that much late.
+LONG_SYSTEM = " ".join(f"Rule {n}: keep the build green." for n in range(700))
+
+
+@pytest.mark.parametrize(("api", "system"), [
+    ("responses", LONG_SYSTEM), ("messages", LONG_SYSTEM),
+    ("messages", [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                  {"type": "text", "text": LONG_SYSTEM}])])
+async def test_the_estimate_counts_the_system_prompt_and_the_tools(aiohttp_server, aiohttp_client, tmp_path: Path,
+                                                                   api: str, system: Any) -> None:
+    """Issue 35: what the proxy estimates a request at is what the upstream counts, the system prompt included
+    (Responses ``instructions``, Messages ``system`` as a string or blocks): left out, the estimate of a view
+    applying a new checkpoint, with no usage figure for it yet, was 5,000 low, and it went upstream over the
+    window."""
+    fake = FakeResponses(Script(steps=1)) if api == "responses" else FakeMessages(Script(steps=1))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake)
+    if api == "responses":
+        resp = await Codex(proxy).step(instructions=system)
+    else:
+        resp = await Claude(proxy).step(system=system)
+    counted = fake.turns()[0].tokens
+    assert counted is not None and counted > 5_000
+    assert abs(int(resp.headers[HEADER_VIEW_TOKENS]) - counted) < counted * 0.05
