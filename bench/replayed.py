@@ -1,6 +1,6 @@
 """The corpus's recorded sessions replayed with ``ctxproxy replay``, each in a window a third of its size.
 
-    python3 -m bench.replayed [--corpus ../shared/corpus/sessions] [--share 3] [--write]
+    python3 -m bench.replayed [--corpus ../shared/corpus/sessions] [--share 3] [--write [--label TEXT]]
 
 For each ``*.json`` session of the shared corpus (read from there, never copied
 into the repository): ``python3 -m proxy replay FILE --context-window N --json``
@@ -85,6 +85,8 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--share", type=int, default=3, help="the window is the session's size divided by this")
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--label", default="before the working set, literals and pins of issue 33",
+                        help="what the code measured holds, for the doc's \"Code:\" line")
     args = parser.parse_args()
     reports = []
     for path in sorted(args.corpus.glob("*.json")):
@@ -95,8 +97,7 @@ def main() -> None:
     print(text)
     if args.write:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-        write_doc("\n".join([HEADING, "", DESCRIPTION, "", f"Code: {commit}, before the working set, literals and "
-                             "pins of issue 33.", "", text, ""]), HEADING)
+        write_doc("\n".join([HEADING, "", DESCRIPTION, "", f"Code: {commit}, {args.label}.", "", text, ""]), HEADING)
 
 
 DESCRIPTION = (

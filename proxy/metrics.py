@@ -111,6 +111,9 @@ class Metrics:
             "ctxproxy_compaction_wait_seconds", "How long a request past the trigger waited on a compaction "
             "(0: a background summary was ready, or on its way while the view still fit).",
             buckets=COMPACTION_BUCKETS, registry=r)
+        self.literals = Counter("ctxproxy_literals", "Exact literals of compacted messages, by what each compaction's "
+                                "receipt says of them: kept by the view, added back by the proxy, dropped for budget.",
+                                ["outcome"], registry=r)
         self.tokens_before = Counter("ctxproxy_tokens_before_compaction", "View tokens before compactions.",
                                      registry=r)
         self.tokens_after = Counter("ctxproxy_tokens_after_compaction", "View tokens after compactions.", registry=r)
@@ -181,6 +184,11 @@ class Metrics:
             self.compaction_seconds.observe(seconds)
             self.tokens_before.inc(result.tokens_before)
             self.tokens_after.inc(result.tokens_after)
+        if result.checkpoint is not None and result.tier != "mask":  # a masking carries the previous receipt
+            receipt = result.checkpoint.literal_receipt
+            for outcome in ("kept", "added", "dropped"):
+                if receipt.get(outcome):
+                    self.literals.labels(outcome=outcome).inc(receipt[outcome])
 
     def usage_reported(self, prompt_tokens: int | None, cached_tokens: int | None) -> None:
         """Count one upstream reply's usage (the dialect reads the figures out of its own shape)."""

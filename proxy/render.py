@@ -27,6 +27,7 @@ import orjson
 from proxy.blocks import message_blocks, role_label
 from proxy.context.engine import ContextEngine
 from proxy.context.lineage import ConversationState
+from proxy.context.literals import coverage
 from proxy.context.prepared import PreparedView
 from proxy.context.tokens import TokenCounter
 from proxy.context.undo import Undone
@@ -277,7 +278,9 @@ class Transcript:
         if masked > max(start, first):
             done.append(f"tool outputs of {_span(max(start, first), masked)} masked")
         before, after = int(payload.get("tokens_before", 0)), int(payload.get("tokens_after", 0))
-        return f"── checkpoint: {', '.join(done) or 'nothing'} ({before:,} → {after:,} tokens) ──"
+        receipt = payload.get("literal_receipt")
+        literals = f"; {coverage(receipt)}" if isinstance(receipt, Mapping) and receipt else ""
+        return f"── checkpoint: {', '.join(done) or 'nothing'} ({before:,} → {after:,} tokens{literals}) ──"
 
 
 def undo_line(undone: Undone) -> str:

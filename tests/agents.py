@@ -123,13 +123,14 @@ async def run_codex(base_url: str, root: Path, prompt: str, *, timeout: float = 
     return run
 
 
-async def run_claude(base_url: str, root: Path, prompt: str, *, max_turns: int,
+async def run_claude(base_url: str, root: Path, prompt: str, *, max_turns: int, tools: str = "Bash",
                      timeout: float = TIMEOUT) -> AgentRun:
-    """``claude -p --output-format json`` in ``root/work`` with only Bash, at ``base_url`` (no ``/v1``)."""
+    """``claude -p --output-format json`` in ``root/work`` with only ``tools`` (comma-separated) offered and
+    allowed, at ``base_url`` (no ``/v1``)."""
     home, work = _dirs(root)
     env = {**base_env(home), "ANTHROPIC_BASE_URL": base_url, "ANTHROPIC_API_KEY": "sk-ant-ctxproxy-test",
            "DISABLE_AUTO_COMPACT": "1", "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"}
-    argv = [str(binary("claude")), "-p", "--tools", "Bash", "--allowedTools", "Bash", "--max-turns", str(max_turns),
+    argv = [str(binary("claude")), "-p", "--tools", tools, "--allowedTools", tools, "--max-turns", str(max_turns),
             "--output-format", "json", prompt]
     run = await _run(argv, env, work, timeout)
     for line in run.stdout.splitlines():

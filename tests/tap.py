@@ -41,11 +41,14 @@ class Exchange:
 
 
 class Tap:
-    """Forwards everything to ``target`` (a base URL without a trailing slash) and records it in ``exchanges``."""
+    """Forwards everything to ``target`` (a base URL without a trailing slash) and records it in ``exchanges``;
+    the headers named in ``drop`` (lower case) are recorded but not forwarded, to show the proxy a client that
+    does not send them."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, drop: frozenset[str] = frozenset()) -> None:
         self.target = target.rstrip("/")
         self.exchanges: list[Exchange] = []
+        self.drop = drop
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -62,7 +65,7 @@ class Tap:
     async def forward(self, request: web.Request) -> web.StreamResponse:
         exchange = Exchange(request.method, request.path_qs, CIMultiDict(request.headers), await request.read())
         self.exchanges.append(exchange)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP | self.drop}
         async with self.client.request(request.method, self.target + request.path_qs, headers=headers,
                                        data=exchange.body, allow_redirects=False) as upstream:
             exchange.status = upstream.status

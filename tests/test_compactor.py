@@ -160,9 +160,9 @@ CHECKPOINT = Checkpoint("sum", 5, "abc", 3, 900, 300, "gpt-4o", 12.5)
 def test_checkpoint_json_round_trip() -> None:
     text = CHECKPOINT.to_json()
     assert text == (
-        '{"artifacts":[],"created_at":12.5,"elision":"","files":"","masked_until":0,"model":"gpt-4o","prefix_hash":"abc",'
+        '{"artifacts":[],"created_at":12.5,"elision":"","masked_until":0,"model":"gpt-4o","prefix_hash":"abc",'
         '"retain_start_idx":5,"round_start_idx":3,"summarised_until":-1,"summary":"sum","tokens_after":300,'
-        '"tokens_before":900,"trail":"","user_words":[],"v":3,"working_set":[]}'
+        '"tokens_before":900,"trail":"","user_words":[],"v":3}'
     )
     assert Checkpoint.from_json(text) == CHECKPOINT
     assert Checkpoint.from_json(text.encode()) == CHECKPOINT
@@ -293,7 +293,7 @@ async def test_a_second_compaction_rolls_the_previous_summary_forward() -> None:
     result = await compactor(model).compact(messages, hashes, first, budget=10_000, model="m")
     assert result.checkpoint is not None
     assert result.checkpoint.retain_start_idx == 13
-    assert result.checkpoint.summary == full_summary("SECOND")
+    assert result.checkpoint.summary == "FIRST\n" + full_summary("SECOND")  # an update: the previous one is kept
     assert model.indices() == list(range(5, 13))
     assert model.prompts[0].startswith("<previous-summary>\nFIRST\n</previous-summary>")
 

@@ -1,8 +1,10 @@
 """One session, several conversations: the log is a tree of lineages, and checkpoints follow their lineage.
 
 opencode sends its title-generation call (another system prompt, no tools)
-under the run's own session header; agents fan out or switch between
-histories. Returning to a known branch must cost one ``rewind`` entry and
+under the run's own session header: it shares no message with the run and
+opens with another system prompt, so it is a conversation of its own
+(``proxy.http.subagents``). Agents fan out or switch between histories that
+open alike. Returning to a known branch must cost one ``rewind`` entry and
 re-log nothing, and a checkpoint must keep serving the lineage it covers.
 """
 
@@ -92,15 +94,18 @@ async def test_a_title_call_mid_run_leaves_the_main_checkpoint_in_use(make_proxy
         assert n < 60, "the main run never compacted again"
     assert ROLLING in fake.summary_requests[-1]["messages"][-1]["content"], "the next compaction is a rolling update"
 
-    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "run"))
-    side, back = entries(facts, "rewind")
-    assert (side.index, side.extra.get("from_seq")) == (0, None), "the title call branches from the start"
-    main_head = entries(facts[:side.seq], "message")[-1]
-    assert (back.index, back.extra.get("from_seq")) == (main_head.index + 1, main_head.seq), "one entry to return"
+    # The title call shares no message with the run and has its own system prompt: a conversation of its own
+    # (proxy.http.subagents), logged as the session run/<its fingerprint>; the run's head never moved away and back.
+    store = proxy.app[store_key]
+    sessions = sorted([info.session async for info in store.sessions()])
+    assert sessions[0] == "run" and len(sessions) == 2 and sessions[1].startswith("run/auto-")
+    facts = await read_log(store, SessionKey(TENANT, "run"))
+    assert entries(facts, "rewind") == []
     logged = [f.hash for f in entries(facts, "message")]
-    assert len(logged) == len(set(logged)) == len(main) - 1 + len(title) + 1, "nothing was logged twice"
+    assert len(logged) == len(set(logged)) == len(main) - 1, "nothing was logged twice"
     assert same_conversation(replay(facts), main[:-1])
-    assert title_reply in [f.message for f in entries(facts, "message")]
+    aside = await read_log(store, SessionKey(TENANT, sessions[1]))
+    assert same_conversation(replay(aside), [*title, title_reply])
 
 
 async def test_two_lineages_alternating_cost_one_entry_per_switch(make_proxy: ProxyFactory,
@@ -109,7 +114,7 @@ async def test_two_lineages_alternating_cost_one_entry_per_switch(make_proxy: Pr
     rng = random.Random(5)
     lineages: list[list[dict[str, Any]]] = []
     for name in ("A", "B"):
-        history: list[dict[str, Any]] = [{"role": "system", "content": f"You are agent {name}."},
+        history: list[dict[str, Any]] = [{"role": "system", "content": "You are an auditing agent."},
                                          {"role": "user", "content": f"Audit repository {name}."}]
         for n in range(24):  # resumed with a history over the threshold: the first request compacts
             history += [call(n), result(n, rng)]
@@ -123,7 +128,7 @@ async def test_two_lineages_alternating_cost_one_entry_per_switch(make_proxy: Pr
 
     assert summaries_by_lineage == [0, 0], "masking old tool outputs was enough: no summary call"
     facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "alternating"))
-    sent = sum(len(history) - 1 for history in lineages)  # the two share no prefix; each last result is unsent
+    sent = sum(len(history) - 1 for history in lineages) - 1  # they share their start; each last result unsent
     kinds = Counter(f.kind for f in facts)
     # Only new messages, one rewind per switch, and one reduction (a masking checkpoint) per lineage, which
     # keeps serving its lineage across the switches.

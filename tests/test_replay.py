@@ -216,6 +216,9 @@ def test_a_corpus_file_brings_its_own_probes(tmp_path: Path) -> None:
     assert set(report) >= {"compactions", "compaction_attempts", "cost", "prefix_changes", "tokens", "window"}
     for compaction in report["compactions"]:
         assert compaction["tokens_after"] < compaction["tokens_before"]
+        if compaction["step"] > report["steps"]:  # made while the last reply was awaited: no view shows it
+            assert compaction["retention"] is None
+            continue
         assert set(compaction["retention"]) == {"paths", "commands", "errors", "constraints", "working_set"}
     assert report["cost"]["view"] < report["cost"]["as_sent"]  # priced from the model map
     assert 0 < report["prefix_changes"] < report["steps"]

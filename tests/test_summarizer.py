@@ -14,7 +14,7 @@ from proxy.context.summarizer import (
     build_prompt,
     serialise_message,
 )
-from proxy.context.summaryprompt import REMINDER, summary_words
+from proxy.context.summaryprompt import REMINDER, UPDATE, summary_words
 from proxy.dialects import CHAT
 from proxy.types import Message
 from tests.fakeupstream import full_summary
@@ -28,6 +28,9 @@ MESSAGES: list[Message] = [
     },
     {"role": "tool", "tool_call_id": "c1", "content": "def parse(): ..."},
 ]
+
+
+UPDATE_ASK = UPDATE.format(identifiers="8. Identifiers worth keeping")
 
 
 def S(tag: str) -> str:
@@ -85,7 +88,7 @@ def test_build_prompt() -> None:
     ]
     assert build_prompt("P", "T", "keep the SQL")[1]["content"] == (
         "<previous-summary>\nP\n</previous-summary>\n\n<new-messages>\nT\n</new-messages>\n\n"
-        "Write the updated summary.\n\nAdditional instructions for this summary:\nkeep the SQL"
+        f"{UPDATE_ASK}\n\nAdditional instructions for this summary:\nkeep the SQL"
     )
 
 
@@ -96,12 +99,13 @@ def chars(text: str) -> int:
 async def test_rolling_input_is_previous_summary_plus_new_messages() -> None:
     model = Recorder(f"  {S('NEW SUMMARY')} \n")
     result = await SummaryGenerator(model).summarise("OLD SUMMARY", MESSAGES[1:], CHAT, first_index=12)
-    assert result == SummaryResult("ok", summary=S("NEW SUMMARY"), calls=1, folded=2)
+    # The previous summary had no sections: the update's sections come after it, which is kept.
+    assert result == SummaryResult("ok", summary="OLD SUMMARY\n" + S("NEW SUMMARY"), calls=1, folded=2)
     assert model.user_texts() == [
         "<previous-summary>\nOLD SUMMARY\n</previous-summary>\n\n<new-messages>\n"
         '[#12 assistant]\nreading it\n-> call read {"path": "p.py"} (id c1)\n'
         "[#13 tool result for call c1]\ndef parse(): ...\n</new-messages>\n\n"
-        "Write the updated summary. Keep it to at most 3686 words."
+        f"{UPDATE_ASK} Keep it to at most 3686 words."
     ]
 
 
@@ -226,7 +230,7 @@ LONG_WITH_CANT = ("## 1. Goals\nFix the parser. The user said: I can't ship unti
                          ids=["bold", "numbered", "status-only", "german", "chinese", "prose", "long-with-cant"])
 async def test_any_finished_answer_that_is_not_a_refusal_is_a_summary(text: str) -> None:
     model = Recorder(text)
-    result = await SummaryGenerator(model).summarise("OLD", MESSAGES, CHAT)
+    result = await SummaryGenerator(model).summarise(None, MESSAGES, CHAT)  # a first summary: the answer itself
     assert result == SummaryResult("ok", summary=text, calls=1, folded=3)
 
 
@@ -276,7 +280,7 @@ async def test_an_answer_that_did_not_finish_is_asked_once_more_then_fails(reaso
 async def test_a_cut_answer_is_asked_again_for_half_the_words() -> None:
     model = Recorder(SummaryAnswer(S("cut"), finished=False, reason="length"), S("short"))
     result = await SummaryGenerator(model, max_output_tokens=1_000).summarise("OLD", MESSAGES, CHAT)
-    assert result == SummaryResult("ok", summary=S("short"), calls=2, folded=3)
+    assert result == SummaryResult("ok", summary="OLD\n" + S("short"), calls=2, folded=3)
     assert model.user_texts()[0].endswith("Keep it to at most 450 words.")
     assert model.user_texts()[1].endswith(REMINDER.format(words=225))
 
@@ -314,7 +318,9 @@ async def test_16k_window_with_a_3568_token_summary_folds_in_one_call() -> None:
     model = Recorder(S("NEW"))
     generator = SummaryGenerator.for_window(model, 16_384, max_output_tokens=8_192, count_text=chars)
     result = await generator.summarise(SUMMARY_16K, MESSAGES, CHAT, instructions=crowding_instructions())
-    assert result == SummaryResult("ok", summary=S("NEW"), calls=1, folded=3)
+    # Merged, the unsectioned previous summary took the summary over its budget (60 % of the 4,096-token output
+    # bound): it is the longest section, so it is the one trimmed, and the summary says so.
+    assert result == SummaryResult("ok", summary="[ctxproxy] 1 older line trimmed\n" + S("NEW"), calls=1, folded=3)
     assert generator.room(SUMMARY_16K, crowding_instructions()) >= generator.min_chunk_tokens
 
 
@@ -324,7 +330,7 @@ async def test_a_previous_summary_that_crowds_out_its_input_is_condensed_first()
     previous = "p" * 10_000  # written under a larger summary model, or before the word budget
     assert generator.room(previous, None) < generator.min_chunk_tokens
     result = await generator.summarise(previous, MESSAGES, CHAT)
-    assert result == SummaryResult("ok", summary=S("NEW"), calls=2, folded=3)
+    assert result == SummaryResult("ok", summary="c" * 1_500 + "\n" + S("NEW"), calls=2, folded=3)
     condense, fold = model.user_texts()
     assert condense.startswith(f"<previous-summary>\n{previous}\n</previous-summary>")
     assert "Condense it to at most 1842 words" in condense and "<new-messages>" not in condense

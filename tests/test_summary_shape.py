@@ -134,7 +134,7 @@ async def test_the_chat_summary_request_is_the_clients_own_reshaped(make_proxy, 
         *kept, asked = summary["messages"]
         assert kept == lead and asked["role"] == "user"
         assert asked["content"].startswith(SUMMARY_MARKER) and NO_TOOLS in asked["content"]
-        assert "\n\nWrite the summary." in asked["content"] or "\n\nWrite the updated summary." in asked["content"]
+        assert "\n\nWrite the summary." in asked["content"] or "\n\nUpdate the previous summary" in asked["content"]
         assert {k: summary[k] for k in ("tools", "reasoning_effort", "metadata", "user", "prompt_cache_key")} == {
             k: turn[k] for k in ("tools", "reasoning_effort", "metadata", "user", "prompt_cache_key")}
         assert not {"tool_choice", "stop", "n", "response_format", "stream"} & set(summary)

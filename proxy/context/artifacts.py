@@ -106,6 +106,26 @@ def collect(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     return list(merge((), out))
 
 
+def answered_calls(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
+                   ) -> list[tuple[int, str, Any, str | None, bool]]:
+    """Each call of ``messages[start:end]``: its item's index, tool name, arguments, result text (None: not
+    answered yet) and whether the result carries an error flag; for readers beside the trail
+    (``proxy.context.literals``)."""
+    calls = calls_in(dialect, messages, start, end)
+    results = results_of(dialect, messages, start, calls)
+    answered = [(call[0], name, arguments, results.get(call)) for call, (name, arguments) in calls.items()]
+    return [(index, name, arguments, result.text if result is not None else None,
+             result.is_error if result is not None else False) for index, name, arguments, result in answered]
+
+
+def shell_command(name: str, arguments: Any) -> str | None:
+    """The command line a shell call runs, exactly as given (``bash -lc`` unwrapped); None for any other call and
+    for a patch fed to a shell (its files are the trail's)."""
+    args = parsed_arguments(arguments)
+    command = command_of(name.lower(), args) if isinstance(args, dict) else None
+    return command if command is not None and patch_in_command(command) is None else None
+
+
 def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int) -> dict[Call, tuple[str, Any]]:
     """Each call ``messages[start:end]`` make, in call order: (item index, key) → (tool name, arguments). A call is
     known by its item and its key there: a key need not be unique across the conversation (a Gemini call without

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, asdict, dataclass, fields, replace
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 import orjson
@@ -25,14 +25,20 @@ CompactionOutcome = Literal["ok", "failed", "timeout", "skipped", "fallback"]
 Tier = Literal["mask", "summary", "fallback"]
 
 #: Version 2 added ``masked_until`` and ``user_words``; version 3 ``summarised_until``, ``elision``, ``artifacts``
-#: and ``trail``; ``working_set`` and ``files`` came after it, additive (absent: none). An older checkpoint reads as one
-#: without them.
+#: and ``trail``; ``working_set`` and ``files`` came after it, additive (absent: none), as did ``literals``,
+#: ``literals_text`` and ``literal_receipt``. An older checkpoint reads as one without them.
 CHECKPOINT_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
 #: its tokens as carried, its text as carried (clipped head and tail when the budget required it), and how many
 #: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.userwords``).
 UserWords = tuple[int, int, int, str, int]
+#: Fields added within version 3, each read as empty where absent (``Checkpoint.from_json``) and written only where
+#: it holds something (``Checkpoint.to_json``).
+ADDITIVE = ("pins", "working_set", "files", "literals", "literals_text", "literal_receipt")
+#: One pinned text (``proxy.context.pins``): its source (a file's path, or the user), the seq of the log entry it
+#: comes from (-1: not known), its tokens, and its text ("" when left out for the pin budget).
+Pin = tuple[str, int, int, str]
 
 
 def prefix_hash(hashes: Sequence[str], end: int) -> str:
@@ -41,6 +47,14 @@ def prefix_hash(hashes: Sequence[str], end: int) -> str:
     for message_digest in hashes[:end]:
         digest = chain_hash(digest, message_digest)
     return digest
+
+
+def _required(spec: Field[Any]) -> bool:
+    return spec.default is MISSING and spec.default_factory is MISSING
+
+
+def _default(spec: Field[Any]) -> Any:
+    return spec.default_factory() if spec.default_factory is not MISSING else spec.default
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,16 @@ class Checkpoint:
     starts there and folds them back in. ``artifacts`` are the files and
     commands of everything before the split (``proxy.context.artifacts``, as
     JSON), and ``trail`` their rendering in the summary item: both written by
-    the proxy from the log, never by the model. ``working_set`` names the files
-    whose exact text the summary item carries (``proxy.context.workingset``:
-    ``[path, seq it is current as of, index, first line, last line]``) and
-    ``files`` is that section.
+    the proxy from the log, never by the model. ``pins`` are the instruction
+    files and user-pinned text that left the tail, carried verbatim
+    (``proxy.context.pins``). ``working_set`` names the files whose exact text
+    the summary item carries (``proxy.context.workingset``: ``[path, seq it is
+    current as of, index, first line, last line]``) and ``files`` is that section.
+    ``literals`` are the exact literals of everything compacted
+    (``proxy.context.literals``, as JSON), ``literals_text`` those the view
+    lacked without them, added back, and ``literal_receipt`` the compaction's
+    receipt (``in_range``, ``kept``, ``added``, ``dropped``; empty: made before
+    literals were checked).
     """
 
     summary: str
@@ -84,8 +104,12 @@ class Checkpoint:
     elision: str = ""
     artifacts: tuple[Any, ...] = ()
     trail: str = ""
+    pins: tuple[Pin, ...] = ()
     working_set: tuple[Any, ...] = ()
     files: str = ""
+    literals: tuple[Any, ...] = ()
+    literals_text: str = ""
+    literal_receipt: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def summary_end(self) -> int:
@@ -100,7 +124,8 @@ class Checkpoint:
     @property
     def summarises(self) -> bool:
         """Whether the view carries a summary item (a masking checkpoint made before any summary has none)."""
-        return bool(self.summary.strip() or self.user_words or self.elision or self.trail or self.files)
+        return bool(self.summary.strip() or self.user_words or self.elision or self.trail or self.pins or self.files
+                    or self.literals_text)
 
     @property
     def masks(self) -> bool:
@@ -119,9 +144,12 @@ class Checkpoint:
         if self.masked_until or self.user_words:
             words = hashlib.blake2b(orjson.dumps(self.user_words), digest_size=8).hexdigest()
             key += f":m{self.masked_until}:u{words}"
-        if self.elision or self.trail:
-            proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}".encode(), digest_size=8).hexdigest()
+        if self.elision or self.trail or self.literals_text:
+            added = f"\0{self.literals_text}" if self.literals_text else ""  # keys made before literals stay
+            proxy_text = hashlib.blake2b(f"{self.elision}\0{self.trail}{added}".encode(), digest_size=8).hexdigest()
             key += f":e{self.summarised_until}:{proxy_text}"
+        if self.pins:
+            key += f":p{hashlib.blake2b(orjson.dumps(self.pins), digest_size=8).hexdigest()}"
         if self.files:
             key += f":w{hashlib.blake2b(self.files.encode(), digest_size=8).hexdigest()}"
         return key
@@ -131,7 +159,13 @@ class Checkpoint:
         return len(hashes) >= self.covers and prefix_hash(hashes, self.covers) == self.prefix_hash
 
     def to_json(self) -> str:
-        return orjson.dumps({"v": CHECKPOINT_FORMAT, **asdict(self)}, option=orjson.OPT_SORT_KEYS).decode()
+        """The checkpoint as the log keeps it; the fields added within version 3 only where they hold something,
+        so one without them is written as it was before they existed."""
+        values = asdict(self)
+        for name in ADDITIVE:
+            if not values[name]:
+                del values[name]
+        return orjson.dumps({"v": CHECKPOINT_FORMAT, **values}, option=orjson.OPT_SORT_KEYS).decode()
 
     @classmethod
     def from_json(cls, data: str | bytes | Mapping[str, Any]) -> Checkpoint:
@@ -139,8 +173,7 @@ class Checkpoint:
         if not isinstance(raw, dict) or raw.get("v") not in READABLE_FORMATS:
             raise ValueError(f"not a version {' or '.join(map(str, READABLE_FORMATS))} checkpoint")
         try:
-            values = {f.name: raw[f.name] if f.name in raw or f.default is MISSING else f.default
-                      for f in fields(cls)}
+            values = {f.name: raw[f.name] if f.name in raw or _required(f) else _default(f) for f in fields(cls)}
         except KeyError as exc:
             raise ValueError(f"checkpoint lacks field {exc}") from exc
         if not isinstance(values["summary"], str) or not isinstance(values["retain_start_idx"], int):
@@ -155,10 +188,24 @@ class Checkpoint:
         if (not isinstance(values["summarised_until"], int) or not isinstance(values["elision"], str)
                 or not isinstance(values["trail"], str) or not isinstance(values["artifacts"], list | tuple)):
             raise ValueError("checkpoint has a malformed summarised_until, elision, artifacts or trail")
+        try:
+            if not isinstance(values["pins"], list | tuple):
+                raise TypeError("not a list")
+            values["pins"] = tuple((str(source), int(seq), int(tokens), str(text))
+                                   for source, seq, tokens, text in values["pins"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"checkpoint has malformed pins: {exc}") from exc
         values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
         if not isinstance(values["files"], str) or not isinstance(values["working_set"], list | tuple):
             raise ValueError("checkpoint has a malformed working_set or files")
         values["working_set"] = tuple(tuple(w) if isinstance(w, list) else w for w in values["working_set"])
+        receipt = values["literal_receipt"]
+        if (not isinstance(values["literals"], list | tuple) or not isinstance(values["literals_text"], str)
+                or not isinstance(receipt, Mapping)
+                or not all(isinstance(k, str) and type(v) is int for k, v in receipt.items())):
+            raise ValueError("checkpoint has malformed literals, literals_text or literal_receipt")
+        values["literals"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["literals"])
+        values["literal_receipt"] = dict(receipt)
         return cls(**values)
 
 

@@ -21,6 +21,7 @@ from proxy.context.checkpoint import (
     Checkpoint,
     CompactionOutcome,
     CompactionResult,
+    Pin,
     UserWords,
     masking_checkpoint,
     prefix_hash,
@@ -28,7 +29,9 @@ from proxy.context.checkpoint import (
 from proxy.context.clipping import Measure
 from proxy.context.fallback import reduced_checkpoint
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
+from proxy.context.literals import LiteralMaker, shown_text
 from proxy.context.masking import first_unmasked, mask_end
+from proxy.context.pins import carry as carry_pins
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.summarizer import SummaryGenerator
 from proxy.context.tokens import MessageCounter
@@ -184,7 +187,9 @@ class ContextCompactor:
         measure: Measure | None = None,
         user_words_budget: int = 0,
         trail_of: TrailMaker | None = None,
+        pins_budget: int = 0,
         working_set_of: WorkingSetMaker | None = None,
+        literals_of: LiteralMaker | None = None,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -198,7 +203,9 @@ class ContextCompactor:
         self.measure = measure
         self.user_words_budget = user_words_budget
         self.trail_of = trail_of
+        self.pins_budget = pins_budget
         self.working_set_of = working_set_of
+        self.literals_of = literals_of
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
@@ -298,6 +305,7 @@ class ContextCompactor:
         start = max(start, split_from)
         opener = round_start_for(dialect, messages, start)
         words, artifacts, trail = self._carried(messages, previous, split_from, start, opener, seqs, counts)
+        pins = self._pins(messages, previous, split_from, start, opener, seqs)
         in_hand = self._in_hand(messages, start, masked_until, seqs)
         # Worth a summary call? Judged on the checkpoint it would make, with what the proxy carries and a summary
         # the size of the last one (a first one: ``first_summary_tokens``): judged without them, 11 of 20 calls in
@@ -306,8 +314,8 @@ class ContextCompactor:
         if start > split_from and not worth(tokens(reduced_checkpoint(
                 summary=last, summary_end=start, start=start, opener=opener, hashes=hashes,
                 masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs,
-                model=model, created_at=0.0, tokens_before=before, working_set=in_hand[0], files=in_hand[1]))
-                + (0 if last else first_summary_tokens(sum(counts[base:start])))):
+                model=model, created_at=0.0, tokens_before=before, pins=pins, working_set=in_hand[0],
+                files=in_hand[1])) + (0 if last else first_summary_tokens(sum(counts[base:start])))):
             return masking or CompactionResult("skipped", None, before, before, f"would free under {gain:.0%}")
         summary, summary_end, detail, error, outcome, usage = await self._summary(
             messages, previous, base, start, instructions, use_model)
@@ -318,7 +326,8 @@ class ContextCompactor:
         checkpoint = reduced_checkpoint(
             summary=summary, summary_end=summary_end, start=start, opener=opener, hashes=hashes,
             masked_until=masked_until, user_words=words, artifacts=artifacts, trail=trail, seqs=seqs, model=model,
-            created_at=self.clock(), tokens_before=before, working_set=in_hand[0], files=in_hand[1])
+            created_at=self.clock(), tokens_before=before, pins=pins, working_set=in_hand[0], files=in_hand[1])
+        checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys)
         after = tokens(checkpoint)
         if not worth(after) and not (folding_back and error is None):
             skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}",
@@ -343,6 +352,32 @@ class ContextCompactor:
         if self.trail_of is not None and start > split_from:
             artifacts, trail = self.trail_of(artifacts, messages, split_from, start, seqs)
         return words, artifacts, trail
+
+    def _with_literals(self, checkpoint: Checkpoint, messages: Sequence[Message], previous: Checkpoint | None,
+                       split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str]) -> Checkpoint:
+        """``checkpoint`` with the exact literals of ``messages[:start]`` its view lacks added back
+        (``proxy.context.literals``), and its receipt; as it is without ``literals_of``. The previous checkpoint's
+        literals stand for ``messages[:split_from]``; one without a receipt read none, so all is read."""
+        if self.literals_of is None:
+            return checkpoint
+        dialect = self.projection.dialect
+        shown = shown_text(dialect, self.projection.build(messages, checkpoint, seqs=seqs, keys=keys))
+        if previous is not None and not previous.literal_receipt:  # made before literals were read: read it all
+            previous, split_from = None, leading_system_count(dialect, messages)
+        rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
+                                               split_from, start, seqs, shown)
+        return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())
+
+    def _pins(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,
+              opener: int | None, seqs: Sequence[int]) -> tuple[Pin, ...]:
+        """The instruction files and user-pinned text (``proxy.context.pins``) of ``messages[split_from:start]``
+        added to the previous checkpoint's."""
+        pins = previous.pins if previous is not None else ()
+        if self.measure is None or self.pins_budget <= 0:
+            return pins
+        return carry_pins(self.projection.dialect, messages, pins, start=split_from, end=start, opener=opener,
+                          previous_opener=previous.round_start_idx if previous is not None else None, seqs=seqs,
+                          measure=self.measure, budget=self.pins_budget)
 
     def _in_hand(self, messages: Sequence[Message], start: int, masked_until: int,
                  seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:

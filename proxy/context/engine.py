@@ -30,8 +30,10 @@ from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.learned import LearnedWindows
 from proxy.context.lineage import ConversationState, common_prefix
+from proxy.context.literals import LITERALS_SHARE, literal_maker
 from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.pace import SessionPace
+from proxy.context.pins import SHARE as PINS_SHARE
 from proxy.context.prepared import Compacted, PreparedView
 from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.sessionlock import CompactionLock
@@ -90,6 +92,8 @@ class EngineSettings:
     artifact_share: float = 0.10
     #: Share of the window the files in hand may take in a summary item (``proxy.context.workingset``; 0: none).
     working_set_share: float = WORKING_SET_SHARE
+    #: Share of the window the exact literals added back may take in a summary item (``proxy.context.literals``).
+    literal_share: float = LITERALS_SHARE
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -443,9 +447,12 @@ class ContextEngine:
                                 keep_tool_tokens=self.keep_tool_tokens(window, room),
                                 measure=policy,
                                 user_words_budget=self.user_words_budget(window),
+                                pins_budget=int(window * PINS_SHARE),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens),
-                                working_set_of=self.working_set_of(dialect, window))
+                                working_set_of=self.working_set_of(dialect, window),
+                                literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
+                                                          policy.text_tokens))
 
     def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
         """The files in hand a checkpoint carries (``proxy.context.workingset``), in ``working_set_share`` of

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from proxy.context.checkpoint import Checkpoint, UserWords, prefix_hash
+from proxy.context.checkpoint import Checkpoint, Pin, UserWords, prefix_hash
 
 ELISION = (
     "## Not summarised yet (elided by ctxproxy)\n"
@@ -45,7 +45,8 @@ def elision_text(first: int, end: int, seqs: Sequence[int]) -> str:
 def reduced_checkpoint(*, summary: str, summary_end: int, start: int,
                        opener: int | None, hashes: Sequence[str], masked_until: int, user_words: tuple[UserWords, ...],
                        artifacts: tuple[object, ...], trail: str, seqs: Sequence[int], model: str, created_at: float,
-                       tokens_before: int, working_set: tuple[object, ...] = (), files: str = "") -> Checkpoint:
+                       tokens_before: int, pins: tuple[Pin, ...] = (), working_set: tuple[object, ...] = (),
+                       files: str = "") -> Checkpoint:
     """The checkpoint for a split at ``start`` whose model summary (``summary``) covers the conversation up to
     ``summary_end``; what lies between is elided behind a marker. A full summary has ``summary_end == start``
     and no marker; the model-free tier keeps the previous summary and its end. ``working_set`` and ``files``: the
@@ -67,6 +68,7 @@ def reduced_checkpoint(*, summary: str, summary_end: int, start: int,
         elision=elision_text(summary_end, start, seqs) if elided else "",
         artifacts=artifacts,
         trail=trail,
+        pins=pins,
         working_set=working_set,
         files=files,
     )

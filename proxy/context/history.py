@@ -312,10 +312,11 @@ class HistoryManager:
         extra_client: Mapping[str, Any] | None = None,
         extra_rewind: Mapping[str, Any] | None = None,
         after_response: str | None = None,
+        extra_opening: Mapping[str, Any] | None = None,
     ) -> ConversationState:
         """Make the log's head ``messages`` and return the state. With ``after_response``, ``messages`` follow that
         upstream reply (``previous_response_id``) and continue its lineage, when the log has it (else they are
-        taken as a whole conversation).
+        taken as a whole conversation). ``extra_opening`` goes with a conversation's first message.
 
         Raises ``StoreError`` when the store fails; replies from the upstream in
         ``messages`` are then kept in memory and retried in the background.
@@ -328,7 +329,8 @@ class HistoryManager:
             state, _ = await self._append(
                 key, lambda state: plan_sync(state, messages, digests, upstream_from, self._pending.of(key), extra,
                                              client, extra_rewind,
-                                             state.after_response(after_response) if after_response else None),
+                                             state.after_response(after_response) if after_response else None,
+                                             extra_opening),
                 new=lambda state: len(messages) - len(state.hashes), chunked=True)
         except StoreError:
             self._keep_pending(key, pending_replies(self._states.get(key), messages, digests, upstream_from, extra))

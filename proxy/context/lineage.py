@@ -96,6 +96,9 @@ class ConversationState:
     retired: set[int] = field(default_factory=set)
     #: Seq of the newest ``retire`` entry (-1: none): what a compaction planned before it must not overrule.
     last_retire: int = -1
+    #: What the session's conversations open with (the ``opening`` of each first message): a request that shares
+    #: no message with the log and opens otherwise is another agent's conversation (``proxy.http.subagents``).
+    openings: set[str] = field(default_factory=set)
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -142,6 +145,9 @@ class ConversationState:
         self.tail = fact.digest
         if fact.kind == "message" and fact.hash is not None:
             self._add_node(fact.seq, fact.hash)
+            opening = fact.extra.get("opening") if fact.index == 0 else None
+            if isinstance(opening, str):
+                self.openings.add(opening)
             usage, reply = fact.extra.get("usage"), fact.extra.get("response_id")
             if fact.source == "upstream" and isinstance(reply, str):
                 self._by_response[reply] = fact.seq

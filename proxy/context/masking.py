@@ -44,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from proxy.context.instructionfiles import read_path
 from proxy.context.items import Item, ItemModel, get_path, leading_system_count
 from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter
 from proxy.types import Message
@@ -242,7 +243,10 @@ class Masker:
         out: Item = item
         for n, path in enumerate(paths):
             call_id = ids[n] if len(ids) == len(paths) else (ids[0] if ids else None)
-            name, arguments = self._call(dialect, messages, index, call_id)
+            name, raw = self.call(dialect, messages, index, call_id)
+            if read_path(name, raw) is not None:
+                continue  # an instruction file the agent read stays verbatim (proxy.context.pins)
+            arguments = arguments_digest(raw)
             text, non_text = output_text(get_path(item, path))
             tokens = self.counter.text_tokens(text) + non_text * NON_TEXT_PART_TOKENS
             lines = text.count("\n") + 1 if text else 0
@@ -254,11 +258,11 @@ class Masker:
         return None if out is item else out
 
     @staticmethod
-    def _call(dialect: ItemModel, messages: Sequence[Message], index: int, call_id: str | None) -> tuple[str, str]:
-        """The name and argument digest of the call ``call_id``, found by walking back from its output."""
+    def call(dialect: ItemModel, messages: Sequence[Message], index: int, call_id: str | None) -> tuple[str, Any]:
+        """The name and arguments of the call ``call_id``, found by walking back from its output."""
         if call_id is not None:
             for i in range(index - 1, max(-1, index - 1 - CALL_SEARCH), -1):
                 found = dialect.call_of(messages[i], call_id)
                 if found is not None:
-                    return found[0], arguments_digest(found[1])
-        return "a tool", "{}"
+                    return found[0], found[1]
+        return "a tool", {}

@@ -32,6 +32,7 @@ def plan_sync(
     extra_client: Mapping[str, Any] | None = None,
     extra_rewind: Mapping[str, Any] | None = None,
     after: int | None = None,
+    extra_opening: Mapping[str, Any] | None = None,
 ) -> list[NewFact]:
     """The facts that make the log's head ``messages``: maybe a rewind, then only what the log lacks.
 
@@ -41,7 +42,8 @@ def plan_sync(
     ``upstream_from`` and beyond came from the upstream in this request; a new
     client message whose hash matches a reply kept in ``pending`` is logged as
     that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their
-    dialect), ``extra_rewind`` with a rewind (what the client did: e.g. compact its history itself).
+    dialect), ``extra_rewind`` with a rewind (what the client did: e.g. compact its history itself),
+    ``extra_opening`` with a conversation's first message (what it opens with: ``ConversationState.openings``).
 
     ``after``: ``messages`` are not a whole conversation but what follows message ``after`` (a Responses
     request with ``previous_response_id`` sends only what is new): they continue the lineage that ends there,
@@ -66,6 +68,8 @@ def plan_sync(
             source, extra = "upstream", extra_upstream
         elif digest in pending:
             source, message, extra = "upstream", pending[digest].message, pending[digest].extra
+        elif offset + i == 0 and extra_opening:
+            extra = {**extra, **extra_opening}
         facts.append(NewFact(kind="message", index=offset + i, source=source, message=message, hash=digest,
                              extra=extra))
     return facts

@@ -40,6 +40,7 @@ from typing import Literal
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.masking import Masker
+from proxy.context.pins import render as render_pins
 from proxy.context.tokens import TokenCounter
 from proxy.context.userwords import render as render_user_words
 from proxy.types import Message
@@ -55,10 +56,11 @@ SUMMARY_HEADER = (
 
 def summary_text(checkpoint: Checkpoint) -> str:
     """The summary item's text: the header, the model's summary, the marker of what the model-free tier elided,
-    the user's words, the artifact trail, then the files in hand ("" when it has none of them). All but the model's
-    summary are the proxy's own, stated exactly from the log."""
-    parts = [part for part in (checkpoint.summary.strip(), checkpoint.elision,
-                               render_user_words(checkpoint.user_words), checkpoint.trail, checkpoint.files) if part]
+    the pins, the user's words, the artifact trail, the literals the rest lacked, then the files in hand ("" when it
+    has none of them). All but the model's summary are the proxy's own, stated exactly from the log."""
+    parts = [part for part in (checkpoint.summary.strip(), checkpoint.elision, render_pins(checkpoint.pins),
+                               render_user_words(checkpoint.user_words), checkpoint.trail, checkpoint.literals_text,
+                               checkpoint.files) if part]
     return "\n\n".join([SUMMARY_HEADER, *parts]) if parts else ""
 
 

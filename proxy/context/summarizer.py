@@ -4,7 +4,11 @@ Rolling: each compaction summarises the previous summary plus only the
 messages newly moved out of the verbatim tail, so the cost of a compaction does
 not grow with the length of the run. Input too large for the summary model is
 cut into balanced chunks (``proxy.context.chunking``) folded in order
-(``s1 = f(prev, c1)``, ``s2 = f(s1, c2)``…); when the upstream still says the
+(``s1 = f(prev, c1)``, ``s2 = f(s1, c2)``…). Each answer after the first is an
+update: the sections that change, merged into the summary so far by
+``proxy.context.summarymerge`` and trimmed there to the summary's budget (the
+share of the output bound a summary is asked to keep), so that a summary does
+not erode by being rewritten whole at every compaction. When the upstream still says the
 prompt is too long (``complete`` raises ``SummaryInputTooLong``) the chunk size
 halves, down to a minimum. A previous summary that leaves no room for a chunk
 beside it is first condensed by one call of its own.
@@ -36,8 +40,10 @@ from typing import Literal
 from proxy.context.callusage import CallUsage, added
 from proxy.context.chunking import Block, plan_chunk
 from proxy.context.items import ItemModel
+from proxy.context.summarymerge import update
 from proxy.context.summaryprompt import (
     SECTIONS,
+    SUMMARY_SHARE,
     SYSTEM_PROMPT,
     WORDS_PER_TOKEN,
     SummaryAnswer,
@@ -136,6 +142,8 @@ class SummaryGenerator:
         self.tool_clip_chars = tool_clip_chars
         self.count_text = count_text if count_text is not None else (lambda text: chars_tokens(len(text)))
         self.words = summary_words(max_output_tokens)
+        #: Tokens a merged summary is kept within: the share of the output bound one answer is asked to keep.
+        self.summary_tokens = max(1, int(max_output_tokens * SUMMARY_SHARE))
 
     @classmethod
     def for_window(cls, complete: Complete, window: int, *, max_output_tokens: int = DEFAULT_MAX_OUTPUT_TOKENS,
@@ -231,7 +239,7 @@ class _Fold:
         except SummaryInputTooLong:
             self.cap = limit // 2
             return
-        self.summary = answer.text.strip()
+        self.summary = update(self.summary, answer.text, generator.summary_tokens, generator.count_text)
         self.condensed = False
         self.pending = rest
         self.folded += sum(block.last for block in chunk)

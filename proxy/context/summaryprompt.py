@@ -9,6 +9,8 @@ wrote one, and what it leaves out the proxy adds itself (the user's own words,
 the artifact trail). A refusal ("I'm sorry, I can't help with that") and an
 answer cut at the output bound would replace the history they stand for, so
 they are refused; the second try's prompt ends with a reminder of the format.
+Given a previous summary, the prompt asks for the sections that change only
+(``UPDATE``), which ``proxy.context.summarymerge`` merges into it.
 """
 
 from __future__ import annotations
@@ -43,11 +45,19 @@ SECTIONS = (
 SYSTEM_PROMPT = (
     "You maintain the working memory of a long-running coding agent. Older messages of its conversation are "
     "being removed from its context window; your summary replaces them, so anything you leave out is lost to "
-    "the agent. Merge the previous summary (if any) with the new messages into one updated summary. Be "
+    "the agent. Summarise the new messages, or, given a previous summary, update it with them. Be "
     "specific and factual; keep exact identifiers; drop pleasantries and superseded detail. Use exactly these "
     "Markdown sections, in this order, writing 'None' under a section with nothing to say:\n"
     + "\n".join(f"## {index}. {section}" for index, section in enumerate(SECTIONS, 1))
     + "\nAnswer with the summary only."
+)
+#: How a summary is updated (``proxy.context.summarymerge`` merges the answer into the previous summary): only the
+#: sections that change, so that what the model leaves out is kept rather than lost to a rewrite.
+UPDATE = (
+    "Update the previous summary with the new messages. Answer with only the sections that change, each under "
+    "its heading, written whole as it should now read; a section you leave out is kept as it is. Under "
+    "'{identifiers}' list only what to add: every previous identifier is kept, except one you retract with a "
+    "line 'Superseded: <the identifier>'."
 )
 #: Appended to the prompt when the first answer for a chunk was not a summary.
 REMINDER = (
@@ -129,7 +139,8 @@ def build_prompt(previous: str | None, transcript: str, instructions: str | None
     if previous:
         parts.append(f"<previous-summary>\n{previous}\n</previous-summary>")
     parts.append(f"<new-messages>\n{transcript}\n</new-messages>")
-    ask = "Write the updated summary." if previous else "Write the summary."
+    ask = UPDATE.format(identifiers=f"{len(SECTIONS)}. {SECTIONS[-1].split(':')[0]}") if previous \
+        else "Write the summary."
     parts.append(ask if words is None else f"{ask} Keep it to at most {words} words.")
     if instructions:
         parts.append(f"Additional instructions for this summary:\n{instructions}")

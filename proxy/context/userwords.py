@@ -7,7 +7,9 @@ Codex keeps recent user messages verbatim beside its summary). So the proxy
 itself, not the summary model, carries the text of every user message that
 leaves the verbatim tail (``ItemModel.user_text``: never tool output, even
 where an API puts it in a user message) into the summary item, under its own
-heading after the model's sections.
+heading after the model's sections. Text the pins carry (``proxy.context.pins``:
+an instruction file an agent sends in a user message, a ``<pin>`` block) is
+named there in place, not carried twice.
 
 The words have a budget (``--keep-user-words``, default 10 % of the window, in
 tokens). Over it, the oldest long messages are clipped head and tail around a
@@ -28,6 +30,7 @@ from collections.abc import Sequence
 
 from proxy.context.clipping import CLIP_MARKER, Measure, cut_text
 from proxy.context.items import ItemModel
+from proxy.context.pins import unpinned
 from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS
 from proxy.types import Message
 
@@ -55,6 +58,12 @@ def render(entries: Sequence[Entry]) -> str:
     return "\n\n".join([HEADING, *(e[3] if e[4] > 1 else f"[{where(e)}]\n{e[3]}" for e in entries)])
 
 
+def _words(dialect: ItemModel, message: Message) -> str | None:
+    """The user's words in ``message``, each pinned text in them named, not repeated (``proxy.context.pins``)."""
+    text = dialect.user_text(message)
+    return unpinned(text) if text else text
+
+
 def _total(entries: Sequence[Entry]) -> int:
     return sum(e[2] + ENTRY_OVERHEAD for e in entries)
 
@@ -71,7 +80,7 @@ def carry(dialect: ItemModel, messages: Sequence[Message], previous: Sequence[En
         indices.insert(0, previous_opener)
     entries = list(previous)
     for index in sorted(indices):
-        text = dialect.user_text(messages[index])
+        text = _words(dialect, messages[index])
         if text:
             seq = seqs[index] if index < len(seqs) else -1
             whole = index < len(counts) and text == dialect.text(messages[index])[0]
@@ -96,7 +105,7 @@ def fit(dialect: ItemModel, messages: Sequence[Message], entries: list[Entry], m
             index, seq, tokens, carried, count = entry
             if tokens <= floor + marker or count > 1 or index >= len(messages):
                 continue  # clipping it would save nothing: short already, or clipped as far as this pass goes
-            original = dialect.user_text(messages[index])
+            original = _words(dialect, messages[index])
             if not original:
                 continue
             cap = max(floor, tokens - (total - budget) - marker)

@@ -33,7 +33,7 @@ from proxy.context.summarizer import SummaryAnswer
 from proxy.dialects import RESPONSES
 from proxy.dialects.base import Dialect, ParsedRequest, require_string_types, with_fields
 from proxy.errors import ProxyError, StoreError
-from proxy.http import clientcompaction, continuity, recall
+from proxy.http import clientcompaction, continuity, recall, subagents
 from proxy.http.body import read_body
 from proxy.http.passthrough import passthrough
 from proxy.http.recall import RecallCall
@@ -185,7 +185,8 @@ class Turn:
                 await history.sync(self.key, [*items, *reply], [*hashes, *map(dialect.hash, reply)],
                                    upstream_from=len(items), extra_upstream=extra,
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
-                                   after_response=previous if isinstance(previous, str) else None)
+                                   after_response=previous if isinstance(previous, str) else None,
+                                   extra_opening={"opening": subagents.opening(dialect, self.parsed)})
                 saved = max(0, tokens["client"] - tokens["view"])
                 self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
             except StoreError as exc:
@@ -340,37 +341,49 @@ def session_of(request: web.Request, dialect: Dialect, parsed: ParsedRequest) ->
         hint = dialect.session_hint(parsed.payload)
         session = hint if hint is not None and valid_session(hint) else None
     if session is None:
-        # Gemini's systemInstruction stays out: Gemini CLI's own compression calls send its history under another
-        # one, and they belong to the session of that history.
-        system = parsed.payload.get("system", parsed.payload.get("instructions"))
-        for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
-            require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
-        session = fingerprint_session(dialect, parsed.items, system)
+        session = fingerprint_of(dialect, parsed)
     agent = agent_of(request.headers)
     return f"{session}/{agent}" if agent is not None else session
+
+
+def fingerprint_of(dialect: Dialect, parsed: ParsedRequest) -> str:
+    """The session the conversation's opening names: its system prompt, leading system items and first user item."""
+    # Gemini's systemInstruction stays out: Gemini CLI's own compression calls send its history under another
+    # one, and they belong to the session of that history.
+    system = parsed.payload.get("system", parsed.payload.get("instructions"))
+    for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
+        require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
+    return fingerprint_session(dialect, parsed.items, system)
+
+
+async def session_state(app: web.Application, key: SessionKey) -> ConversationState | None:
+    """The session's state (a store failure only loses compaction: the checkpoint this process knows still serves)."""
+    try:
+        return await app[history_key].current(key)
+    except StoreError as exc:
+        app[metrics_key].store_errors.inc()
+        logger.warning("store error while reading session %s: %s", key.session, exc)
+        return app[history_key].cached(key)
 
 
 async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     """Parse the request, find its session, and read the session's state (a store failure only loses compaction)."""
     app = request.app
-    settings, metrics, history = app[settings_key], app[metrics_key], app[history_key]
+    settings, metrics = app[settings_key], app[metrics_key]
     raw = await read_body(request, settings)  # the client key is checked already
     parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
     own = SessionKey(tenant_of(credential(request.headers, request.query)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
     resolved = await continuity.resolve(request, dialect, parsed, own)
-    key, parsed, hashes = resolved.key, resolved.parsed, resolved.hashes
-    metrics.session_seen(key)
+    sent, (key, parsed, hashes) = parsed, (resolved.key, resolved.parsed, resolved.hashes)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has (caught up with the
     # log when the session was quiet for a while: ``HistoryManager.current``).
-    state: ConversationState | None = None
-    try:
-        state = await history.current(key)
-    except StoreError as exc:
-        metrics.store_errors.inc()
-        logger.warning("store error while reading session %s: %s", key.session, exc)
-        state = history.cached(key)  # the store is down: the checkpoint this process knows still serves
+    state = await session_state(app, key)
+    if "/" not in key.session and subagents.separate(dialect, sent, hashes, state):
+        key = SessionKey(key.tenant, f"{key.session}/{fingerprint_of(dialect, parsed)}")  # a sub-agent, unnamed
+        state = await session_state(app, key)
+    metrics.session_seen(key)
     turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
                 requester=Requester(own.tenant, resolved.proved))
     if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:

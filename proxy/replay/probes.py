@@ -26,6 +26,7 @@ import orjson
 
 from proxy.context.artifacts import collect
 from proxy.context.items import ItemModel
+from proxy.context.literals import strings
 from proxy.types import Message
 
 #: The kinds of probe, in report order (``working_set``: the exact text of the last three written files).
@@ -129,26 +130,6 @@ def _arguments(arguments: Any) -> dict[str, Any]:
         except orjson.JSONDecodeError:
             return {}
     return arguments if isinstance(arguments, dict) else {}
-
-
-def strings(value: Any, out: list[str]) -> list[str]:
-    """Every string in ``value``, and in any JSON object or list a string holds (a call's ``arguments``)."""
-    if isinstance(value, str):
-        out.append(value)
-        if value[:1] in ("{", "["):
-            try:
-                inner = orjson.loads(value)
-            except orjson.JSONDecodeError:
-                return out
-            if isinstance(inner, dict | list):
-                strings(inner, out)
-    elif isinstance(value, Mapping):
-        for inner in value.values():
-            strings(inner, out)
-    elif isinstance(value, list | tuple):
-        for inner in value:
-            strings(inner, out)
-    return out
 
 
 def text_of(items: Sequence[Any]) -> str:

@@ -16,6 +16,7 @@ import orjson
 
 from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
+from proxy.context.literals import coverage
 from proxy.render import fact_line, iso_time
 from proxy.savings import UsageTotals, dialect_of, saved_text
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
@@ -145,10 +146,11 @@ def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[Ma
         if m.elided_from is not None:  # the model-free tier stood in for (part of) the summary
             what = f"summarised, {m.elided_from}–{m.retain_start - 1} elided without a model summary"  # noqa: RUF001
         undone = f"; undone by entry #{m.retired_by}" if m.retired_by is not None else ""
+        literals = f"; {coverage(m.literals)}" if m.literals else ""
         outcome = "retired" if m.retired_by is not None else "ok" if m.elided_from is None else "fallback"
         lines.append(MarkLine(m.position, outcome, f"{short(m.tokens_before)}→{short(m.tokens_after)}",
                               f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} {what}, "  # noqa: RUF001
-                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens{undone}"))
+                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens{literals}{undone}"))
     times = [p.ts for p in timeline.points]
     for ev in events:
         if ev.outcome not in ("ok", "fallback"):

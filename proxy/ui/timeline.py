@@ -32,7 +32,7 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -91,6 +91,8 @@ class Mark:
     elided_from: int | None = None
     #: The ``retire`` entry that undid this compaction (``proxy.context.undo``); None: it still applies.
     retired_by: int | None = None
+    #: The compaction's literal receipt (``Checkpoint.literal_receipt``; empty: made before literals were checked).
+    literals: Mapping[str, int] = field(default_factory=dict)
 
 
 def usage_figures(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
@@ -189,7 +191,8 @@ class Timeline:
         self.marks.append(Mark(fact.seq, fact.ts, len(self.points), system,
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
                                checkpoint.view_key,
-                               checkpoint.summary_end if checkpoint.elision else None))
+                               checkpoint.summary_end if checkpoint.elision else None,
+                               literals=checkpoint.literal_receipt))
 
     def _retire(self, fact: StoredFact) -> None:
         """Mark the compaction the entry undid, and the live ones made from it, as retired (as the engine's fold,

@@ -1,0 +1,244 @@
+"""Errors and literals kept exactly (issue 33, item 2): what a compaction's view would lose is added back."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+from typing import Any
+
+import orjson
+
+from proxy.context.checkpoint import Checkpoint
+from proxy.context.compactor import ContextCompactor
+from proxy.context.literals import (
+    LITERALS_HEADING,
+    Exact,
+    add_back,
+    call_source,
+    extract,
+    from_json,
+    literal_maker,
+    live,
+    shell_writes,
+    shown_text,
+    to_json,
+)
+from proxy.context.projection import ProjectionBuilder, summary_text
+from proxy.context.summarizer import SummaryGenerator
+from proxy.dialects import CHAT
+from proxy.keys import store_key
+from proxy.settings import Secret
+from proxy.store.base import SessionKey
+from tests.fakeupstream import FakeUpstream, Reply
+from tests.proxyfixtures import read_log
+from tests.test_compaction_e2e import prose
+from tests.test_compactor import COUNT, CREATED_AT, Model, chat, hashes_of
+from tests.test_metrics import scrape, value
+from tests.test_ui import KEY, TENANT, TOKEN, page, session_path, sign_in
+
+ERROR = "E   ValueError: unexpected token at line 41 of parser.py"
+COMMAND = "pytest -q tests/test_parse.py  -k 'not slow'"
+
+
+def call(n: int, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": orjson.dumps(arguments).decode()}}]}
+
+
+def result(n: int, text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": f"c{n}", "content": text}
+
+
+def run(n: int, command: str, output: str) -> list[dict[str, Any]]:
+    return [call(n, "bash", {"command": command}), result(n, output)]
+
+
+FAILED = f"collected 3 items\n\n{ERROR}\nFAILED tests/test_parse.py::test_tokens\nExit code 1"
+
+
+def test_an_error_line_is_read_verbatim_with_the_command_that_produced_it() -> None:
+    messages = [{"role": "user", "content": "Fix the parser."}, *run(0, COMMAND, FAILED)]
+    found, _ = extract(CHAT, messages, 0, len(messages), [10, 11, 12])
+    errors = [(e.text, e.source, e.seq) for e in found if e.kind == "error"]
+    assert errors == [("Exit code 1", f"$ {COMMAND}", 11), (ERROR, f"$ {COMMAND}", 11),
+                      ("FAILED tests/test_parse.py::test_tokens", f"$ {COMMAND}", 11)]
+    assert [e.text for e in found if e.kind == "command"] == [COMMAND]  # whole, its double space kept
+    # A result stating no status: a compiler's diagnostic, a tool's own word that a thing was not found.
+    tsc = "> tsc -b\nsrc/main.tsx(5,8): error TS2882: Cannot find module './styles.css'.\n"
+    messages = [*run(0, "npm run build", tsc), call(1, "activate_skill", {"name": "figma"}),
+                result(1, 'Skill "figma" not found. Available skills are:')]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [(e.text, e.source) for e in found if e.kind == "error"] == [
+        ("src/main.tsx(5,8): error TS2882: Cannot find module './styles.css'.", "$ npm run build"),
+        ('Skill "figma" not found. Available skills are:', 'activate_skill {"name":"figma"}')]
+
+
+def test_a_long_call_is_named_by_its_head_length_and_digest() -> None:
+    heredoc, other = "cat > a.go <<'EOF'\n" + "x" * 2_000 + "\nEOF", "cat > a.go <<'EOF'\n" + "x" * 2_001 + "\nEOF"
+    named = call_source("bash", {}, heredoc)
+    assert named.startswith("$ cat > a.go <<'EOF'\nxxx") and "(2,025 characters, " in named and len(named) < 250
+    assert named != call_source("bash", {}, other) and call_source("bash", {}, "ls") == "$ ls"
+
+
+def test_an_error_followed_by_a_success_of_the_same_command_is_kept_as_resolved() -> None:
+    messages = [{"role": "user", "content": "Fix the parser."}, *run(0, COMMAND, FAILED),
+                *run(1, "git status", "clean"), *run(2, COMMAND, "3 passed")]
+    found, runs = extract(CHAT, messages, 0, 3)
+    kept = live(found, runs)
+    assert {e.text: e.kind for e in kept if e.source == f"$ {COMMAND}"} == {
+        "Exit code 1": "resolved", ERROR: "resolved", "FAILED tests/test_parse.py::test_tokens": "resolved"}
+    text, _ = add_back(kept, "", 10_000, len)
+    assert "Errors since resolved (a later run of the same call succeeded):\n- Exit code 1" in text
+    assert "Errors (unresolved)" not in text
+
+
+def test_an_error_superseded_by_a_later_failure_of_the_same_command_gives_way_to_it() -> None:
+    newer = "E   KeyError: 'tokens'\nExit code 2"
+    messages = [{"role": "user", "content": "Fix it."}, *run(0, COMMAND, FAILED), *run(1, COMMAND, newer)]
+    found, runs = extract(CHAT, messages, 0, len(messages))
+    errors = [(e.text, e.kind) for e in live(found, runs) if e.source == f"$ {COMMAND}"]
+    assert errors == [("Exit code 2", "error"), ("E   KeyError: 'tokens'", "error")]
+    # Seen again later, a literal stands once, at its newest occurrence.
+    again = live([Exact("path", "src/a.py", "", 3, 3), Exact("path", "src/a.py", "", 9, 9)], [])
+    assert again == [Exact("path", "src/a.py", "", 9, 9)]
+
+
+def test_paths_identifiers_numbers_urls_versions_and_constraints_are_read() -> None:
+    user = ("Use `parse_tokens` in the gateway. You must never log the API key. Set the retry limit to 2500 and "
+            "pin fastapi 0.115.2 as described at https://fastapi.tiangolo.com/release-notes/.\n"
+            "- Keep tokenCache bounded.")
+    messages = [{"role": "user", "content": user},
+                call(0, "Write", {"file_path": "src/gateway.py", "content": "x = 1\n"}), result(0, "written"),
+                *run(1, "cat > notes/plan.md <<'EOF'\nif a > b then\nEOF", ""),
+                {"role": "assistant", "content": "Upgraded to v3.2 and renamed `TokenStore`."}]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    by_kind: dict[str, list[str]] = {}
+    for literal in found:
+        by_kind.setdefault(literal.kind, []).append(literal.text)
+    assert by_kind["path"] == ["src/gateway.py", "notes/plan.md"]
+    assert by_kind["url"] == ["https://fastapi.tiangolo.com/release-notes/"]
+    assert set(by_kind["version"]) == {"0.115.2", "v3.2"}
+    assert {"parse_tokens", "tokenCache", "TokenStore"} <= set(by_kind["identifier"])
+    assert by_kind["number"] == ["2500"]
+    assert by_kind["constraint"] == ["Use `parse_tokens` in the gateway.", "You must never log the API key.",
+                                     "- Keep tokenCache bounded."]
+    assert shell_writes("@'\nreturn a -> b\n'@ | Set-Content app\\api\\router.py; echo x >> log.txt 2>/dev/null") \
+        == ["app\\api\\router.py", "log.txt"]
+
+
+def test_the_add_back_holds_what_the_view_lacks_within_its_budget_unresolved_errors_and_the_newest_first() -> None:
+    literals = [Exact("command", "make build", "", 1, 1), Exact("error", "old failure", "$ a", 2, 2),
+                Exact("path", "src/kept.py", "", 3, 3), Exact("resolved", "fixed failure", "$ b", 4, 4),
+                Exact("error", "new failure", "$ c", 5, 5), Exact("number", "8080", "", 6, 6)]
+    shown = "the summary names src/kept.py"
+    count = len  # a character counts as a token: the arithmetic stays visible
+    whole, receipt = add_back(literals, shown, 10_000, count)
+    assert receipt.to_json() == {"in_range": 6, "kept": 1, "added": 5, "dropped": 0}
+    order = [whole.index(text) for text in ("new failure", "old failure", "make build", "fixed failure", "8080")]
+    assert order == sorted(order) and "src/kept.py" not in whole
+    assert "- new failure\n  (from $ c, log #5)" in whole
+    # Room for the heading and the two unresolved errors only: they come first, the rest is dropped for budget.
+    fixed = count(LITERALS_HEADING) + 18
+    room = fixed + sum(count(f"- {t}\n  (from $ x, log #5)") + 1 for t in ("new failure", "old failure"))
+    text, receipt = add_back(literals, shown, room, count)
+    assert receipt.to_json() == {"in_range": 6, "kept": 1, "added": 2, "dropped": 3}
+    assert "new failure" in text and "old failure" in text and "make build" not in text
+    assert add_back(literals, shown, 10, count) == ("", receipt.__class__(6, 1, 0, 5))
+
+
+def test_the_view_text_leaves_tool_outputs_out() -> None:
+    messages = [*run(0, "make", "Error: boom")]
+    text = shown_text(CHAT, messages)
+    assert "make" in text and "Error: boom" not in text
+
+
+def test_a_checkpoint_keeps_its_literals_and_receipt_and_an_older_entry_reads_without_them() -> None:
+    rows = tuple(tuple(row) for row in to_json([Exact("error", "boom", "$ make", 4, 9)]))
+    checkpoint = Checkpoint("s", 3, "h", None, 10, 5, "m", 0.0, literals=rows, literals_text="## x",
+                            literal_receipt={"in_range": 1, "kept": 0, "added": 1, "dropped": 0})
+    again = Checkpoint.from_json(checkpoint.to_json())
+    assert again == checkpoint and from_json(list(again.literals)) == [Exact("error", "boom", "$ make", 4, 9)]
+    old = orjson.loads(checkpoint.to_json())
+    for name in ("literals", "literals_text", "literal_receipt"):
+        del old[name]
+    read = Checkpoint.from_json(old)
+    assert read.literal_receipt == {} and read.literals == () and read.literals_text == ""
+    assert read.view_key == Checkpoint("s", 3, "h", None, 10, 5, "m", 0.0).view_key
+
+
+async def session(proxy: Any, fake: FakeUpstream, name: str, rounds: int) -> list[dict[str, Any]]:
+    """An agent's run whose first step fails a test run with an exact error line, then reads files."""
+    rng = random.Random(3)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for n in range(rounds):
+        messages.append({"role": "user", "content": f"Round {n}: " + prose(rng, 100)})
+        name_, args = ("bash", {"command": COMMAND}) if n == 0 else ("read_file", {"path": f"src/m{n}.py"})
+        fake.script.append(Reply(tool_calls=call(n, name_, args)["tool_calls"]))
+        messages.append(await step(proxy, messages, name))
+        output = f"{prose(rng, 200)}\n{FAILED}" if n == 0 else prose(rng, 300)
+        messages.append(result(n, output))
+        fake.script.append(Reply(content=prose(rng, 50)))
+        messages.append(await step(proxy, messages, name))
+    return messages
+
+
+async def step(proxy: Any, messages: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+             for n in ("bash", "read_file")]
+    resp = await proxy.post("/v1/chat/completions",
+                            data=orjson.dumps({"model": "gpt-4o", "messages": messages, "tools": tools}),
+                            headers={"Authorization": f"Bearer {KEY}", "X-Session-Id": name})
+    assert resp.status == 200, await resp.text()
+    message: dict[str, Any] = (await resp.json())["choices"][0]["message"]
+    return message
+
+
+async def test_a_compacted_error_line_is_added_back_and_each_checkpoint_entry_carries_its_receipt(
+        make_proxy, fake: FakeUpstream) -> None:
+    proxy = await make_proxy(context_window=4000, min_retain_rounds=2, admin_token=Secret(TOKEN))
+    await session(proxy, fake, "s1", 10)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "s1"))
+    # Every checkpoint that summarised carries a receipt (one that only masked outputs carries the last one's).
+    receipts = [f.extra["checkpoint"]["literal_receipt"] for f in facts
+                if f.kind == "checkpoint" and f.extra["checkpoint"]["summary"]]
+    assert receipts and all(r["in_range"] == r["kept"] + r["added"] + r["dropped"] for r in receipts)
+    assert receipts[-1]["added"] >= 1
+    last = orjson.dumps(fake.requests[-1]["messages"]).decode()
+    assert orjson.dumps(ERROR).decode()[1:-1] in last  # verbatim, with the command that produced it
+    assert orjson.dumps(f"- {ERROR}\n  (from $ {COMMAND}, log #").decode()[1:-1] in last
+    assert "Exit code 1" in last
+
+    # /metrics sums the receipts of the compactions this process made; the inspector shows each one's coverage.
+    _, samples = await scrape(proxy)
+    for outcome in ("kept", "added"):
+        assert value(samples, "ctxproxy_literals_total", outcome=outcome) >= receipts[-1][outcome]
+    await sign_in(proxy)
+    html = await page(proxy, session_path("s1"))
+    last_receipt = receipts[-1]
+    line = (f"literals: {last_receipt['in_range']:,} in range, {last_receipt['kept']:,} kept by the summary and tail, "
+            f"{last_receipt['added']:,} added, {last_receipt['dropped']:,} dropped")
+    assert line in html
+    assert len(re.findall(r"literals: \d+ in range", html)) >= len(receipts)
+
+
+def literal_compactor() -> ContextCompactor:
+    return ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                            projection=ProjectionBuilder(CHAT), min_retain_rounds=4,
+                            literals_of=literal_maker(CHAT, 10_000, len))
+
+
+async def test_successive_compactions_carry_the_literals_and_one_after_an_older_checkpoint_reads_all() -> None:
+    messages = [*chat(1), *run(0, COMMAND, FAILED), *chat(16)[1:]]
+    hashes = hashes_of(messages)
+    first = await literal_compactor().compact(messages[:21], hashes[:21], None, budget=10_000, model="m")
+    assert first.checkpoint is not None and ERROR in first.checkpoint.literals_text
+    second = await literal_compactor().compact(messages, hashes, first.checkpoint, budget=10_000, model="m")
+    assert second.checkpoint is not None and second.checkpoint.retain_start_idx > first.checkpoint.retain_start_idx
+    assert ERROR in second.checkpoint.literals_text  # carried in the rows, checked against the new summary
+    assert second.checkpoint.literal_receipt["in_range"] >= first.checkpoint.literal_receipt["in_range"]
+    # A checkpoint made before literals were read carries none: the next compaction reads the whole range.
+    older = replace(first.checkpoint, literals=(), literals_text="", literal_receipt={})
+    third = await literal_compactor().compact(messages, hashes, older, budget=10_000, model="m")
+    assert third.checkpoint is not None and ERROR in third.checkpoint.literals_text
+    assert summary_text(third.checkpoint).endswith(third.checkpoint.literals_text)
