@@ -100,6 +100,8 @@ class Claude:
     session: str = "claude-run"
     headers: dict[str, str] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=lambda: [{"role": "user", "content": TASK}])
+    #: What the shell prints for a command.
+    output: Callable[[str], str] = echo
 
     def body(self, **extra: Any) -> dict[str, Any]:
         return {"model": "claude-opus-5-5", "max_tokens": 4096, "stream": True, "messages": self.messages,
@@ -117,7 +119,7 @@ class Claude:
         assert resp.status == 200, raw
         content = orjson.loads(raw)["content"] if resp.content_type == "application/json" else blocks_of(raw)
         self.messages.append({"role": "assistant", "content": content})
-        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": echo(b["input"]["command"])}
+        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": self.output(b["input"]["command"])}
                    for b in content if b["type"] == "tool_use"]
         if results:
             self.messages.append({"role": "user", "content": results})

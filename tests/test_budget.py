@@ -230,3 +230,19 @@ def test_the_leading_system_messages_are_part_of_what_no_compaction_frees() -> N
     # 5,000 of leading messages: 60 % of the 7,800 beside them, the messages' target counting them.
     assert budget.reduced_target(measured, 12_800, None, head=5_000) == 5_000 + 4_680
     assert budget.reduced_target(measured, 12_800, None, head=5_000) > budget.reduced_target(measured, 12_800, None)
+
+
+def test_the_fixed_part_weighs_against_a_compaction_on_the_scale_its_gain_is_measured_in() -> None:
+    """Issue 35: a compaction's gain is measured on the local count of the messages; where the upstream counts them
+    three times that (Claude Code's thinking signatures and block structure, on the fake), the fixed part (tools,
+    system prompt, the answer's room) weighs a third as much beside them, as the upstream sees it."""
+    budget = policy("tokenizer", context_window=8_000)
+    tools = ["word " * 2_000]  # about 2,000 tokens of tools and system prompt, the answer's room 1,600 besides
+    beside = budget.tools_tokens(tools) + REPLY_PRIMING_TOKENS
+    fixed = budget.fixed_tokens(tools)
+    assert fixed == budget.tools_tokens(tools) + 1_600
+    local = Estimate(beside + 700, None, None, beside + 700)
+    assert budget.fixed_beside(local, tools) == fixed, "no usage figure: the fixed part as counted"
+    measured = Estimate(beside + 2_100, None, beside + 2_100, beside + 700)
+    assert budget.fixed_beside(measured, tools) == fixed // 3
+    assert budget.fixed_beside(Estimate(beside, None, beside, beside), tools) == fixed, "no messages"

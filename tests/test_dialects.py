@@ -9,7 +9,7 @@ import pytest
 
 from proxy.context.compactor import plan_retain_start
 from proxy.context.items import cut_points
-from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 from proxy.dialects.base import Verdict
 from proxy.errors import BadRequest
 
@@ -244,6 +244,36 @@ def test_session_hints_from_the_body() -> None:
     assert MESSAGES.session_hint({"metadata": {"user_id": "user_abc"}}) is None
     assert MESSAGES.session_hint({"metadata": {"user_id": "[1]"}}) is None
     assert CHAT.session_hint({"prompt_cache_key": "x"}) is None
+
+
+SCHEMA = {"type": "object", "properties": {"verdict": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(("dialect", "prompt", "options"), [
+    (CHAT, {"functions": [{"name": "f", "parameters": SCHEMA}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "v", "schema": SCHEMA}}},
+     {"temperature": 0.2, "stream": True}),
+    (MESSAGES, {"system": [{"type": "text", "text": "You are Claude Code."}],
+                "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+     {"max_tokens": 5, "metadata": {"user_id": "u"}, "thinking": {"type": "adaptive"}}),
+    (RESPONSES, {"instructions": "You are Codex.", "text": {"format": {"type": "json_schema", "schema": SCHEMA}},
+                 "prompt": {"id": "pmpt_1", "variables": {"city": "Paris"}}},
+     {"reasoning": {"effort": "high"}, "prompt_cache_key": "k", "include": ["reasoning.encrypted_content"]}),
+    (GEMINI, {"systemInstruction": {"parts": [{"text": "You are Gemini CLI."}]},
+              "toolConfig": {"functionCallingConfig": {"mode": "AUTO"}},
+              "generationConfig": {"responseJsonSchema": SCHEMA}}, {"cachedContent": "cachedContents/1"}),
+], ids=["chat", "messages", "responses", "gemini"])
+def test_the_fixed_part_is_the_tools_and_every_field_the_model_reads_as_prompt(
+        dialect: Any, prompt: dict[str, Any], options: dict[str, Any]) -> None:
+    """Issue 35: each door counts what the model reads of a request besides its items in every estimate: a system
+    prompt that is not an item, a structured answer's schema; not the options beside them."""
+    tools = [{"name": "t"}]
+    body = {"model": "m", dialect.items_field: [{"role": "user", "content": "hi", "parts": [{"text": "hi"}]}],
+            "tools": tools, **prompt, **options}
+    request = dialect.parse(orjson.dumps(body), {"model": "m"})
+    assert request.fixed == [*tools, *prompt.values()]
+    bare = dialect.parse(orjson.dumps({**body, "tools": None, **dict.fromkeys(prompt, "")}), {"model": "m"})
+    assert bare.fixed is None
 
 
 @pytest.mark.parametrize(("dialect", "body", "param"), [

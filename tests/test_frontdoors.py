@@ -18,15 +18,16 @@ from aiohttp.test_utils import TestServer
 
 from proxy.app import create_app
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
-from proxy.keys import store_key
+from proxy.keys import engine_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
+from tests.fakescript import STEP as STEP_MARK
 from tests.fakescript import Script, is_summary_prompt
 from tests.proxyfixtures import read_log
-from tests.scripted import KEY, Claude, Codex, rig
+from tests.scripted import KEY, Claude, Codex, echo, rig
 from tests.tap import Tap
 
 # -- overflow nothing can help: the client gets the upstream's first refusal ------------------------
@@ -279,3 +280,74 @@ async def test_the_new_doors_are_counted_by_route(aiohttp_server, aiohttp_client
                                                      ("responses", "426"), ("passthrough", "404"),
                                                      ("chat", "200"), ("responses", "400"),
                                                      ("messages", "400")]] == [3.0, 2.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+# -- the estimate counts the system prompt ----------------------------------------------------------------------
+
+#: A system prompt of about 5,000 tokens: left out of the estimate, the proactive trigger fires that much late.
+LONG_SYSTEM = " ".join(f"Rule {n}: keep the build green." for n in range(700))
+
+
+@pytest.mark.parametrize(("api", "system"), [
+    ("responses", LONG_SYSTEM), ("messages", LONG_SYSTEM),
+    ("messages", [{"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}},
+                  {"type": "text", "text": LONG_SYSTEM}])])
+async def test_the_estimate_counts_the_system_prompt_and_the_tools(aiohttp_server, aiohttp_client, tmp_path: Path,
+                                                                   api: str, system: Any) -> None:
+    """Issue 35: what the proxy estimates a request at is what the upstream counts, the system prompt included
+    (Responses ``instructions``, Messages ``system`` as a string or blocks): left out, the estimate of a view
+    applying a new checkpoint, with no usage figure for it yet, was 5,000 low, and it went upstream over the
+    window."""
+    fake = FakeResponses(Script(steps=1)) if api == "responses" else FakeMessages(Script(steps=1))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake)
+    if api == "responses":
+        resp = await Codex(proxy).step(instructions=system)
+    else:
+        resp = await Claude(proxy).step(system=system)
+    counted = fake.turns()[0].tokens
+    assert counted is not None and counted > 5_000
+    assert abs(int(resp.headers[HEADER_VIEW_TOKENS]) - counted) < counted * 0.05
+
+
+#: A window the system prompt below (about 3,000 tokens) takes 37 % of.
+SMALL_WINDOW = 8_000
+SYSTEM_PROMPT = " ".join(f"Rule {n}: keep the build green." for n in range(330))
+LONG_RUN = 12
+
+
+def long_output(command: str) -> str:
+    """Steps 2, 6, 10 print about 4,000 tokens of numbers, the others about 150: each large one takes the request
+    past the trigger, and the view its compaction makes is estimated with no usage figure for it yet."""
+    step = int(STEP_MARK.search(command)[1])  # type: ignore[index]
+    return echo(command) + ("\n" + " ".join(map(str, range(2_000))) if step % 4 == 2 else "")
+
+
+@pytest.mark.parametrize("api", ["responses", "messages"])
+async def test_a_large_system_prompt_never_lets_a_view_go_upstream_over_the_window(
+        aiohttp_server, aiohttp_client, tmp_path: Path, api: str) -> None:
+    """Issue 35: the first view of a new checkpoint has no usage figure; estimated without the system prompt
+    (Responses ``instructions``, Messages ``system``), the view compacted for a step with a large output was fitted
+    under the limit by an estimate 3,000 low and reached the upstream over its window (8,924 and 8,956 tokens into
+    8,000 on the Responses door, each rescued reactively; 9,554 on the Messages door, refused to the client)."""
+    fake = (FakeResponses(Script(steps=LONG_RUN), window=SMALL_WINDOW) if api == "responses"
+            else FakeMessages(Script(steps=LONG_RUN), window=SMALL_WINDOW))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=SMALL_WINDOW,
+                      precompact_threshold=0.6)
+    if api == "responses":
+        client: Codex | Claude = Codex(proxy, output=long_output)
+        system: dict[str, Any] = {"instructions": SYSTEM_PROMPT}
+    else:
+        client = Claude(proxy, output=long_output)
+        system = {"system": [{"type": "text", "text": SYSTEM_PROMPT}], "max_tokens": 1_000}
+    background = proxy.app[engine_key].background
+    compacted = []
+    for _ in range(LONG_RUN + 1):
+        compacted.append((await client.step(**system)).headers[HEADER_COMPACTED])
+        await background.join(SessionKey(tenant_of(KEY), client.session))  # its checkpoint serves the next request
+
+    turns = fake.turns()
+    over = [t.tokens for t in turns if t.tokens is None or t.tokens > SMALL_WINDOW]
+    assert over == [], f"{len(over)} of {len(turns)} requests reached the upstream over the window"
+    assert [t.status for t in turns] == [200] * (LONG_RUN + 1), "one accepted turn per step, none refused"
+    assert "reactive" not in compacted, compacted
+    assert sum(c != "none" for c in compacted) >= LONG_RUN // 4, f"the run needed compacting: {compacted}"

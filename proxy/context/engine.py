@@ -411,8 +411,8 @@ class ContextEngine:
                 result = await self._compactor(complete, window, dialect, room).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
-                    seqs=seqs, keys=keys,
-                    fallback=fallback, use_model=use_model, fixed=policy.fixed_tokens(tools, max_output))
+                    seqs=seqs, keys=keys, fallback=fallback, use_model=use_model,
+                    fixed=policy.fixed_beside(fresh.estimate, tools, max_output))
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state, recorded = await self._record(key, result.checkpoint, dialect, (previous, made_from),
                                                          hashes, planned_at, requester,

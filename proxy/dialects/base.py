@@ -43,6 +43,8 @@ class ParsedRequest:
     raw: bytes
     payload: dict[str, Any]
     items: list[Item]
+    #: The request fields besides the tools that the model reads as part of the prompt (``Dialect.fixed_fields``).
+    fixed_fields: tuple[str, ...] = ()
 
     @property
     def stream(self) -> bool:
@@ -61,9 +63,12 @@ class ParsedRequest:
     @property
     def fixed(self) -> list[Any] | None:
         """What the model reads of the request besides its items, which no compaction frees: the budget counts it
-        in every estimate and threshold (``ContextBudgetPolicy``, as its ``tools``). The tool definitions here; an
-        API whose system prompt is a request field the proxy never touches adds it (``GeminiRequest``)."""
-        return self.tools
+        in every estimate and threshold (``ContextBudgetPolicy``, as its ``tools``). The tool definitions and the
+        dialect's ``fixed_fields``: a system prompt left out (Claude Code's ``system``, Codex's and pi's
+        ``instructions``, Gemini CLI's ``systemInstruction``) put the estimate of a view applying a new checkpoint,
+        with no usage figure for it yet, that much low, and it went upstream over the window (issue 35)."""
+        fixed = [*(self.tools or ()), *(self.payload[name] for name in self.fixed_fields if self.payload.get(name))]
+        return fixed or None
 
 
 def answered_model(data: Any) -> str | None:
@@ -143,6 +148,10 @@ class Dialect(ItemModel):
     summary_drops: ClassVar[frozenset[str]] = frozenset()
     #: The request field naming the model; None where the URL names it (the Gemini API).
     model_field: ClassVar[str | None] = "model"
+    #: Request fields besides the items and the tools that the model reads as part of the prompt and the proxy
+    #: forwards as they are: the system prompt where it is not an item, a structured answer's schema (counted whole,
+    #: with the few tokens of options beside it). ``ParsedRequest.fixed`` counts them in every estimate.
+    fixed_fields: ClassVar[tuple[str, ...]] = ()
 
     def upstream_url(self, settings: Settings, path: str | None = None) -> str:
         """Where this API's requests go: ``path`` (default: the front door's) below the right upstream."""
@@ -190,7 +199,7 @@ class Dialect(ItemModel):
             raise BadRequest("Request body must be a JSON object.", code="invalid_json")
         items = self.items_of(payload)
         check_writable({key: value for key, value in payload.items() if key != self.items_field})
-        return ParsedRequest(raw, payload, items)
+        return ParsedRequest(raw, payload, items, self.fixed_fields)
 
     def checked_hash(self, item: Item) -> str:
         """``hash``, for an item new to the session: refused first if it could not be written back, or if a

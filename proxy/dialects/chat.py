@@ -126,6 +126,9 @@ class ChatDialect(Dialect):
     bound_fields = ("max_completion_tokens", "max_tokens")
     summary_drops = frozenset({"n", "stop", "response_format", "logprobs", "top_logprobs", "prediction", "audio",
                                "modalities", "web_search_options"})
+    #: The system prompt is a message; besides the tools, the model reads the deprecated ``functions`` and a
+    #: structured answer's schema (``response_format``).
+    fixed_fields = ("functions", "response_format")
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "messages", check=_check_message)

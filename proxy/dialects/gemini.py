@@ -35,9 +35,6 @@ STREAM_METHOD = "streamGenerateContent"
 #: The methods the front door answers (every other one passes through).
 METHODS = frozenset({"generateContent", STREAM_METHOD, "countTokens"})
 _MODEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-#: Request fields besides the tools that the model reads as part of the prompt (``GeminiRequest.fixed``); the
-#: answer's room is ``generationConfig.maxOutputTokens`` (``max_output``).
-_FIXED_FIELDS = ("systemInstruction", "toolConfig")
 #: Fields of ``generationConfig`` that shape the answer's form: a summary is one plain text answer.
 _FORM_FIELDS = frozenset({"responseMimeType", "responseSchema", "responseJsonSchema", "stopSequences",
                           "candidateCount", "responseModalities", "responseLogprobs", "logprobs"})
@@ -58,14 +55,6 @@ class GeminiRequest(ParsedRequest):
     @property
     def model(self) -> str | None:
         return self.model_name or None
-
-    @property
-    def fixed(self) -> list[Any] | None:
-        """The tool declarations, the system instruction and the tool config: Gemini CLI's system instruction is
-        about 6,350 tokens of its 9,600-token head, and left out, a view applying a new checkpoint (no usage figure
-        for it yet) was estimated that much low and went upstream over a 16k window (issue 35)."""
-        fixed = [*(self.tools or ()), *(self.payload[field] for field in _FIXED_FIELDS if field in self.payload)]
-        return fixed or None
 
 
 def _parts(item: Item) -> list[dict[str, Any]]:
@@ -136,6 +125,10 @@ class GeminiDialect(Dialect):
     gemini = True
     model_field: ClassVar[str | None] = None
     summary_drops = frozenset({"toolConfig", "cachedContent"})
+    #: Gemini CLI's system instruction is about 6,350 tokens of its 9,600-token head; left out, a view applying a new
+    #: checkpoint was estimated that much low and went upstream over a 16k window (issue 35). ``generationConfig``
+    #: holds a structured answer's schema; the answer's room is its ``maxOutputTokens`` (``max_output``).
+    fixed_fields = ("systemInstruction", "toolConfig", "generationConfig")
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -145,7 +138,8 @@ class GeminiDialect(Dialect):
         if not _MODEL.match(model):
             raise BadRequest(f"Unknown model name {model!r}.", param="model")
         parsed = super().parse(raw, route)
-        return GeminiRequest(parsed.raw, parsed.payload, parsed.items, version=route.get("version", "v1beta"),
+        return GeminiRequest(parsed.raw, parsed.payload, parsed.items, parsed.fixed_fields,
+                             version=route.get("version", "v1beta"),
                              model_name=model, method=route.get("method", "generateContent"))
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:

@@ -108,6 +108,9 @@ class MessagesDialect(Dialect):
     required_headers: ClassVar[Mapping[str, str]] = MappingProxyType({"anthropic-version": "2023-06-01"})
     bound_fields = ("max_tokens",)
     summary_drops = frozenset({"stop_sequences", "output_format"})
+    #: ``system`` (a string or blocks), and a structured answer's schema (``output_config.format``, the beta's
+    #: ``output_format``).
+    fixed_fields = ("system", "output_config", "output_format")
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "messages", check=_check_message)

@@ -75,6 +75,9 @@ class ResponsesDialect(Dialect):
     #: Besides the answer's form: ``previous_response_id`` and ``conversation`` would add the summary call to the
     #: history kept upstream, and a ``background`` response is polled for, not answered.
     summary_drops = frozenset({"previous_response_id", "conversation", "background", "top_logprobs"})
+    #: ``instructions`` (Codex's and pi's system prompt), a structured answer's schema (``text.format``) and a
+    #: stored ``prompt``'s variables (its template, stored upstream, only the usage figure counts).
+    fixed_fields = ("instructions", "text", "prompt")
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
         return require_items(payload, "input", allow_string=True)

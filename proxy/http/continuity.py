@@ -26,6 +26,7 @@ goes on under its own key, as with the store down), never the request.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -111,7 +112,7 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
                                                              candidates if link is None else None)
         if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
             payload = {**parsed.payload, dialect.items_field: expanded}
-            parsed = ParsedRequest(orjson.dumps(payload), payload, expanded)
+            parsed = dataclasses.replace(parsed, raw=orjson.dumps(payload), payload=payload, items=expanded)
     hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
     # The newest reference to another tenant's session of this id proves that session as far as it goes.
     carried = next(((index + 1, r.tenant) for index, r in reversed(references)
