@@ -275,6 +275,15 @@ def test_the_section_labels_each_file_with_its_entry_and_holds_it_exactly() -> N
     assert "### /r/b.md (current as of log entry 102)\n````\n```\ncode\n```\n````" in text
 
 
+def test_a_file_without_a_final_newline_is_labelled_so_and_one_with_it_is_not() -> None:
+    """The closing fence needs a line of its own: for a text that does not end with a newline, the heading says the
+    newline before the fence is not the file's, so the section still gives the file byte for byte."""
+    _, text = render([state("/r/a.conf", "port = 1\nhost = x", 3), state("/r/b.conf", "port = 1\n", 2)], 500, words)
+    bare = "### /r/a.conf (current as of log entry 103; no newline at end of file)"
+    assert f"{bare}\n```\nport = 1\nhost = x\n```" in text
+    assert "### /r/b.conf (current as of log entry 102)\n```\nport = 1\n```" in text
+
+
 def test_files_are_filled_whole_in_order_and_a_large_one_takes_what_is_left() -> None:
     big = "".join(f"line {n}\n" for n in range(1, 121))  # about 250 words whole: four times an equal share of 340
     small = [state(f"/s{n}", f"{n}\n", n) for n in range(4)]
