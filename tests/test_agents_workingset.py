@@ -2,16 +2,20 @@
 window, and after the proxy's compactions the files' sections in the last upstream request are the files' bytes.
 
 A scripted model (a fake upstream that answers each turn with the next call of its plan, read from the newest tool
-call in the request, which survives every compaction) makes the agent create a file, read it, edit it twice in
-different places, read a second file the test wrote beforehand and edit that, then run a few shell steps whose
+call in the request, which survives every compaction) makes the agent create a file, read it, edit it in two calls
+in different places, read a second file the test wrote beforehand and edit that, then run shell steps whose
 output is a few KB each, so the conversation outgrows the window and the proxy compacts it (the agent's own
-auto-compaction off, tests/agents.py). The agent's tools do the work on a real directory, so what is on disk at
-the end is what the tools wrote, in the agent's own formats (Claude Code's numbered ``Read`` output, its ``Edit``
-and ``Write``; Codex's ``apply_patch`` custom tool and its shell output header). In the last request the fake
-received, every ``### PATH (current as of log entry N)`` section must hold exactly the bytes of that file on disk,
-N must be the log entry of the file's last change, and both files must be there. Claude Code's second file has
-no newline at its end, as many files do: its section says so in its heading (the newline before the closing fence
-is not the file's), and the test reads it back so.
+auto-compaction off, tests/agents.py): Claude Code with ``Write``, ``Read`` and two ``Edit`` calls; Codex with
+``apply_patch`` (an added file, then two updates, the second of two hunks) and ``cat`` for its reads. The agent's
+tools do the work on a real directory, so what is on disk at the end is what the tools wrote, in the agent's own
+formats (Claude Code's numbered ``Read`` output; Codex's patch results and its shell output header). All edits
+come before the shell steps, so every compaction sees each file's final text: in the last request the fake
+received, each ``### PATH (current as of log entry N)`` section must hold exactly the bytes of that file on disk,
+N must be the log entry of the file's last change, and both files must be there.
+
+The second file has no newline at its end, as many files do: its section says so in its heading (the newline
+before the closing fence is not the file's) and is read back so; Codex's ``cat`` shows it without one (its output
+is passed on to the last byte), and its ``apply_patch`` gives it one.
 """
 
 from __future__ import annotations
@@ -45,10 +49,22 @@ FIRST = ("def area(width, height):\n    return width * height\n\n\ndef perimeter
 SECOND = "# service settings\nhost = 127.0.0.1\nport = 8080\nworkers = 2\nlog_level = info\n"
 #: The second file as many are written: no newline at its end (Claude Code's ``Read`` then numbers no empty line).
 SECOND_BARE = SECOND.removesuffix("\n")
-#: (old, new) of the two edits of the first file and the one of the second, in different places.
-FIRST_EDITS = [("    return width * height\n", "    # both sides in metres\n    return width * height\n"),
-               ("    print(area(3, 4))\n", "    print(area(3, 4), perimeter(3, 4))\n")]
+#: (old, new) of the edits of the first file, in three places (Claude Code makes the first and the last), and of
+#: the one edit of the second.
+AREA = ("    return width * height\n", "    # both sides in metres\n    return width * height\n")
+PERIMETER = ("    return 2 * (width + height)\n", "    return 2 * width + 2 * height\n")
+MAIN = ("    print(area(3, 4))\n", "    print(area(3, 4), perimeter(3, 4))\n")
 SECOND_EDIT = ("port = 8080\n", "port = 9090\n")
+#: Codex's patches as a model writes them: the first file's edits in two calls, the second with two hunks (context
+#: lines, an ``@@`` header naming a line, ``*** End of File``); then the second file's edit.
+CODEX_PATCHES = [
+    "*** Begin Patch\n*** Update File: geometry.py\n@@ def area(width, height):\n-    return width * height\n"
+    "+    # both sides in metres\n+    return width * height\n*** End Patch",
+    "*** Begin Patch\n*** Update File: geometry.py\n@@\n def perimeter(width, height):\n"
+    "-    return 2 * (width + height)\n+    return 2 * width + 2 * height\n@@\n if __name__ == \"__main__\":\n"
+    "-    print(area(3, 4))\n+    print(area(3, 4), perimeter(3, 4))\n*** End of File\n*** End Patch",
+    "*** Begin Patch\n*** Update File: service.conf\n@@\n host = 127.0.0.1\n-port = 8080\n+port = 9090\n"
+    " workers = 2\n*** End Patch"]
 
 
 def bulky(step: int) -> str:
@@ -56,10 +72,11 @@ def bulky(step: int) -> str:
     return f"seq 10000 10400 && echo bulk-{step}"
 
 
-def expected(second: str) -> tuple[str, str]:
-    """What the two files hold at the end, the second one starting as ``second``, if every tool did its work."""
+def expected(edits: list[tuple[str, str]], second: str) -> tuple[str, str]:
+    """What the two files hold at the end, the first edited by ``edits``, the second starting as ``second``, if
+    every tool did its work."""
     first = FIRST
-    for old, new in FIRST_EDITS:
+    for old, new in edits:
         first = first.replace(old, new)
     return first, second.replace(*SECOND_EDIT)
 
@@ -124,7 +141,7 @@ async def test_claude_codes_files_in_the_working_set_are_the_files_on_disk(aioht
     plan: list[tuple[str, dict[str, Any]]] = [
         ("Write", {"file_path": str(first), "content": FIRST}),
         ("Read", {"file_path": str(first)}),
-        *[("Edit", {"file_path": str(first), "old_string": old, "new_string": new}) for old, new in FIRST_EDITS],
+        *[("Edit", {"file_path": str(first), "old_string": old, "new_string": new}) for old, new in (AREA, MAIN)],
         ("Read", {"file_path": str(second)}),
         ("Edit", {"file_path": str(second), "old_string": SECOND_EDIT[0], "new_string": SECOND_EDIT[1]}),
         *[("Bash", {"command": bulky(n), "description": f"Print bulk {n}"}) for n in range(1, BULKY_STEPS + 1)]]
@@ -133,7 +150,7 @@ async def test_claude_codes_files_in_the_working_set_are_the_files_on_disk(aioht
     run: AgentRun = await run_claude(parts.url, tmp_path, PROMPT, max_turns=len(plan) + 5,
                                      tools="Bash,Read,Edit,Write")
 
-    await check_run(run, fake, parts, expected(SECOND_BARE), "X-Claude-Code-Session-Id",
+    await check_run(run, fake, parts, expected([AREA, MAIN], SECOND_BARE), "X-Claude-Code-Session-Id",
               {str(first): first, str(second): second})
 
 
@@ -142,13 +159,6 @@ async def test_claude_codes_files_in_the_working_set_are_the_files_on_disk(aioht
 
 def add_patch(path: str, text: str) -> str:
     return "\n".join(["*** Begin Patch", f"*** Add File: {path}", *(f"+{line}" for line in text.splitlines()),
-                      "*** End Patch"])
-
-
-def update_patch(path: str, old: str, new: str) -> str:
-    """An update hunk replacing ``old`` lines by ``new`` ones (found by the old lines alone, no context line)."""
-    return "\n".join(["*** Begin Patch", f"*** Update File: {path}", "@@",
-                      *(f"-{line}" for line in old.splitlines()), *(f"+{line}" for line in new.splitlines()),
                       "*** End Patch"])
 
 
@@ -188,19 +198,20 @@ async def test_codexs_patched_files_in_the_working_set_are_the_files_on_disk(aio
     work = tmp_path / "work"
     work.mkdir()
     first, second = work / "geometry.py", work / "service.conf"
-    second.write_text(SECOND)
+    second.write_text(SECOND_BARE)
     plan: list[tuple[str, str]] = [
         ("patch", add_patch("geometry.py", FIRST)),
         ("shell", "cat geometry.py"),
-        *[("patch", update_patch("geometry.py", old, new)) for old, new in FIRST_EDITS],
+        *[("patch", patch) for patch in CODEX_PATCHES[:2]],
         ("shell", "cat service.conf"),
-        ("patch", update_patch("service.conf", *SECOND_EDIT)),
+        ("patch", CODEX_PATCHES[2]),
         *[("shell", bulky(n)) for n in range(1, BULKY_STEPS + 1)]]
     fake = PlannedResponses(plan, WINDOW)
     parts = await rig(aiohttp_server, tmp_path, fake, WINDOW, "known")
     run: AgentRun = await run_codex(parts.url + "/v1", tmp_path, PROMPT)
 
-    await check_run(run, fake, parts, expected(SECOND), "session-id", {"geometry.py": first, "service.conf": second})
+    await check_run(run, fake, parts, expected([AREA, PERIMETER, MAIN], SECOND), "session-id",
+                    {"geometry.py": first, "service.conf": second})
 
 
 # -- the check ----------------------------------------------------------------------------------

@@ -152,6 +152,15 @@ def test_a_codex_shell_heredoc_writes_and_a_shell_cat_reads() -> None:
     assert run.files() == {"cfg/a.yml": "key: $HOME\n", "notes.md": "# Notes\n\nsome text\n"}
 
 
+def test_a_codex_cat_of_a_file_without_a_final_newline_reads_it_and_a_trimmed_shell_output_does_not() -> None:
+    """Codex passes a command's output on to its last byte; Claude Code's ``Bash`` trims trailing newlines, so an
+    output of its that does not end with one may be a file that did."""
+    header = "Chunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\n"
+    run = Run().call("exec_command", {"cmd": "cat a.conf"}, header + "port = 1\nhost = x")
+    assert run.files() == {"a.conf": "port = 1\nhost = x"}
+    assert Run().call("Bash", {"command": "cat a.conf"}, "port = 1\nhost = x").files() == {}
+
+
 # -- Gemini CLI and opencode ------------------------------------------------------------------------------------------
 
 

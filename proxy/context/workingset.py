@@ -71,7 +71,7 @@ from proxy.context.artifacts import (
 )
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.codexcode import cell_calls
-from proxy.context.fileedits import codex_patch, read_text, replaced, shell_output
+from proxy.context.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
 from proxy.context.items import ItemModel
 from proxy.context.shellwrites import effect
 from proxy.types import Message
@@ -366,7 +366,7 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         files.drop_under(path)
     for word in done.mentioned:
         files.drop(word)
-    if done.read is not None and not failed_run and output is not None and output.endswith("\n"):
+    if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             known = files.get(done.read)
