@@ -152,6 +152,15 @@ def test_a_codex_shell_heredoc_writes_and_a_shell_cat_reads() -> None:
     assert run.files() == {"cfg/a.yml": "key: $HOME\n", "notes.md": "# Notes\n\nsome text\n"}
 
 
+def test_a_codex_cat_of_a_file_without_a_final_newline_reads_it_and_a_trimmed_shell_output_does_not() -> None:
+    """Codex passes a command's output on to its last byte; Claude Code's ``Bash`` trims trailing newlines, so an
+    output of its that does not end with one may be a file that did."""
+    header = "Chunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\n"
+    run = Run().call("exec_command", {"cmd": "cat a.conf"}, header + "port = 1\nhost = x")
+    assert run.files() == {"a.conf": "port = 1\nhost = x"}
+    assert Run().call("Bash", {"command": "cat a.conf"}, "port = 1\nhost = x").files() == {}
+
+
 # -- Gemini CLI and opencode ------------------------------------------------------------------------------------------
 
 
@@ -273,6 +282,15 @@ def test_the_section_labels_each_file_with_its_entry_and_holds_it_exactly() -> N
     assert text.startswith(WORKING_SET_HEADING)
     assert f"### /r/app.py (current as of log entry 104)\n```\n{APP}```" in text
     assert "### /r/b.md (current as of log entry 102)\n````\n```\ncode\n```\n````" in text
+
+
+def test_a_file_without_a_final_newline_is_labelled_so_and_one_with_it_is_not() -> None:
+    """The closing fence needs a line of its own: for a text that does not end with a newline, the heading says the
+    newline before the fence is not the file's, so the section still gives the file byte for byte."""
+    _, text = render([state("/r/a.conf", "port = 1\nhost = x", 3), state("/r/b.conf", "port = 1\n", 2)], 500, words)
+    bare = "### /r/a.conf (current as of log entry 103; no newline at end of file)"
+    assert f"{bare}\n```\nport = 1\nhost = x\n```" in text
+    assert "### /r/b.conf (current as of log entry 102)\n```\nport = 1\n```" in text
 
 
 def test_files_are_filled_whole_in_order_and_a_large_one_takes_what_is_left() -> None:

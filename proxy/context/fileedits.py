@@ -69,6 +69,13 @@ def shell_output(result: str) -> str | None:
     return result[header.end():]
 
 
+def output_is_whole(result: str, output: str) -> bool:
+    """Whether ``output`` (a shell result's own output) is what the command printed to its last byte. Codex's (its
+    header marks it) is: a file without a final newline is shown without one. Other shells may trim the end
+    (Claude Code's ``Bash`` drops trailing newlines), so there only an output that ends with a newline is."""
+    return output.endswith("\n") or _CODEX_OUTPUT.match(result) is not None
+
+
 def replaced(text: str, old: str, new: str, *, count: int | None = 1) -> str | None:
     """``text`` with ``old`` replaced by ``new``: exactly ``count`` occurrences (None: all, at least one).
 

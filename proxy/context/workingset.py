@@ -71,7 +71,7 @@ from proxy.context.artifacts import (
 )
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.codexcode import cell_calls
-from proxy.context.fileedits import codex_patch, read_text, replaced, shell_output
+from proxy.context.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
 from proxy.context.items import ItemModel
 from proxy.context.shellwrites import effect
 from proxy.types import Message
@@ -79,6 +79,9 @@ from proxy.types import Message
 WORKING_SET_HEADING = "## Files in hand (from ctxproxy's log: exact current text, not model-written)"
 WORKING_SET_NOTE = ("Each file below is shown as it stood at the log entry named; a message after that entry in "
                     "this conversation may have changed it since.")
+#: What a file's heading adds when its text does not end with a newline (the line before the closing fence ends
+#: with one that is not the file's), in the words of ``diff``.
+NO_FINAL_NEWLINE = "no newline at end of file"
 #: At most this many files, and this share of the window, in a summary item.
 MAX_FILES = 5
 WORKING_SET_SHARE = 0.15
@@ -363,7 +366,7 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         files.drop_under(path)
     for word in done.mentioned:
         files.drop(word)
-    if done.read is not None and not failed_run and output is not None and output.endswith("\n"):
+    if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             known = files.get(done.read)
@@ -395,9 +398,13 @@ def _fence(text: str) -> str:
 
 
 def _whole(state: FileText) -> str:
+    """The file between fences, byte for byte: the closing fence needs a line of its own, so a text without a
+    final newline gets one there and the heading says it is not the file's (Claude Code's ``Read`` of such a file
+    numbers no empty last line; an ``Edit`` whose old text ends at the file's end must not be given one)."""
     fence = _fence(state.text)
-    ending = "" if state.text.endswith("\n") or not state.text else "\n"
-    return f"### {state.path} (current as of {_where(state)})\n{fence}\n{state.text}{ending}{fence}"
+    if state.text.endswith("\n") or not state.text:
+        return f"### {state.path} (current as of {_where(state)})\n{fence}\n{state.text}{fence}"
+    return f"### {state.path} (current as of {_where(state)}; {NO_FINAL_NEWLINE})\n{fence}\n{state.text}\n{fence}"
 
 
 def _part(state: FileText, first: int, last: int) -> str:
