@@ -1,4 +1,5 @@
-"""The ``ctxproxy`` command: ``serve``, ``run``, ``check``, ``replay`` and ``sessions list|log|view|show|uncompact``.
+"""The ``ctxproxy`` command: ``serve``, ``run``, ``demo``, ``check``, ``replay`` and ``sessions
+list|log|view|show|uncompact``.
 
 The ``sessions`` commands read the store directly (no proxy needs to run) and
 stream: a log is fetched and printed one page at a time. Rendering lives in
@@ -18,6 +19,7 @@ import click
 import orjson
 
 from proxy import render
+from proxy.demo.command import demo
 from proxy.errors import StoreError
 from proxy.launch.command import run
 from proxy.launch.run import redacted
@@ -324,3 +326,4 @@ def check(store: str | None) -> None:
 
 
 main.add_command(run)
+main.add_command(demo)

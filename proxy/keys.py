@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from proxy.settings import Settings
     from proxy.store.base import FactLog
     from proxy.throttle import FailureThrottle
+    from proxy.ui.signinlinks import SignInLinks
     from proxy.ui.timeline import TimelineCache
 
 settings_key: web.AppKey[Settings] = web.AppKey("settings")
@@ -31,3 +32,5 @@ secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")
 links_key: web.AppKey[Links] = web.AppKey("links")
 throttle_key: web.AppKey[FailureThrottle] = web.AppKey("throttle")
 savings_key: web.AppKey[SavingsCache] = web.AppKey("savings")
+#: One-time sign-in links to the inspector (``ctxproxy demo``); absent where no command issues them.
+signin_links_key: web.AppKey[SignInLinks] = web.AppKey("signin_links")

@@ -6,7 +6,8 @@ Access is the admin API's: with no ``--admin-token`` every ``/ui`` path answers
 a data request (``/live``) gets 401. Signing in POSTs the admin token, compared
 in constant time; the answer sets an HttpOnly, SameSite=Strict cookie on
 ``Path=/ui`` (Secure when the request came over TLS) that holds a signed expiry,
-never the token, and no token ever travels in a URL. Against CSRF: the cookie
+never the token, and the admin token never travels in a URL (a one-time sign-in link,
+``proxy.ui.signinlinks``, carries a token of its own, spent on first use). Against CSRF: the cookie
 is SameSite=Strict, and every POST under ``/ui`` (sign in, sign out, and any
 later form) passes ``proxy.ui.csrf.check`` in ``guard`` before its handler: an
 Origin check and a token in the form, bound to the cookie (403 otherwise).
@@ -45,6 +46,7 @@ from proxy.keys import (
     metrics_key,
     savings_key,
     settings_key,
+    signin_links_key,
     store_key,
     timelines_key,
 )
@@ -78,6 +80,7 @@ def add_routes(router: web.UrlDispatcher) -> None:
     router.add_get("/ui/", guard(sessions))
     router.add_get("/ui/signin", guard(signin_form, "open"))
     router.add_post("/ui/signin", guard(signin, "open"))
+    router.add_get("/ui/once/{token}", guard(signin_link, "open"))
     router.add_post("/ui/signout", guard(signout))
     router.add_get("/ui/static/{name}", guard(static, "open"))
     router.add_get(base, guard(session))
@@ -178,7 +181,6 @@ async def signin_form(request: web.Request) -> web.Response:
 
 async def signin(request: web.Request) -> web.Response:
     """The admin token, checked as the admin API checks it (``admin_token_matches``: a delay after a failure)."""
-    token = request.app[settings_key].admin_token or ""
     form = await request.post()
     presented, target = form.get("token"), _next_path(form.get("next"))
     try:
@@ -190,10 +192,25 @@ async def signin(request: web.Request) -> web.Response:
     if not matches:
         return _signin_page(request, target, "That is not the admin token.", status=401)
     response = _see_other(target)
-    epoch = await request.app[store_key].signin_epoch()
-    response.set_cookie(cookie.NAME, cookie.issue(token, time.time(), epoch), max_age=cookie.LIFETIME, path="/ui",
-                        httponly=True, samesite="Strict", secure=request.secure)
+    _set_signin_cookie(request, response, await request.app[store_key].signin_epoch())
     return response
+
+
+async def signin_link(request: web.Request) -> web.Response:
+    """A one-time sign-in link (``proxy.ui.signinlinks``): the cookie ``signin`` sets, then the link's page; a
+    spent, lapsed or unknown link is sent to the sign-in form."""
+    links = request.app.get(signin_links_key)
+    target = links.redeem(request.match_info["token"]) if links is not None else None
+    if target is None:
+        return _signin_page(request, "/ui", "That sign-in link was used already or has expired.", status=403)
+    response = _see_other(_next_path(target))
+    _set_signin_cookie(request, response, await request.app[store_key].signin_epoch())
+    return response
+
+
+def _set_signin_cookie(request: web.Request, response: web.Response, epoch: int) -> None:
+    response.set_cookie(cookie.NAME, cookie.issue(request.app[settings_key].admin_token or "", time.time(), epoch),
+                        max_age=cookie.LIFETIME, path="/ui", httponly=True, samesite="Strict", secure=request.secure)
 
 
 async def signout(request: web.Request) -> web.Response:
