@@ -41,6 +41,8 @@ def main() -> None:
     """ctxproxy: an OpenAI-compatible proxy that keeps long agent runs inside the model's context window.
 
     Point your agent's OPENAI_BASE_URL at http://HOST:PORT/v1 (or /s/SESSION/v1).
+
+    New here? `ctxproxy demo` shows a long run compacted, with no key and no network.
     """
 
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-import pytest
 
 from proxy.ui.signinlinks import LIFETIME, SignInLinks
 
@@ -159,8 +158,3 @@ def test_a_link_lapses_after_its_lifetime_and_an_unknown_one_leads_nowhere() -> 
     now[0] += 2
     assert links.redeem(token) is None
 
-
-@pytest.fixture(autouse=True)
-def _no_ctxproxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in [n for n in os.environ if n.startswith("CTXPROXY_")]:
-        monkeypatch.delenv(name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -27,6 +28,7 @@ from proxy.store.base import SessionKey
 from proxy.ui import timeline
 from tests.proxyfixtures import read_log
 from tests.test_admin import forgive
+from tests.test_demo import serving_demo
 from tests.test_ui import POISON, TENANT, TOKEN, agent_session, long_log, session_path, step, ui_proxy
 from tests.test_undo import but_compacting_costs, view_of_ui
 
@@ -305,3 +307,18 @@ async def test_a_page_on_another_port_cannot_sign_you_out(make_proxy, browser: B
     await browser.submit("form.signout button")  # the inspector's own form still works
     await browser.open(base + "/ui")
     assert browser.driver.current_url == base + "/ui/signin?next=%2Fui"
+
+
+async def test_the_demos_link_opens_its_session_with_every_request_and_compaction_on_the_timeline(
+        tmp_path: Path, browser: Browser) -> None:
+    """``ctxproxy demo`` as a user meets it: the printed link, followed in the browser, is the session's page."""
+    async with serving_demo(tmp_path) as (link, figures):
+        await browser.open(link)
+        path = f"/ui/sessions/{figures['tenant']}/{figures['session']}"
+        assert browser.driver.current_url == link.split("/ui/")[0] + path
+        await browser.until(lambda d: d.find_elements(By.CSS_SELECTOR, "svg.timeline a.point"))
+        assert await browser.count("svg.timeline a.point") == figures["requests"] == 37
+        compactions = figures["masking"] + figures["summaries"] + figures["model_free"]
+        assert await browser.count("svg.timeline g.mark") == compactions
+        await browser.open(link)  # spent: the sign-in form says so
+        assert "used already or has expired" in await browser.text("form.signin")
