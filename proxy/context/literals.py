@@ -36,8 +36,9 @@ from typing import Any
 
 import orjson
 
-from proxy.context.artifactparse import ERROR_MARKS, SCAN_CHARS, clip, status_line
+from proxy.context.artifactparse import clip, status_line
 from proxy.context.artifacts import answered_calls, collect, shell_command
+from proxy.context.errorlines import call_errors
 from proxy.context.items import ItemModel
 from proxy.types import Message
 
@@ -56,15 +57,8 @@ LITERALS_SHARE = 0.10
 MAX_LITERALS = 2_000
 #: A literal longer than this is no literal (a heredoc, a pasted file): the log and the trail hold it.
 MAX_LITERAL_CHARS = 1_000
-#: Error lines read from one call's result, and the characters of the call shown beside them.
-ERROR_LINES_PER_CALL = 3
+#: Characters of an error's call shown beside it.
 SOURCE_CHARS = 200
-#: Marks beside ``ERROR_MARKS`` for a result that states no status: a compiler's diagnostic (``a.ts(5,8): error
-#: TS2882``), and, from a tool that is no shell (its output is the tool's own word), a thing not found.
-DIAGNOSTIC_MARKS = (": error ",)
-TOOL_MARKS = ("not found", "Not found", "failed", "Failed")
-#: Tools whose output is what they read: a line there that looks like an error is the file's, not the call's.
-READ_WORDS = ("read", "view", "cat", "grep", "search", "glob", "find", "list", "fetch")
 _CONSTRAINT = re.compile(r"\b(must|should|never|always|don't|do not|make sure|required?|only|need to|avoid|"
                          r"prefer|instead of|no more than|at most|at least)\b", re.IGNORECASE)
 #: A line of the user's that sets a task: a list item, or a sentence opening with an imperative.
@@ -162,23 +156,6 @@ def call_source(name: str, arguments: Any, command: str | None) -> str:
     return f"{text[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
 
 
-def error_lines(text: str, *, failed: bool, shell: bool = True) -> list[str]:
-    """The lines of a call's result that say what went wrong, verbatim (stripped): for a call that failed, the
-    status line and the lines carrying any error mark; for one that states no status, only the strongest marks
-    (``Error:``, ``fatal:``, …) and a compiler's diagnostics, and from a tool that is no shell, a thing not found
-    or failed. Lines longer than ``MAX_LITERAL_CHARS`` are not literals."""
-    marks = [mark for tier in (ERROR_MARKS if failed else ERROR_MARKS[:1]) for mark in tier]
-    marks += [*DIAGNOSTIC_MARKS, *(() if shell else TOOL_MARKS)]
-    out = [status] if failed and (status := status_line(text)) else []
-    for line in text[:SCAN_CHARS].splitlines():
-        line = line.strip()
-        if len(out) >= ERROR_LINES_PER_CALL:
-            break
-        if line and len(line) <= MAX_LITERAL_CHARS and line not in out and any(m in line for m in marks):
-            out.append(line)
-    return out
-
-
 def shell_writes(command: str) -> list[str]:
     """The files a shell command writes by redirection, ``tee`` or PowerShell's content cmdlets, read outside its
     heredocs and here-strings (whose ``>`` are text, not redirections); devices and descriptors left out."""
@@ -238,9 +215,8 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         source = call_source(name, arguments, command)
         if text is None:
             continue
-        reads = command is None and any(word in name.lower() for word in READ_WORDS)
         failed = is_error or bool(status_line(text))
-        lines = [] if reads and not failed else error_lines(text, failed=failed, shell=command is not None)
+        lines = call_errors(name, text, is_error=is_error, shell=command is not None)
         runs.append((source, index, not lines))
         if index >= end:
             continue
