@@ -147,6 +147,21 @@ def test_the_add_back_holds_what_the_view_lacks_within_its_budget_unresolved_err
     assert add_back(literals, shown, 10, count) == ("", receipt.__class__(6, 1, 0, 5))
 
 
+def test_a_command_that_writes_a_file_from_a_heredoc_yields_to_the_commands_that_say_what_the_agent_ran() -> None:
+    heredoc = "cat > src/app.py <<'EOF'\nprint('hello')\nEOF"
+    here_string = "@'\nprint('hello')\n'@ | Set-Content src\\app.py"
+    literals = [Exact("command", "make build", "", 1, 1), Exact("command", "npm test", "", 2, 2),
+                Exact("command", heredoc, "", 3, 3), Exact("command", here_string, "", 4, 4)]
+    count = len
+    whole, _ = add_back(literals, "", 10_000, count)
+    assert [whole.index(t) for t in ("npm test", "make build", here_string, heredoc)] == sorted(
+        whole.index(t) for t in ("npm test", "make build", here_string, heredoc))
+    room = count(LITERALS_HEADING) + 18 + sum(count(f"- $ {t}") + 1 for t in ("make build", "npm test"))
+    text, receipt = add_back(literals, "", room, count)  # room for two: the older plain command beats the heredocs
+    assert "make build" in text and "npm test" in text and "print" not in text
+    assert receipt.to_json() == {"in_range": 4, "kept": 0, "added": 2, "dropped": 2}
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

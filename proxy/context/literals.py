@@ -19,8 +19,9 @@ seen again later (the newest occurrence stands). An error followed by a success
 of the same command stays, marked resolved. Each literal the view does not
 hold without help (the summary item, the verbatim tail) is added back in the
 summary item, one per line, within a token budget: unresolved errors first,
-then constraints, paths, commands, resolved errors, URLs, versions,
-identifiers, numbers, each kind newest first. What did not fit is counted as
+then constraints, paths, commands (those that write a file's text from a
+heredoc last), resolved errors, URLs, versions, identifiers, numbers, each
+kind newest first. What did not fit is counted as
 dropped for budget. The checkpoint keeps every live literal (``literals``, as
 JSON rows, bounded) so the next compaction checks them again against its own
 summary, its rendering (``literals_text``) and its receipt.
@@ -178,6 +179,17 @@ def shell_writes(command: str) -> list[str]:
     return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
 
 
+def writes_text(literal: Exact) -> bool:
+    """Whether ``literal`` is a command that writes a file's text from a heredoc or here-string: the file's text
+    is what it mostly carries, and the path list and the files in hand carry that file, so it yields to the
+    commands that say what the agent ran."""
+    if literal.kind != "command" or "\n" not in literal.text:
+        return False
+    opens = _HEREDOC.search(literal.text) or any(line.lstrip().startswith(("@'", '@"'))
+                                                 for line in literal.text.splitlines())
+    return bool(opens) and bool(shell_writes(literal.text))
+
+
 def _words(text: str) -> Iterable[tuple[str, str]]:
     """(kind, literal) of a user's message: constraint sentences, URLs, versions, identifiers, numbers."""
     for sentence in _SENTENCE.split(text):
@@ -277,7 +289,8 @@ def add_back(literals: Sequence[Exact], shown: str, budget: int,
     by ``PRIORITY``, newest first within a kind; a literal that does not fit is dropped and smaller later ones
     still tried. ``""`` when nothing is added."""
     missing = [literal for literal in literals if literal.text not in shown]
-    ranked = sorted(missing, key=lambda literal: (PRIORITY.index(literal.kind), -literal.index))
+    ranked = sorted(missing, key=lambda literal: (PRIORITY.index(literal.kind), writes_text(literal),
+                                                  -literal.index))
     spent = count(LITERALS_HEADING) + 2 * len(PRIORITY)
     chosen: list[Exact] = []
     for literal in ranked:
