@@ -162,6 +162,18 @@ def test_a_command_that_writes_a_file_from_a_heredoc_yields_to_the_commands_that
     assert receipt.to_json() == {"in_range": 4, "kept": 0, "added": 2, "dropped": 2}
 
 
+def test_a_codex_code_mode_cell_gives_the_commands_it_runs_and_the_files_its_patch_writes() -> None:
+    patch = orjson.dumps("*** Begin Patch\n*** Add File: src/App.tsx\n+export {}\n*** End Patch").decode()
+    cells = [f"const patch = {patch};\ntext(await tools.apply_patch(patch));",
+             'const r = await tools.exec_command({cmd:"npm run build && npm test","workdir":"/w"}); text(r.output);',
+             "for (const c of ['make']) await tools.exec_command({cmd: c})"]  # code the proxy does not read
+    messages = [m for n, source in enumerate(cells)
+                for m in (call(n, "exec", {"input": source}), result(n, "Script completed\nOutput:\n"))]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [(e.kind, e.text) for e in found if e.kind in ("command", "path")] == [
+        ("path", "src/App.tsx"), ("command", "npm run build && npm test")]
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

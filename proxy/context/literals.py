@@ -37,8 +37,9 @@ from typing import Any
 
 import orjson
 
-from proxy.context.artifactparse import clip, status_line
-from proxy.context.artifacts import answered_calls, collect, shell_command
+from proxy.context.artifactparse import clip, parsed_arguments, patch_files, status_line
+from proxy.context.artifacts import answered_calls, collect, patch_of, shell_command
+from proxy.context.codexcode import cell_calls
 from proxy.context.errorlines import call_errors
 from proxy.context.items import ItemModel
 from proxy.types import Message
@@ -213,6 +214,16 @@ def _tokens(text: str) -> Iterable[tuple[str, str]]:
         yield "identifier", found.group(1).strip()
 
 
+def cell_of(name: str, arguments: Any) -> list[tuple[str, Any]] | None:
+    """The tool calls a Codex code-mode cell (``exec`` with a JavaScript ``input``) makes, as
+    ``proxy.context.codexcode`` reads them (``[]`` for a cell it cannot read); None for any other call. The
+    commands such a cell runs and the files its patches write are the agent's as much as a shell call's."""
+    args = parsed_arguments(arguments)
+    if name.lower() != "exec" or not isinstance(args, dict) or not isinstance(args.get("input"), str):
+        return None
+    return cell_calls(args["input"]) or []
+
+
 def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
             seqs: Sequence[int] = ()) -> tuple[list[Exact], list[tuple[str, int, bool]]]:
     """The literals of ``messages[start:end]`` in conversation order, and the runs of every call from ``start``
@@ -223,7 +234,10 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     found: list[Exact] = []
     runs: list[tuple[str, int, bool]] = []
     for index, name, arguments, text, is_error in answered_calls(dialect, messages, start, len(messages)):
-        command = shell_command(name, arguments)
+        inner = cell_of(name, arguments)
+        calls = [(name, arguments)] if inner is None else inner
+        commands = [c for n, a in calls if (c := shell_command(n, a)) is not None]
+        command = commands[0] if len(commands) == 1 else None  # the call an error line is named by
         source = call_source(name, arguments, command)
         if text is None:
             continue
@@ -232,10 +246,11 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         runs.append((source, index, not lines))
         if index >= end:
             continue
-        if command is not None and len(command) <= MAX_LITERAL_CHARS:
-            found.append(Exact("command", command, "", index, seq(index)))
-        if command is not None and not failed:
-            found += [Exact("path", path, "", index, seq(index)) for path in shell_writes(command)]
+        found += [Exact("command", ran, "", index, seq(index)) for ran in commands if len(ran) <= MAX_LITERAL_CHARS]
+        if not failed:
+            found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in shell_writes(ran)]
+            found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
+                      and (patch := patch_of(parsed_arguments(a))) is not None for path, _ in patch_files(patch)]
         found += [Exact("error", line, source, index, seq(index)) for line in lines]
     found += [Exact("path", a.name, "", a.index, a.seq) for a in collect(dialect, messages, start, end, seqs)
               if a.kind == "file"]
