@@ -174,6 +174,21 @@ def test_a_codex_code_mode_cell_gives_the_commands_it_runs_and_the_files_its_pat
         ("path", "src/App.tsx"), ("command", "npm run build && npm test")]
 
 
+def test_an_error_output_is_known_by_its_traceback_and_a_tool_by_its_own_diagnostic() -> None:
+    traceback = ("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n"
+                 "ModuleNotFoundError: No module named 'yt'\nneed install\n")
+    messages = [*run(0, "python3 -c 'import yt' 2>&1 || echo need install", traceback),
+                call(1, "telegram_send", {"path": "/tmp/a.html"}),
+                result(1, "telegram_send: path escapes the workspace root; only files inside the project can be sent"),
+                call(2, "browser", {"action": "run", "code": "moreBtn.click()"}), result(2, "moreBtn is not defined"),
+                call(3, "telegram_send", {"path": "a.html"}), result(3, "sent a.html: 1 file")]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [e.text for e in found if e.kind == "error"] == [
+        "Traceback (most recent call last):", "ModuleNotFoundError: No module named 'yt'",
+        "telegram_send: path escapes the workspace root; only files inside the project can be sent",
+        "moreBtn is not defined"]
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

@@ -18,26 +18,32 @@ MAX_LINE_CHARS = 1_000
 #: Error lines read from one call's result.
 ERROR_LINES_PER_CALL = 3
 #: Marks beside ``ERROR_MARKS`` for a result that states no status: a compiler's diagnostic (``a.ts(5,8): error
-#: TS2882``), and, from a tool that is no shell (its output is the tool's own word), a thing not found.
-DIAGNOSTIC_MARKS = (": error ",)
-TOOL_MARKS = ("not found", "Not found", "failed", "Failed")
+#: TS2882``), an uncaught exception's traceback (its header opens what its last line names), and, from a tool
+#: that is no shell (its output is the tool's own word), a thing not found, a failure, or a name an evaluator
+#: does not know (JavaScript's ``x is not defined``).
+DIAGNOSTIC_MARKS = (": error ", "Traceback (most recent call last)")
+TOOL_MARKS = ("not found", "Not found", "failed", "Failed", "is not defined")
 #: Tools whose output is what they read: a line there that looks like an error is the file's, not the call's.
 READ_WORDS = ("read", "view", "cat", "grep", "search", "glob", "find", "list", "fetch")
 
 
-def error_lines(text: str, *, failed: bool, shell: bool = True) -> list[str]:
+def error_lines(text: str, *, failed: bool, shell: bool = True, tool: str = "") -> list[str]:
     """The lines of a call's result that say what went wrong, verbatim (stripped): for a call that failed, the
     status line and the lines carrying any error mark; for one that states no status, only the strongest marks
-    (``Error:``, ``fatal:``, …) and a compiler's diagnostics, and from a tool that is no shell, a thing not found
-    or failed. Lines longer than ``MAX_LINE_CHARS`` are not literals."""
+    (``Error:``, ``fatal:``, …), a compiler's diagnostics and a traceback, and from a tool that is no shell, a
+    thing not found or failed, and a line opening with the ``tool``'s own name (``telegram_send: path escapes
+    the workspace root``: a program's diagnostic, as ``ls: cannot access …`` is). Lines longer than
+    ``MAX_LINE_CHARS`` are not literals."""
     marks = [mark for tier in (ERROR_MARKS if failed else ERROR_MARKS[:1]) for mark in tier]
     marks += [*DIAGNOSTIC_MARKS, *(() if shell else TOOL_MARKS)]
+    own = f"{tool}: " if tool and not shell else None
     out = [status] if failed and (status := status_line(text)) else []
     for line in text[:SCAN_CHARS].splitlines():
         line = line.strip()
         if len(out) >= ERROR_LINES_PER_CALL:
             break
-        if line and len(line) <= MAX_LINE_CHARS and line not in out and any(m in line for m in marks):
+        flagged = any(m in line for m in marks) or (own is not None and line.startswith(own))
+        if line and len(line) <= MAX_LINE_CHARS and line not in out and flagged:
             out.append(line)
     return out
 
@@ -47,7 +53,7 @@ def call_errors(name: str, text: str, *, is_error: bool, shell: bool) -> list[st
     tool that reads, unless the call itself failed."""
     failed = is_error or bool(status_line(text))
     reads = not shell and any(word in name.lower() for word in READ_WORDS)
-    return [] if reads and not failed else error_lines(text, failed=failed, shell=shell)
+    return [] if reads and not failed else error_lines(text, failed=failed, shell=shell, tool=name)
 
 
 def is_shell(arguments: Any) -> bool:
