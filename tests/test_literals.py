@@ -189,6 +189,18 @@ def test_an_error_output_is_known_by_its_traceback_and_a_tool_by_its_own_diagnos
         "moreBtn is not defined"]
 
 
+def test_a_resolved_error_comes_before_a_command_that_writes_a_file_from_a_heredoc() -> None:
+    heredoc = "cat > src/app.py <<'EOF'\nprint('hello')\nEOF"
+    literals = [Exact("resolved", "Exit code: 124", "$ npm install", 1, 1), Exact("command", heredoc, "", 2, 2),
+                Exact("url", "https://example.com/spec", "", 3, 3)]
+    count = len
+    whole, _ = add_back(literals, "", 10_000, count)
+    assert all(text in whole for text in ("Exit code: 124", heredoc, "https://example.com/spec"))
+    room = count(LITERALS_HEADING) + 18 + count("- Exit code: 124\n  (from $ npm install, log #1)") + 1
+    text, receipt = add_back(literals, "", room, count)
+    assert "Exit code: 124" in text and heredoc not in text and receipt.dropped == 2
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

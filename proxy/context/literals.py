@@ -19,9 +19,9 @@ seen again later (the newest occurrence stands). An error followed by a success
 of the same command stays, marked resolved. Each literal the view does not
 hold without help (the summary item, the verbatim tail) is added back in the
 summary item, one per line, within a token budget: unresolved errors first,
-then constraints, paths, commands (those that write a file's text from a
-heredoc last), resolved errors, URLs, versions, identifiers, numbers, each
-kind newest first. What did not fit is counted as
+then constraints, paths, commands, resolved errors, the commands that write a
+file's text from a heredoc, URLs, versions, identifiers, numbers, each kind
+newest first. What did not fit is counted as
 dropped for budget. The checkpoint keeps every live literal (``literals``, as
 JSON rows, bounded) so the next compaction checks them again against its own
 summary, its rendering (``literals_text``) and its receipt.
@@ -183,12 +183,18 @@ def shell_writes(command: str) -> list[str]:
 def writes_text(literal: Exact) -> bool:
     """Whether ``literal`` is a command that writes a file's text from a heredoc or here-string: the file's text
     is what it mostly carries, and the path list and the files in hand carry that file, so it yields to the
-    commands that say what the agent ran."""
+    commands that say what the agent ran and to the errors they met (``_rank``)."""
     if literal.kind != "command" or "\n" not in literal.text:
         return False
     opens = _HEREDOC.search(literal.text) or any(line.lstrip().startswith(("@'", '@"'))
                                                  for line in literal.text.splitlines())
     return bool(opens) and bool(shell_writes(literal.text))
+
+
+def _rank(literal: Exact) -> float:
+    """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
+    text just after the resolved errors (an error line and its call say more in fewer tokens)."""
+    return PRIORITY.index("resolved") + 0.5 if writes_text(literal) else PRIORITY.index(literal.kind)
 
 
 def _words(text: str) -> Iterable[tuple[str, str]]:
@@ -304,8 +310,7 @@ def add_back(literals: Sequence[Exact], shown: str, budget: int,
     by ``PRIORITY``, newest first within a kind; a literal that does not fit is dropped and smaller later ones
     still tried. ``""`` when nothing is added."""
     missing = [literal for literal in literals if literal.text not in shown]
-    ranked = sorted(missing, key=lambda literal: (PRIORITY.index(literal.kind), writes_text(literal),
-                                                  -literal.index))
+    ranked = sorted(missing, key=lambda literal: (_rank(literal), -literal.index))
     spent = count(LITERALS_HEADING) + 2 * len(PRIORITY)
     chosen: list[Exact] = []
     for literal in ranked:
