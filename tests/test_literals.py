@@ -201,6 +201,15 @@ def test_a_resolved_error_comes_before_a_command_that_writes_a_file_from_a_hered
     assert "Exit code: 124" in text and heredoc not in text and receipt.dropped == 2
 
 
+def test_a_long_command_is_a_literal_unless_it_carries_a_files_text() -> None:
+    moves = "\n".join(f"mv public/assets/icons/4-{n}.svg public/assets/icons/icon-{n}.svg" for n in range(30))
+    heredoc = "cat > src/big.py <<'EOF'\n" + "x = 1\n" * 300 + "EOF"
+    messages = [*run(0, moves, "Exit code: 0"), *run(1, heredoc, "Exit code: 0")]
+    assert len(moves) > 1_000 and len(heredoc) > 1_000
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [e.text for e in found if e.kind == "command"] == [moves]
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

@@ -59,6 +59,8 @@ LITERALS_SHARE = 0.10
 MAX_LITERALS = 2_000
 #: A literal longer than this is no literal (a heredoc, a pasted file): the log and the trail hold it.
 MAX_LITERAL_CHARS = 1_000
+#: A command that writes no file's text is a literal up to this length (a run of ``mv`` lines renaming assets).
+MAX_COMMAND_CHARS = 4_000
 #: Characters of an error's call shown beside it.
 SOURCE_CHARS = 200
 _CONSTRAINT = re.compile(r"\b(must|should|never|always|don't|do not|make sure|required?|only|need to|avoid|"
@@ -180,21 +182,22 @@ def shell_writes(command: str) -> list[str]:
     return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
 
 
-def writes_text(literal: Exact) -> bool:
-    """Whether ``literal`` is a command that writes a file's text from a heredoc or here-string: the file's text
-    is what it mostly carries, and the path list and the files in hand carry that file, so it yields to the
-    commands that say what the agent ran and to the errors they met (``_rank``)."""
-    if literal.kind != "command" or "\n" not in literal.text:
+def writes_text(command: str) -> bool:
+    """Whether ``command`` writes a file's text from a heredoc or here-string: the file's text is what it mostly
+    carries, and the path list and the files in hand carry that file, so it yields to the commands that say what
+    the agent ran and to the errors they met (``_rank``)."""
+    if "\n" not in command:
         return False
-    opens = _HEREDOC.search(literal.text) or any(line.lstrip().startswith(("@'", '@"'))
-                                                 for line in literal.text.splitlines())
-    return bool(opens) and bool(shell_writes(literal.text))
+    opens = _HEREDOC.search(command) or any(line.lstrip().startswith(("@'", '@"')) for line in command.splitlines())
+    return bool(opens) and bool(shell_writes(command))
 
 
 def _rank(literal: Exact) -> float:
     """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
     text just after the resolved errors (an error line and its call say more in fewer tokens)."""
-    return PRIORITY.index("resolved") + 0.5 if writes_text(literal) else PRIORITY.index(literal.kind)
+    if literal.kind == "command" and writes_text(literal.text):
+        return PRIORITY.index("resolved") + 0.5
+    return PRIORITY.index(literal.kind)
 
 
 def _words(text: str) -> Iterable[tuple[str, str]]:
@@ -252,7 +255,8 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         runs.append((source, index, not lines))
         if index >= end:
             continue
-        found += [Exact("command", ran, "", index, seq(index)) for ran in commands if len(ran) <= MAX_LITERAL_CHARS]
+        found += [Exact("command", ran, "", index, seq(index)) for ran in commands if len(ran) <= MAX_LITERAL_CHARS
+                  or (len(ran) <= MAX_COMMAND_CHARS and not writes_text(ran))]
         if not failed:
             found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in shell_writes(ran)]
             found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
