@@ -147,6 +147,69 @@ def test_the_add_back_holds_what_the_view_lacks_within_its_budget_unresolved_err
     assert add_back(literals, shown, 10, count) == ("", receipt.__class__(6, 1, 0, 5))
 
 
+def test_a_command_that_writes_a_file_from_a_heredoc_yields_to_the_commands_that_say_what_the_agent_ran() -> None:
+    heredoc = "cat > src/app.py <<'EOF'\nprint('hello')\nEOF"
+    here_string = "@'\nprint('hello')\n'@ | Set-Content src\\app.py"
+    literals = [Exact("command", "make build", "", 1, 1), Exact("command", "npm test", "", 2, 2),
+                Exact("command", heredoc, "", 3, 3), Exact("command", here_string, "", 4, 4)]
+    count = len
+    whole, _ = add_back(literals, "", 10_000, count)
+    assert [whole.index(t) for t in ("npm test", "make build", here_string, heredoc)] == sorted(
+        whole.index(t) for t in ("npm test", "make build", here_string, heredoc))
+    room = count(LITERALS_HEADING) + 18 + sum(count(f"- $ {t}") + 1 for t in ("make build", "npm test"))
+    text, receipt = add_back(literals, "", room, count)  # room for two: the older plain command beats the heredocs
+    assert "make build" in text and "npm test" in text and "print" not in text
+    assert receipt.to_json() == {"in_range": 4, "kept": 0, "added": 2, "dropped": 2}
+
+
+def test_a_codex_code_mode_cell_gives_the_commands_it_runs_and_the_files_its_patch_writes() -> None:
+    patch = orjson.dumps("*** Begin Patch\n*** Add File: src/App.tsx\n+export {}\n*** End Patch").decode()
+    cells = [f"const patch = {patch};\ntext(await tools.apply_patch(patch));",
+             'const r = await tools.exec_command({cmd:"npm run build && npm test","workdir":"/w"}); text(r.output);',
+             "for (const c of ['make']) await tools.exec_command({cmd: c})"]  # code the proxy does not read
+    messages = [m for n, source in enumerate(cells)
+                for m in (call(n, "exec", {"input": source}), result(n, "Script completed\nOutput:\n"))]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [(e.kind, e.text) for e in found if e.kind in ("command", "path")] == [
+        ("path", "src/App.tsx"), ("command", "npm run build && npm test")]
+
+
+def test_an_error_output_is_known_by_its_traceback_and_a_tool_by_its_own_diagnostic() -> None:
+    traceback = ("Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\n"
+                 "ModuleNotFoundError: No module named 'yt'\nneed install\n")
+    messages = [*run(0, "python3 -c 'import yt' 2>&1 || echo need install", traceback),
+                call(1, "telegram_send", {"path": "/tmp/a.html"}),
+                result(1, "telegram_send: path escapes the workspace root; only files inside the project can be sent"),
+                call(2, "browser", {"action": "run", "code": "moreBtn.click()"}), result(2, "moreBtn is not defined"),
+                call(3, "telegram_send", {"path": "a.html"}), result(3, "sent a.html: 1 file")]
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [e.text for e in found if e.kind == "error"] == [
+        "Traceback (most recent call last):", "ModuleNotFoundError: No module named 'yt'",
+        "telegram_send: path escapes the workspace root; only files inside the project can be sent",
+        "moreBtn is not defined"]
+
+
+def test_a_resolved_error_comes_before_a_command_that_writes_a_file_from_a_heredoc() -> None:
+    heredoc = "cat > src/app.py <<'EOF'\nprint('hello')\nEOF"
+    literals = [Exact("resolved", "Exit code: 124", "$ npm install", 1, 1), Exact("command", heredoc, "", 2, 2),
+                Exact("url", "https://example.com/spec", "", 3, 3)]
+    count = len
+    whole, _ = add_back(literals, "", 10_000, count)
+    assert all(text in whole for text in ("Exit code: 124", heredoc, "https://example.com/spec"))
+    room = count(LITERALS_HEADING) + 18 + count("- Exit code: 124\n  (from $ npm install, log #1)") + 1
+    text, receipt = add_back(literals, "", room, count)
+    assert "Exit code: 124" in text and heredoc not in text and receipt.dropped == 2
+
+
+def test_a_long_command_is_a_literal_unless_it_carries_a_files_text() -> None:
+    moves = "\n".join(f"mv public/assets/icons/4-{n}.svg public/assets/icons/icon-{n}.svg" for n in range(30))
+    heredoc = "cat > src/big.py <<'EOF'\n" + "x = 1\n" * 300 + "EOF"
+    messages = [*run(0, moves, "Exit code: 0"), *run(1, heredoc, "Exit code: 0")]
+    assert len(moves) > 1_000 and len(heredoc) > 1_000
+    found, _ = extract(CHAT, messages, 0, len(messages))
+    assert [e.text for e in found if e.kind == "command"] == [moves]
+
+
 def test_the_view_text_leaves_tool_outputs_out() -> None:
     messages = [*run(0, "make", "Error: boom")]
     text = shown_text(CHAT, messages)

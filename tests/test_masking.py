@@ -36,6 +36,18 @@ def test_a_chat_output_becomes_a_placeholder_naming_its_call_size_and_entry() ->
     assert masked == {"role": "tool", "tool_call_id": "call_9", "content": placeholder()}
 
 
+def test_a_masked_output_that_failed_keeps_its_error_lines_verbatim_after_the_placeholder() -> None:
+    failing = LOG + "\nE   AssertionError: expected 3, got 4\nFAILED tests/test_a.py::test_sum\nExit code: 1"
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "shell", "arguments": '{"command": "pytest -x"}'}}]}
+    masked = Masker(COUNTER).item(CHAT, [call, {"role": "tool", "tool_call_id": "call_9", "content": failing}],
+                                  1, [56, 57], ["p0", "p1"])
+    head, kept = masked["content"].split("\n", 1)
+    assert head.startswith('[output of shell {"command":"pytest -x"} elided: ') and head.endswith("again]")
+    assert kept.splitlines() == ["Its error lines, verbatim:", "Exit code: 1", "E   AssertionError: expected 3, got 4",
+                                 "FAILED tests/test_a.py::test_sum"]
+
+
 def test_with_the_recall_tool_the_placeholder_names_it() -> None:
     masked = Masker(COUNTER, recall=True).item(CHAT, [CHAT_CALL, CHAT_RESULT], 1, [56, 57], ["p0", "p1"])
     assert masked["content"] == placeholder(hint="call ctxproxy_recall with entry 57 to read it again")

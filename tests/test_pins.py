@@ -105,6 +105,30 @@ def test_only_whole_reads_of_instruction_files_count() -> None:
     assert read_path("exec_command", {"cmd": "cat .cursorrules"}) == ".cursorrules"
     assert read_path("shell", {"command": ["bash", "-lc", "cat AGENTS.md | head"]}) is None
     assert read_path("read", {"filePath": "/w/.cursor/rules/style.mdc"}) == "/w/.cursor/rules/style.mdc"
+    assert read_path("shell_command", {"command": "Get-Content -Raw AGENTS.md"}) == "AGENTS.md"
+
+
+PLAYBOOK = ("# Shop platform - execution playbook\n\n## Packaging rules\n\n"
+            "- All runnable application code must stay inside fullstack/ and nowhere else.\n"
+            "- Docs go to docs/design.md and docs/api-spec.md, never to the root directory.\n"
+            "- Do not skip prompts: each must be validated before the next one starts.\n\n"
+            "## Prompt 1 - bootstrap\n\n- Add health endpoints and a frontend health page.\n"
+            "- Record every assumption in questions.md before writing any code.\n\n"
+            "## Prompt 8 - attendance\n\n- Implement device binding checks.\n- Add payroll reconciliation export.\n")
+
+
+def test_a_document_the_user_quotes_and_the_agent_reads_whole_is_pinned_under_its_path() -> None:
+    pasted = PLAYBOOK.split("## Prompt 8")[0]  # the user pastes the rules and the first prompt, not the rest
+    command = {"command": "Get-Content -Raw playbook.md"}
+    messages = [{"role": "user", "content": f"original prompt\n{pasted}\nwork only on prompt 1"},
+                *read_call("shell_command", command, PLAYBOOK)]
+    assert found(MESSAGES, messages, 2) == [("playbook.md", PLAYBOOK)]
+    unquoted = [{"role": "user", "content": "build the shop platform, see the playbook"},
+                *read_call("shell_command", command, PLAYBOOK)]
+    assert found(MESSAGES, unquoted, 2) == [], "a file the user did not quote is no instruction"
+    partial = [messages[0], *read_call("shell_command", {"command": "Get-Content playbook.md | Select -First 5"},
+                                       PLAYBOOK)]
+    assert found(MESSAGES, partial, 2) == [], "nor is a part of one"
 
 
 def test_text_the_user_marks_is_pinned_but_not_in_tool_output() -> None:

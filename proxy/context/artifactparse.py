@@ -114,6 +114,17 @@ def _diff_files(patch: str) -> list[tuple[str, str]]:
     return out
 
 
+def parsed_arguments(arguments: Any) -> Any:
+    """Arguments as a dict where they are one (or JSON of one); a string that is not JSON stays text."""
+    if isinstance(arguments, str):
+        try:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+        return parsed if isinstance(parsed, dict | str) else None
+    return arguments if isinstance(arguments, dict) else None
+
+
 def command_text(value: Any) -> str | None:
     """A shell call's command as one line: argv joined as a shell would read it, ``bash -lc "…"`` unwrapped.
 

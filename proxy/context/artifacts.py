@@ -32,9 +32,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
-
 from proxy.context.artifactparse import NAME_CHARS, clip, command_text, outcome, patch_files, patch_in_command
+from proxy.context.artifactparse import parsed_arguments as parsed_arguments  # read here by the working set
 from proxy.context.items import ItemModel, get_path
 from proxy.context.masking import output_text
 from proxy.types import Message
@@ -198,17 +197,6 @@ def _artifacts(name: str, arguments: Any, result: Result | None) -> list[tuple[K
     if not files or (result is not None and failed(result)):
         return []
     return [("file", path, action) for path, action in files]
-
-
-def parsed_arguments(arguments: Any) -> Any:
-    """Arguments as a dict where they are one (or JSON of one); a string that is not JSON stays text."""
-    if isinstance(arguments, str):
-        try:
-            parsed = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
-        return parsed if isinstance(parsed, dict | str) else None
-    return arguments if isinstance(arguments, dict) else None
 
 
 def patch_of(args: Any) -> str | None:

@@ -37,10 +37,17 @@ def is_instruction_file(path: str) -> bool:
 
 
 def read_path(name: str, arguments: Any) -> str | None:
-    """The instruction file a call reads whole (its path as the call gives it), or None.
+    """The instruction file a call reads whole (its path as the call gives it), or None (``whole_read``)."""
+    path = whole_read(name, arguments)
+    return path if path is not None and is_instruction_file(path) else None
+
+
+def whole_read(name: str, arguments: Any) -> str | None:
+    """The file a call reads whole (its path as the call gives it), or None.
 
     A read tool (a name holding ``read``, or ``view``) with a path argument and
-    no range, or a shell call that is exactly ``cat <file>``.
+    no range, or a shell call that is exactly ``cat <file>`` or PowerShell's
+    ``Get-Content [-Raw] <file>`` (as Codex runs it on Windows).
     """
     if isinstance(arguments, str):
         try:
@@ -53,11 +60,7 @@ def read_path(name: str, arguments: Any) -> str | None:
     if "read" in lowered or lowered == "view":
         if any(arguments.get(key) is not None for key in PARTIAL_KEYS):
             return None
-        for key in PATH_KEYS:
-            value = arguments.get(key)
-            if isinstance(value, str) and is_instruction_file(value):
-                return value
-        return None
+        return next((value for key in PATH_KEYS if isinstance(value := arguments.get(key), str)), None)
     command = command_text(arguments.get("command", arguments.get("cmd")))
     if command is None:
         return None
@@ -65,4 +68,8 @@ def read_path(name: str, arguments: Any) -> str | None:
         argv = shlex.split(command)
     except ValueError:
         return None
-    return argv[1] if len(argv) == 2 and argv[0] == "cat" and is_instruction_file(argv[1]) else None
+    if len(argv) == 2 and argv[0] == "cat":
+        return argv[1]
+    if len(argv) > 1 and argv[0] == "Get-Content" and [a.lower() for a in argv[1:-1]] in ([], ["-raw"]):
+        return argv[-1]
+    return None

@@ -19,8 +19,9 @@ seen again later (the newest occurrence stands). An error followed by a success
 of the same command stays, marked resolved. Each literal the view does not
 hold without help (the summary item, the verbatim tail) is added back in the
 summary item, one per line, within a token budget: unresolved errors first,
-then constraints, paths, commands, resolved errors, URLs, versions,
-identifiers, numbers, each kind newest first. What did not fit is counted as
+then constraints, paths, commands, resolved errors, the commands that write a
+file's text from a heredoc, URLs, versions, identifiers, numbers, each kind
+newest first. What did not fit is counted as
 dropped for budget. The checkpoint keeps every live literal (``literals``, as
 JSON rows, bounded) so the next compaction checks them again against its own
 summary, its rendering (``literals_text``) and its receipt.
@@ -36,8 +37,10 @@ from typing import Any
 
 import orjson
 
-from proxy.context.artifactparse import ERROR_MARKS, SCAN_CHARS, clip, status_line
-from proxy.context.artifacts import answered_calls, collect, shell_command
+from proxy.context.artifactparse import clip, parsed_arguments, patch_files, status_line
+from proxy.context.artifacts import answered_calls, collect, patch_of, shell_command
+from proxy.context.codexcode import cell_calls
+from proxy.context.errorlines import call_errors
 from proxy.context.items import ItemModel
 from proxy.types import Message
 
@@ -56,15 +59,10 @@ LITERALS_SHARE = 0.10
 MAX_LITERALS = 2_000
 #: A literal longer than this is no literal (a heredoc, a pasted file): the log and the trail hold it.
 MAX_LITERAL_CHARS = 1_000
-#: Error lines read from one call's result, and the characters of the call shown beside them.
-ERROR_LINES_PER_CALL = 3
+#: A command that writes no file's text is a literal up to this length (a run of ``mv`` lines renaming assets).
+MAX_COMMAND_CHARS = 4_000
+#: Characters of an error's call shown beside it.
 SOURCE_CHARS = 200
-#: Marks beside ``ERROR_MARKS`` for a result that states no status: a compiler's diagnostic (``a.ts(5,8): error
-#: TS2882``), and, from a tool that is no shell (its output is the tool's own word), a thing not found.
-DIAGNOSTIC_MARKS = (": error ",)
-TOOL_MARKS = ("not found", "Not found", "failed", "Failed")
-#: Tools whose output is what they read: a line there that looks like an error is the file's, not the call's.
-READ_WORDS = ("read", "view", "cat", "grep", "search", "glob", "find", "list", "fetch")
 _CONSTRAINT = re.compile(r"\b(must|should|never|always|don't|do not|make sure|required?|only|need to|avoid|"
                          r"prefer|instead of|no more than|at most|at least)\b", re.IGNORECASE)
 #: A line of the user's that sets a task: a list item, or a sentence opening with an imperative.
@@ -162,23 +160,6 @@ def call_source(name: str, arguments: Any, command: str | None) -> str:
     return f"{text[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
 
 
-def error_lines(text: str, *, failed: bool, shell: bool = True) -> list[str]:
-    """The lines of a call's result that say what went wrong, verbatim (stripped): for a call that failed, the
-    status line and the lines carrying any error mark; for one that states no status, only the strongest marks
-    (``Error:``, ``fatal:``, …) and a compiler's diagnostics, and from a tool that is no shell, a thing not found
-    or failed. Lines longer than ``MAX_LITERAL_CHARS`` are not literals."""
-    marks = [mark for tier in (ERROR_MARKS if failed else ERROR_MARKS[:1]) for mark in tier]
-    marks += [*DIAGNOSTIC_MARKS, *(() if shell else TOOL_MARKS)]
-    out = [status] if failed and (status := status_line(text)) else []
-    for line in text[:SCAN_CHARS].splitlines():
-        line = line.strip()
-        if len(out) >= ERROR_LINES_PER_CALL:
-            break
-        if line and len(line) <= MAX_LITERAL_CHARS and line not in out and any(m in line for m in marks):
-            out.append(line)
-    return out
-
-
 def shell_writes(command: str) -> list[str]:
     """The files a shell command writes by redirection, ``tee`` or PowerShell's content cmdlets, read outside its
     heredocs and here-strings (whose ``>`` are text, not redirections); devices and descriptors left out."""
@@ -199,6 +180,24 @@ def shell_writes(command: str) -> list[str]:
         if heredoc is not None:
             closing = heredoc.group(2)
     return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
+
+
+def writes_text(command: str) -> bool:
+    """Whether ``command`` writes a file's text from a heredoc or here-string: the file's text is what it mostly
+    carries, and the path list and the files in hand carry that file, so it yields to the commands that say what
+    the agent ran and to the errors they met (``_rank``)."""
+    if "\n" not in command:
+        return False
+    opens = _HEREDOC.search(command) or any(line.lstrip().startswith(("@'", '@"')) for line in command.splitlines())
+    return bool(opens) and bool(shell_writes(command))
+
+
+def _rank(literal: Exact) -> float:
+    """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
+    text just after the resolved errors (an error line and its call say more in fewer tokens)."""
+    if literal.kind == "command" and writes_text(literal.text):
+        return PRIORITY.index("resolved") + 0.5
+    return PRIORITY.index(literal.kind)
 
 
 def _words(text: str) -> Iterable[tuple[str, str]]:
@@ -224,6 +223,16 @@ def _tokens(text: str) -> Iterable[tuple[str, str]]:
         yield "identifier", found.group(1).strip()
 
 
+def cell_of(name: str, arguments: Any) -> list[tuple[str, Any]] | None:
+    """The tool calls a Codex code-mode cell (``exec`` with a JavaScript ``input``) makes, as
+    ``proxy.context.codexcode`` reads them (``[]`` for a cell it cannot read); None for any other call. The
+    commands such a cell runs and the files its patches write are the agent's as much as a shell call's."""
+    args = parsed_arguments(arguments)
+    if name.lower() != "exec" or not isinstance(args, dict) or not isinstance(args.get("input"), str):
+        return None
+    return cell_calls(args["input"]) or []
+
+
 def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,
             seqs: Sequence[int] = ()) -> tuple[list[Exact], list[tuple[str, int, bool]]]:
     """The literals of ``messages[start:end]`` in conversation order, and the runs of every call from ``start``
@@ -234,20 +243,24 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
     found: list[Exact] = []
     runs: list[tuple[str, int, bool]] = []
     for index, name, arguments, text, is_error in answered_calls(dialect, messages, start, len(messages)):
-        command = shell_command(name, arguments)
+        inner = cell_of(name, arguments)
+        calls = [(name, arguments)] if inner is None else inner
+        commands = [c for n, a in calls if (c := shell_command(n, a)) is not None]
+        command = commands[0] if len(commands) == 1 else None  # the call an error line is named by
         source = call_source(name, arguments, command)
         if text is None:
             continue
-        reads = command is None and any(word in name.lower() for word in READ_WORDS)
         failed = is_error or bool(status_line(text))
-        lines = [] if reads and not failed else error_lines(text, failed=failed, shell=command is not None)
+        lines = call_errors(name, text, is_error=is_error, shell=command is not None)
         runs.append((source, index, not lines))
         if index >= end:
             continue
-        if command is not None and len(command) <= MAX_LITERAL_CHARS:
-            found.append(Exact("command", command, "", index, seq(index)))
-        if command is not None and not failed:
-            found += [Exact("path", path, "", index, seq(index)) for path in shell_writes(command)]
+        found += [Exact("command", ran, "", index, seq(index)) for ran in commands if len(ran) <= MAX_LITERAL_CHARS
+                  or (len(ran) <= MAX_COMMAND_CHARS and not writes_text(ran))]
+        if not failed:
+            found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in shell_writes(ran)]
+            found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
+                      and (patch := patch_of(parsed_arguments(a))) is not None for path, _ in patch_files(patch)]
         found += [Exact("error", line, source, index, seq(index)) for line in lines]
     found += [Exact("path", a.name, "", a.index, a.seq) for a in collect(dialect, messages, start, end, seqs)
               if a.kind == "file"]
@@ -301,7 +314,7 @@ def add_back(literals: Sequence[Exact], shown: str, budget: int,
     by ``PRIORITY``, newest first within a kind; a literal that does not fit is dropped and smaller later ones
     still tried. ``""`` when nothing is added."""
     missing = [literal for literal in literals if literal.text not in shown]
-    ranked = sorted(missing, key=lambda literal: (PRIORITY.index(literal.kind), -literal.index))
+    ranked = sorted(missing, key=lambda literal: (_rank(literal), -literal.index))
     spent = count(LITERALS_HEADING) + 2 * len(PRIORITY)
     chosen: list[Exact] = []
     for literal in ranked:

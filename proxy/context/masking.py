@@ -15,7 +15,9 @@ A placeholder reads::
 
 (one line), the tool's name and a digest of its arguments (from the call the output
 answers), the output's size, and the log entry that holds it whole (``message
-index N`` for one not logged yet). With ``--recall-tool`` the hint names
+index N`` for one not logged yet); where the output said what went wrong, its
+error lines follow verbatim (``KEPT_ERRORS``): a failure the agent saw stays in
+view however old. With ``--recall-tool`` the hint names
 ``ctxproxy_recall`` instead. Only the output is replaced, through
 ``ItemModel.with_output``: ids, pairing and every other key (``is_error``,
 ``cache_control``) stay. An output no larger than twice its placeholder is
@@ -44,6 +46,7 @@ from typing import Any
 
 import orjson
 
+from proxy.context.errorlines import call_errors, is_shell
 from proxy.context.instructionfiles import read_path
 from proxy.context.items import Item, ItemModel, get_path, leading_system_count
 from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter
@@ -54,6 +57,9 @@ PLACEHOLDER = "[output of {name} {arguments} elided: {size}; {where}; {hint}]"
 PLACEHOLDER_PATTERN = re.compile(r"\[output of .* elided: [\d,]+ lines, [\d,]+ tokens[^;\]]*; "
                                  r"(?:log entry (\d+)|message index (\d+)); ")
 RERUN_HINT = "re-run the tool if you need it again"
+#: What follows a placeholder when the output said what went wrong: its error lines, verbatim
+#: (``proxy.context.errorlines``), so that masking an output never takes a failure out of the view.
+KEPT_ERRORS = "\nIts error lines, verbatim:"
 RECALL_HINT = "call ctxproxy_recall with entry {seq} to read it again"
 #: Characters of a call's arguments a placeholder quotes.
 ARGUMENTS_CHARS = 80
@@ -252,6 +258,11 @@ class Masker:
             lines = text.count("\n") + 1 if text else 0
             size = f"{lines:,} lines, {tokens:,} tokens" + (f", {non_text} non-text part(s)" if non_text else "")
             placeholder = PLACEHOLDER.format(name=name, arguments=arguments, size=size, where=where, hint=hint)
+            holder = get_path(item, path[:-1])
+            failures = call_errors(name, text, is_error=isinstance(holder, dict) and holder.get("is_error") is True,
+                                   shell=is_shell(raw))
+            if failures:
+                placeholder += "\n".join([KEPT_ERRORS, *failures])
             if tokens <= MIN_RATIO * self.counter.text_tokens(placeholder):
                 continue
             out = dialect.with_output(out, path, placeholder) or out

@@ -20,7 +20,8 @@ What is pinned (``found``):
   ``<INSTRUCTIONS>`` and ``</INSTRUCTIONS>``), and the older
   ``<user_instructions>`` block;
 - the output of a tool call that reads an instruction file whole
-  (``proxy.context.instructionfiles``);
+  (``proxy.context.instructionfiles``), or any document the user's own words
+  quote (``quoted``: a spec or playbook they pasted from and the agent read);
 - text the user marks in a message of their own: everything between ``<pin>``
   and ``</pin>``.
 
@@ -41,7 +42,7 @@ from collections.abc import Iterator, Sequence
 
 from proxy.context.checkpoint import Pin
 from proxy.context.clipping import Measure, cut_text
-from proxy.context.instructionfiles import is_instruction_file, read_path
+from proxy.context.instructionfiles import is_instruction_file, read_path, whole_read
 from proxy.context.items import ItemModel, get_path
 from proxy.context.masking import Masker, output_text
 from proxy.types import Message
@@ -51,6 +52,10 @@ SHARE = 0.10
 #: The source of text the user pinned with the marker.
 USER = "(pinned by the user)"
 HEADING = "## Pinned instructions, verbatim (carried by ctxproxy: instruction files and text the user pinned)"
+#: A document the agent read whole is pinned as the user's when their words quote this many of its characters, in
+#: paragraphs of at least ``QUOTED_PARAGRAPH`` characters (``quoted``).
+QUOTED_CHARS = 300
+QUOTED_PARAGRAPH = 40
 #: Tokens a pin's label and separators cost beside its text.
 PIN_OVERHEAD = 16
 #: Fewest tokens a pin too large for the room left is cut to; with less room it is left out.
@@ -79,11 +84,27 @@ def found(dialect: ItemModel, messages: Sequence[Message], index: int) -> list[t
     paths = dialect.result_paths(item)
     if ids and len(ids) == len(paths):
         for call_id, path in zip(ids, paths, strict=True):
-            read = read_path(*Masker.call(dialect, messages, index, call_id))
-            output = output_text(get_path(item, path))[0] if read is not None else ""
+            name, arguments = Masker.call(dialect, messages, index, call_id)
+            read = read_path(name, arguments)
+            whole = whole_read(name, arguments) if read is None else None
+            output = output_text(get_path(item, path))[0] if read is not None or whole is not None else ""
             if read is not None and output:
                 out.append((read, output))
+            elif whole is not None and output and quoted(output, [dialect.user_text(m) for m in messages[:index]]):
+                out.append((whole, output))
     return out
+
+
+def quoted(document: str, words: Sequence[str | None]) -> bool:
+    """Whether the user's ``words`` quote ``document``: paragraphs of it (blocks between blank lines, each
+    ``QUOTED_PARAGRAPH`` characters or more) found verbatim there, ``QUOTED_CHARS`` characters in all. A file
+    the user pasted from is the spec they handed over, as binding as an instruction file: the agent that read it
+    whole keeps it, where otherwise only the parts the user pasted would survive a summary."""
+    said = "\n".join(text for text in words if text)
+    if len(said) < QUOTED_CHARS:
+        return False
+    blocks = {block.strip() for block in re.split(r"\n\s*\n", document.replace("\r\n", "\n"))}
+    return sum(len(block) for block in blocks if len(block) >= QUOTED_PARAGRAPH and block in said) >= QUOTED_CHARS
 
 
 def unpinned(text: str) -> str:
