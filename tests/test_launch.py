@@ -91,6 +91,7 @@ def test_codex_takes_its_provider_and_compaction_limits_as_overrides_and_keeps_i
 
     assert shlex.split(env.pop("alias")) == [
         "codex", "-c", f'model_providers.ctxproxy-test.base_url="{PROXY}/s/{SESSION}/v1"',
+        "-c", "model_providers.ctxproxy-test.supports_websockets=false",
         "-c", "model_auto_compact_token_limit=1000000000", "-c", "model_context_window=1000000000"]
     assert env == {}
     assert listing(user) == before, "the user's Codex home is neither written nor copied"

@@ -219,19 +219,25 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     fake = FakeResponses(Script(steps=STEPS), window=12_000)
     root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
     proxy_url = await serve_proxy(aiohttp_server, root, store, 12_000)
-    home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
-    for path in (home, work, codex_home):
+    home, work, codex_home, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user", tmp_path / "tmp"
+    for path in (home, work, codex_home, tmp):
         path.mkdir()
-    # The user's own Codex setup: a provider straight at the upstream, and a login that must stay theirs.
-    user_config = codex_config(root + "/v1")
+    # The user's own Codex setup: a provider straight at the upstream (over websockets where it can: the proxy
+    # cannot), and a login that must stay theirs.
+    user_config = codex_config(root + "/v1").replace('wire_api = "responses"\n',
+                                                     'wire_api = "responses"\nsupports_websockets = true\n')
     (codex_home / "config.toml").write_text(user_config)
     (codex_home / "auth.json").write_text('{"OPENAI_API_KEY": null}')
-    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test"}
+    # The temporary directory is not above the Codex home, as a user's is not (Codex warns when it is).
+    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test",
+           "TMPDIR": str(tmp)}
 
     run = await ctxproxy_run(["--proxy", proxy_url, "--store", store, "codex", "--", "exec", "--skip-git-repo-check",
                               "-C", str(work), "--json", PROMPT], env, work)
 
     assert run.returncode == 0, run.stderr
+    assert "WebSocket" not in run.stderr, "Codex was told the provider has none: no ERROR line for the 426"
+    assert "helper binaries" not in run.stderr
     events = [orjson.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     answers = [e["item"]["text"] for e in events
                if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]
