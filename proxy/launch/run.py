@@ -9,7 +9,7 @@ Otherwise (no terminal, or sent by ``kill``) they are passed on, as SIGTERM,
 SIGHUP, SIGUSR1 and SIGUSR2 are; an agent still running ``GRACE_SECONDS`` after
 a SIGTERM, SIGHUP, SIGINT or SIGQUIT it was passed is killed. The agent dies
 with ``ctxproxy`` (Linux: a parent-death signal), so a ``kill -9`` of the
-launcher leaves no agent behind; the launcher writes no file (a recipe's files
+launcher leaves no agent behind; the launcher writes no file but its log (a recipe's files
 are memory files read through ``/proc``, gone with the process; where there are
 none, a temporary directory removed after the run). Its exit
 status is the agent's (128 + N after signal N).
@@ -315,10 +315,6 @@ class Compactions:
         self.masking += other.masking
         self.model_free += other.model_free
 
-    @property
-    def total(self) -> int:
-        return self.summaries + self.masking + self.model_free
-
     def text(self) -> str:
         """``2 summaries, 5 masking batches, 1 model-free checkpoint`` (the kinds there were), or ``no
         compaction``."""
@@ -329,6 +325,7 @@ class Compactions:
 
 
 async def compactions_of(store: FactLog, info: SessionInfo, page: int = 500) -> Compactions:
+    """The session's compactions by kind, read from its log (the store's tally counts checkpoints alone)."""
     found, previous, after = Compactions(), "", -1
     key = SessionKey(info.tenant, info.session)
     while facts := await store.read(key, after=after, limit=page):
@@ -409,8 +406,7 @@ def exit_line(closing: Closing, run: RunFigures | None) -> str:
     t, failed = run.totals, closing.failures  # a failed request left no reply in the log
     failures = f" ({failed.count:,} failed: {failed.first})" if failed.count else ""
     return (f"ctxproxy: session {session}: {t.replies + failed.count:,} requests{failures}, "
-            f"{run.compactions.text()}, "
-            f"{saved_text(t)}{log}; {inspector}")
+            f"{run.compactions.text()}, {saved_text(t)}{log}; {inspector}")
 
 
 def agent_argv(agent: str, program: str, plan: Plan, args: Sequence[str]) -> list[str]:
