@@ -27,11 +27,14 @@ from aiohttp.test_utils import TestServer
 from click.testing import CliRunner
 
 from proxy.cli import main
+from proxy.context.checkpoint import Checkpoint
 from proxy.launch.agents import AGENTS, Plan
-from proxy.launch.run import agent_argv
+from proxy.launch.run import Closing, RunFigures, agent_argv, compactions_of, exit_line
+from proxy.savings import UsageTotals
+from proxy.store.base import FactLog, NewFact, SessionKey
 from tests.agents import codex_config
 from tests.fakeupstream import FakeUpstream
-from tests.test_run_agents import EXIT_LINE, ROOT
+from tests.test_run_agents import ROOT, closing_figures
 
 PROXY = "http://127.0.0.1:9911"
 SESSION = "s1"
@@ -88,6 +91,7 @@ def test_codex_takes_its_provider_and_compaction_limits_as_overrides_and_keeps_i
 
     assert shlex.split(env.pop("alias")) == [
         "codex", "-c", f'model_providers.ctxproxy-test.base_url="{PROXY}/s/{SESSION}/v1"',
+        "-c", "model_providers.ctxproxy-test.supports_websockets=false",
         "-c", "model_auto_compact_token_limit=1000000000", "-c", "model_context_window=1000000000"]
     assert env == {}
     assert listing(user) == before, "the user's Codex home is neither written nor copied"
@@ -201,11 +205,20 @@ def test_an_invalid_session_name_is_refused(tmp_path: Path) -> None:
 # -- the launcher, with a stand-in agent ---------------------------------------------------------
 
 STAND_IN = '''#!{python}
-"""A stand-in for aider: one chat request at OPENAI_API_BASE with OPENAI_API_KEY (when ARGV[1] is not "quiet"), its
-pid and the CTXPROXY_ variables it was given, then as ARGV[1] says: exit 3, wait for SIGTERM, or ignore SIGTERM and
-SIGINT."""
-import json, os, signal, sys, urllib.request
-if sys.argv[1] != "quiet":
+"""A stand-in for aider: one chat request at OPENAI_API_BASE with OPENAI_API_KEY (when ARGV[1] is not "quiet"; three
+that may fail, when it is "fail"), its pid and the CTXPROXY_ variables it was given, then as ARGV[1] says: exit 3,
+wait for SIGTERM, or ignore SIGTERM and SIGINT."""
+import json, os, signal, sys, urllib.error, urllib.request
+if sys.argv[1] == "fail":
+    for _ in range(3):
+        request = urllib.request.Request(os.environ["OPENAI_API_BASE"] + "/chat/completions", method="POST",
+            data=json.dumps({{"model": "gpt-4o", "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
+            headers={{"Content-Type": "application/json", "Authorization": "Bearer sk-test"}})
+        try:
+            urllib.request.urlopen(request).close()
+        except urllib.error.HTTPError as error:
+            print("status", error.code, flush=True)
+elif sys.argv[1] != "quiet":
     request = urllib.request.Request(os.environ["OPENAI_API_BASE"] + "/chat/completions", method="POST",
         data=json.dumps({{"model": "gpt-4o", "messages": [{{"role": "user", "content": "hi"}}]}}).encode(),
         headers={{"Content-Type": "application/json",
@@ -256,9 +269,7 @@ async def start_launcher(tmp_path: Path, upstream: str | None, *args: str,
 
 
 def closing_line(stderr: bytes) -> dict[str, Any]:
-    found = EXIT_LINE.fullmatch(stderr.decode().strip().splitlines()[-1])
-    assert found is not None, stderr.decode()
-    return found.groupdict()
+    return closing_figures(stderr.decode().strip().splitlines()[-1])
 
 
 async def test_the_agent_runs_through_an_embedded_proxy_and_its_exit_status_is_the_launchers(
@@ -335,6 +346,81 @@ async def test_the_closing_line_counts_only_the_runs_own_tenant(aiohttp_server: 
 
     assert len(fake.requests) == 3
     assert closing_line(err)["requests"] == "1"
+
+
+async def test_a_refusing_upstream_is_one_line_at_once_and_counted_in_the_closing_line(tmp_path: Path) -> None:
+    proc = await start_launcher(tmp_path, "http://127.0.0.1:1", "fail")
+    assert proc.stdout is not None and proc.stderr is not None
+    await started(proc)  # the agent has made its three requests (each answered 502), and waits
+
+    first = await asyncio.wait_for(proc.stderr.readline(), 60)  # while the agent still runs
+    assert first.decode() == ("ctxproxy: a request failed: upstream 127.0.0.1:1 refused the connection (the closing "
+                              "line counts any more)\n")
+    proc.send_signal(signal.SIGTERM)
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    assert proc.returncode == 7
+    assert len(err.decode().strip().splitlines()) == 1, "nothing else of the proxy's reached the terminal"
+    line = closing_line(err)
+    assert (line["requests"], line["failed"], line["cause"]) == (
+        "3", "3", "upstream 127.0.0.1:1 refused the connection")
+
+
+async def test_the_proxys_log_goes_to_the_file_the_closing_line_names_unless_verbose(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    fake = FakeUpstream()
+    upstream: TestServer = await aiohttp_server(fake.app())
+    root = str(upstream.make_url("")).rstrip("/")
+
+    proc = await start_launcher(tmp_path, root, "exit", env={"CTXPROXY_LOG_LEVEL": "INFO"})
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert len(err.decode().strip().splitlines()) == 1, "the terminal has the closing line alone"
+    log = Path(closing_line(err)["log"])
+    assert log == tmp_path / ".local" / "state" / "ctxproxy" / "logs" / f"run-{SESSION}.log"
+    assert f"session={SESSION} status=200" in log.read_text(), "the access line, in the file"
+
+    verbose = await launcher(tmp_path, "--upstream", root + "/v1", "--store", f"sqlite:///{tmp_path}/facts.db",
+                             "--session", "loud", "--verbose", "aider", "--", "exit",
+                             env={"CTXPROXY_LOG_LEVEL": "INFO"})
+    _, err = await asyncio.wait_for(verbose.communicate(), 60)
+    assert "session=loud status=200" in err.decode(), "--verbose: the log on the terminal"
+    assert closing_line(err)["log"] is None and not (log.parent / "run-loud.log").exists()
+
+
+async def test_the_closing_line_names_the_command_that_serves_its_inspector(
+        aiohttp_server: Any, tmp_path: Path) -> None:
+    fake = FakeUpstream()
+    upstream: TestServer = await aiohttp_server(fake.app())
+    proc = await start_launcher(tmp_path, str(upstream.make_url("")).rstrip("/"), "exit")
+    _, err = await asyncio.wait_for(proc.communicate(), 60)
+
+    line = closing_line(err)
+    command = shlex.split(line["command"])
+    assert command[:4] == ["ctxproxy", "serve", "--store", f"sqlite:///{tmp_path}/facts.db"]
+    assert command[4] == "--admin-token" and len(command[5]) >= 16 and len(command) == 6
+    assert line["inspector"].startswith("http://127.0.0.1:8787/ui/sessions/") and line["inspector"].endswith("/s1")
+
+
+async def test_the_closing_line_tells_summaries_masking_batches_and_model_free_checkpoints_apart(
+        store: FactLog) -> None:
+    key = SessionKey("t", SESSION)
+
+    def checkpoint(elision: str = "") -> NewFact:
+        made = Checkpoint("", 1, "p", None, 100, 50, "gpt-4o", 0.0, elision=elision)
+        return NewFact(kind="checkpoint", index=1, source="proxy",
+                       extra={"checkpoint": orjson.loads(made.to_json())})
+
+    summary = NewFact(kind="summary", index=1, source="proxy", message={"role": "user", "content": "so far"})
+    facts = [summary, checkpoint(), checkpoint(), checkpoint(), summary, checkpoint("[messages 1-4 left out]")]
+    await store.append(key, 0, facts, 1.0)
+    [info] = [i async for i in store.sessions() if i.session == SESSION]
+
+    found = await compactions_of(store, info, page=2)
+
+    assert (found.summaries, found.masking, found.model_free) == (1, 2, 1)
+    line = exit_line(Closing(SESSION, "http://127.0.0.1:8787"), RunFigures([info], UsageTotals(), found))
+    assert ", 1 summary, 2 masking batches, 1 model-free checkpoint, " in line
+    assert closing_figures(line)["compactions"] == "4"
 
 
 async def wait_for_exit(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:

@@ -62,10 +62,30 @@ PI_MODEL = "gpt-5.5"
 #: The window of the pi run: the proxy is told it, and so is pi (the user's models.json).
 PI_WINDOW = 4_000
 EXIT_LINE = re.compile(
-    r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests, (?P<compactions>[\d,]+) compactions, "
-    r"(?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by the model \((?P<cached>[\d,]+) "
-    r"cached\), (?P<saved>-?[\d,]+) saved(?:, about \$(?P<dollars>-?[\d,.]+))?(?: \(net: (?P<gross>[\d,]+) taken "
-    r"out of requests, (?P<costs>[\d,]+) spent on [\d,]+ summary calls?\))?; inspector (?P<inspector>\S+)")
+    r"ctxproxy: session (?P<session>\S+): (?P<requests>[\d,]+) requests(?: \((?P<failed>[\d,]+) failed: "
+    r"(?P<cause>.+?)\))?, (?P<kinds>.+?), (?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by "
+    r"the model \((?P<cached>[\d,]+) cached\), (?P<saved>-?[\d,]+) saved(?:, about \$(?P<dollars>-?[\d,.]+))?"
+    r"(?: \(net: (?P<gross>[\d,]+) taken out of requests, (?P<costs>[\d,]+) spent on [\d,]+ summary calls?\))?"
+    r"(?:; log (?P<log>\S+))?; inspector(?:: (?P<command>ctxproxy serve .+?), then)? (?P<inspector>\S+)")
+KIND = re.compile(r"(?P<n>[\d,]+) (?P<kind>summar(?:y|ies)|masking batch(?:es)?|model-free checkpoints?)")
+KINDS = {"summar": "summaries", "maskin": "masking", "model-": "model_free"}
+
+
+def closing_figures(line: str) -> dict[str, Any]:
+    """The closing line's figures (numbers without their commas), its compactions by kind and in all."""
+    found = EXIT_LINE.fullmatch(line)
+    assert found is not None, line
+    text = {"session", "inspector", "cause", "kinds", "log", "command"}
+    figures: dict[str, Any] = {k: (v.replace(",", "") if k not in text else v) if v is not None else None
+                               for k, v in found.groupdict().items()}
+    kinds = {name: 0 for name in KINDS.values()}
+    if figures["kinds"] != "no compaction":
+        for part in figures["kinds"].split(", "):
+            kind = KIND.fullmatch(part)
+            assert kind is not None, line
+            kinds[KINDS[kind["kind"][:6]]] = int(kind["n"].replace(",", ""))
+    figures.update(kinds, compactions=str(sum(kinds.values())))
+    return figures
 
 
 @dataclass
@@ -77,10 +97,7 @@ class Launched:
     def figures(self) -> dict[str, Any]:
         lines = self.stderr.strip().splitlines()
         assert lines, "no exit line"
-        found = EXIT_LINE.fullmatch(lines[-1])
-        assert found is not None, lines[-1]
-        return {k: (v.replace(",", "") if k not in ("session", "inspector") else v) if v is not None else None
-                for k, v in found.groupdict().items()}
+        return closing_figures(lines[-1])
 
 
 async def ctxproxy_run(args: list[str], env: dict[str, str], cwd: Path) -> Launched:
@@ -202,19 +219,25 @@ async def test_ctxproxy_run_codex_through_a_running_proxy_figures_match_its_metr
     fake = FakeResponses(Script(steps=STEPS), window=12_000)
     root, store = await serve_fake(aiohttp_server, fake), f"sqlite:///{tmp_path}/facts.db"
     proxy_url = await serve_proxy(aiohttp_server, root, store, 12_000)
-    home, work, codex_home = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user"
-    for path in (home, work, codex_home):
+    home, work, codex_home, tmp = tmp_path / "home", tmp_path / "work", tmp_path / "codex-user", tmp_path / "tmp"
+    for path in (home, work, codex_home, tmp):
         path.mkdir()
-    # The user's own Codex setup: a provider straight at the upstream, and a login that must stay theirs.
-    user_config = codex_config(root + "/v1")
+    # The user's own Codex setup: a provider straight at the upstream (over websockets where it can: the proxy
+    # cannot), and a login that must stay theirs.
+    user_config = codex_config(root + "/v1").replace('wire_api = "responses"\n',
+                                                     'wire_api = "responses"\nsupports_websockets = true\n')
     (codex_home / "config.toml").write_text(user_config)
     (codex_home / "auth.json").write_text('{"OPENAI_API_KEY": null}')
-    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test"}
+    # The temporary directory is not above the Codex home, as a user's is not (Codex warns when it is).
+    env = {**base_env(home), "CODEX_HOME": str(codex_home), "CTXPROXY_TEST_KEY": "sk-ctxproxy-test",
+           "TMPDIR": str(tmp)}
 
     run = await ctxproxy_run(["--proxy", proxy_url, "--store", store, "codex", "--", "exec", "--skip-git-repo-check",
                               "-C", str(work), "--json", PROMPT], env, work)
 
     assert run.returncode == 0, run.stderr
+    assert "WebSocket" not in run.stderr, "Codex was told the provider has none: no ERROR line for the 426"
+    assert "helper binaries" not in run.stderr
     events = [orjson.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     answers = [e["item"]["text"] for e in events
                if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"]

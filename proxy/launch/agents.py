@@ -16,7 +16,10 @@ door, so a user's gateway (and the gateway's key) keeps being where requests go.
 - Codex CLI: ``-c`` overrides: the provider's ``base_url`` (the user's custom
   ``model_provider``) or ``openai_base_url`` (the built-in one) at the proxy, and
   ``model_auto_compact_token_limit`` raised out of reach, ``model_context_window``
-  with it (Codex caps the limit at 90 % of that window); ``CODEX_HOME`` is the user's.
+  with it (Codex caps the limit at 90 % of that window); the user's custom provider's
+  ``supports_websockets`` off (the proxy answers a websocket upgrade 426, which
+  Codex logs as an ERROR line before it falls back to HTTP; its built-in
+  provider cannot be overridden); ``CODEX_HOME`` is the user's.
 - opencode: ``OPENCODE_CONFIG_CONTENT``, the inline config opencode merges over
   every file: the user's own inline config with the openai and anthropic
   providers' ``baseURL`` and ``compaction.auto = false`` merged in.
@@ -187,6 +190,8 @@ def codex(t: Target) -> Plan:
     where = f"model_providers.{provider}.base_url" if provider is not None else "openai_base_url"
     base_url = t.session_root + "/v1"
     args = ["-c", f"{where}={orjson.dumps(base_url).decode()}"]  # a TOML basic string
+    if provider is not None:
+        args += ["-c", f"model_providers.{provider}.supports_websockets=false"]
     if not t.keep_compaction:  # Codex caps the limit at 90 % of the window it believes: both go out of reach
         args += ["-c", f"model_auto_compact_token_limit={OUT_OF_REACH}", "-c", f"model_context_window={OUT_OF_REACH}"]
     # The built-in provider reads OPENAI_BASE_URL too: a user's value would send Codex around the proxy.

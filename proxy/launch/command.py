@@ -7,12 +7,23 @@ import logging.config
 import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from proxy.launch.agents import AGENTS
-from proxy.launch.run import Launch, env_lines, exit_line, figures, launch_agent, new_session, served_root
+from proxy.launch.run import (
+    Closing,
+    Launch,
+    env_lines,
+    exit_line,
+    figures,
+    launch_agent,
+    new_session,
+    run_log_path,
+    served_root,
+)
 from proxy.logs import default_log_config
 from proxy.serveflags import serve_options, settings_from
 from proxy.sessions import valid_session
@@ -54,6 +65,23 @@ def _writable_store(settings: Settings) -> None:
                               "(or CTXPROXY_STORE), e.g. --store sqlite:///tmp/ctxproxy.db") from None
 
 
+def _log_to(path: Path | None, level: str, fmt: str) -> Path | None:
+    """Send the embedded proxy's log to ``path`` (made on its first record), or to stderr where it is None or
+    its directory cannot be made; the file it goes to."""
+    config = default_log_config(level, fmt)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            path = None
+        else:
+            config["handlers"] = {"file": {"class": "logging.FileHandler", "filename": str(path), "delay": True,
+                                           "encoding": "utf-8", "formatter": "default", "filters": ["redact"]}}
+            config["root"]["handlers"] = ["file"]
+    logging.config.dictConfig(config)
+    return path
+
+
 @click.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @serve_options
 @click.option("--proxy", "proxy_url", default=None, metavar="URL",
@@ -65,10 +93,13 @@ def _writable_store(settings: Settings) -> None:
 @click.option("--print-env", is_flag=True,
               help="Print the variables (export lines) and arguments (an alias) the agent would run with, and "
                    "exit; its files are kept")
+@click.option("--verbose", is_flag=True,
+              help="Log the embedded proxy to the terminal the agent draws on [default: to a file the closing line "
+                   "names]")
 @click.argument("agent", type=click.Choice(list(AGENTS)))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str | None, keep_agent_compaction: bool,
-        print_env: bool, **options: Any) -> None:
+        print_env: bool, verbose: bool, **options: Any) -> None:
     """Run AGENT (claude, codex, opencode, pi, aider, qwen, gemini) through the proxy: ctxproxy run [FLAGS] AGENT
     [-- ARGS…]. The flags serve takes go before AGENT; everything after it goes to the agent.
 
@@ -91,12 +122,17 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
     if reads_store:
         _writable_store(settings)
-    # The agent owns the terminal: the embedded proxy speaks up only for warnings, unless --log-level says more.
-    logging.config.dictConfig(default_log_config(options.get("log_level") or "WARNING", settings.log_format))
+    # The agent owns the terminal: the embedded proxy logs to a file (warnings, unless --log-level says more).
+    embedded_log = run_log_path(name) if proxy_url is None and not verbose else None
+    log = _log_to(embedded_log, options.get("log_level") or "WARNING", settings.log_format)
     launch = Launch(agent, list(args[1:] if args[:1] == ("--",) else args), settings, name, proxy_url,
                     keep_agent_compaction)
     status = asyncio.run(launch_agent(launch, program))
+    for handler in logging.getLogger().handlers:  # the file holds every record before the closing line names it
+        handler.flush()
     served = None if proxy_url is not None else launch.tenants
     found = asyncio.run(figures(settings, name, served)) if reads_store else None
-    click.echo(exit_line(name, found, served_root(settings, proxy_url)), err=True)
+    closing = Closing(name, served_root(settings, proxy_url), settings.store if proxy_url is None else None,
+                      launch.failures, log if log is not None and log.exists() else None)
+    click.echo(exit_line(closing, found), err=True)
     sys.exit(status)

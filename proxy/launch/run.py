@@ -9,16 +9,27 @@ Otherwise (no terminal, or sent by ``kill``) they are passed on, as SIGTERM,
 SIGHUP, SIGUSR1 and SIGUSR2 are; an agent still running ``GRACE_SECONDS`` after
 a SIGTERM, SIGHUP, SIGINT or SIGQUIT it was passed is killed. The agent dies
 with ``ctxproxy`` (Linux: a parent-death signal), so a ``kill -9`` of the
-launcher leaves no agent behind; the launcher writes no file (a recipe's files
+launcher leaves no agent behind; the launcher writes no file but its log (a recipe's files
 are memory files read through ``/proc``, gone with the process; where there are
 none, a temporary directory removed after the run). Its exit
 status is the agent's (128 + N after signal N).
+
+The agent owns the terminal, so the embedded proxy's own log goes to a file
+(``run_log_path``; ``--verbose``: the terminal), made only when something is
+logged, and named in the closing line. One thing is said at once: the first
+request the embedded proxy failed (an unreachable or refusing upstream), in one
+line, so a run against a wrong upstream is not minutes of silence while the
+agent retries; the closing line counts them all.
 
 The closing line is read from the store, not from this process's metrics, so
 it is the same with ``--proxy`` (a proxy already serving, over the same
 ``--store``). It counts the session of that name and its sub-agents'
 (``SESSION/agent``) under the tenants the embedded proxy served, not another
-tenant's use of the same name.
+tenant's use of the same name; its compactions by kind: model summaries,
+masking batches (old tool outputs shortened, no model call) and model-free
+checkpoints (no summary could be had). The embedded proxy is gone after the
+run, so the line gives the command that serves its inspector over the same
+store, then the session's page.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import secrets
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -39,16 +51,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import aiohttp
 import platformdirs
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from proxy.errors import ProxyError
 from proxy.launch.agents import AGENTS, Plan, Target, agent_environ, agent_plan
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.sessions import credential, tenant_of
 from proxy.settings import Settings
 from proxy.store import open_store
-from proxy.store.base import SessionInfo
+from proxy.store.base import FactLog, SessionInfo, SessionKey
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 #: The terminal sends these to the whole foreground group, the agent included: passed on only when it did not.
@@ -57,6 +71,14 @@ FROM_THE_TERMINAL = (signal.SIGINT, signal.SIGQUIT)
 ENDING = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGQUIT)
 GRACE_SECONDS = 5.0
 PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class Failures:
+    """The requests the embedded proxy answered with a server error (5xx): how many, and the first one's cause."""
+
+    count: int = 0
+    first: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +92,8 @@ class Launch:
     keep_compaction: bool = False
     #: The tenants the embedded proxy served (filled while it runs): whose figures the closing line sums.
     tenants: set[str] = field(default_factory=set)
+    #: The requests the embedded proxy failed (filled while it runs).
+    failures: Failures = field(default_factory=Failures)
 
 
 def new_session(agent: str, clock: float | None = None) -> str:
@@ -146,6 +170,60 @@ def tenant_recorder(tenants: set[str]) -> Middleware:
     return record
 
 
+def failure_cause(exc: BaseException) -> str:
+    """A failed request's cause in words: the upstream's address and what its connection did, where the failure
+    was one (the error chain holds aiohttp's ``ClientConnectorError``), else the error the client was answered."""
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, aiohttp.ClientConnectorError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is not None:
+        where, error = f"upstream {seen.host}:{seen.port}", seen.os_error
+        if isinstance(error, ConnectionRefusedError):
+            return f"{where} refused the connection"
+        if isinstance(seen, aiohttp.ClientConnectorDNSError) or isinstance(error, socket.gaierror):
+            return f"{where}: no such host"
+        return f"{where} could not be reached ({error.strerror or error})"
+    message = exc.message if isinstance(exc, ProxyError) else "internal proxy error"
+    return message.rstrip(".")
+
+
+def failure_recorder(failures: Failures, announce: Callable[[str], None]) -> Middleware:
+    """A middleware counting the requests the embedded proxy answered with a server error, ``announce`` called
+    with the first one's cause (the rest wait for the closing line: one line, not one per retry)."""
+
+    def failed(cause: str) -> None:
+        failures.count += 1
+        if failures.first is None:
+            failures.first = cause
+            announce(cause)
+
+    @web.middleware
+    async def record(request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await handler(request)
+        except web.HTTPException:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, ProxyError) or exc.status >= 500:
+                failed(failure_cause(exc))
+            raise
+        if response.status >= 500:
+            failed(f"the upstream answered {response.status}")
+        return response
+
+    return record
+
+
+def announce_failure(cause: str) -> None:
+    """The first failed request, one line on the terminal the agent shares (later ones: the closing line)."""
+    print(f"ctxproxy: a request failed: {cause} (the closing line counts any more)", file=sys.stderr, flush=True)
+
+
+def run_log_path(session: str) -> Path:
+    """Where the embedded proxy logs during ``run`` (unless ``--verbose``): the user's state directory."""
+    return Path(platformdirs.user_state_dir("ctxproxy")) / "logs" / f"run-{session}.log"
+
+
 @contextlib.asynccontextmanager
 async def proxy_root(launch: Launch) -> AsyncIterator[str]:
     if launch.proxy is not None:
@@ -156,6 +234,7 @@ async def proxy_root(launch: Launch) -> AsyncIterator[str]:
 
     app = create_app(launch.settings)
     app.middlewares.append(tenant_recorder(launch.tenants))
+    app.middlewares.append(failure_recorder(launch.failures, announce_failure))
     async with serving(app, launch.settings) as root:
         yield root
 
@@ -214,15 +293,60 @@ async def run_agent(argv: Sequence[str], env: Mapping[str, str], grace: float = 
 
 
 @dataclass
+class Compactions:
+    """A session's compactions by kind, told apart in its log: a summary or model-free checkpoint comes right
+    after the ``summary`` entry it shows; a masking batch has none (``ContextEngine._record``); a model-free
+    checkpoint leaves part of what it covers elided (``Checkpoint.elision``)."""
+
+    summaries: int = 0
+    masking: int = 0
+    model_free: int = 0
+
+    def add(self, checkpoint: Mapping[str, object], after_summary: bool) -> None:
+        if not after_summary:
+            self.masking += 1
+        elif checkpoint.get("elision"):
+            self.model_free += 1
+        else:
+            self.summaries += 1
+
+    def merge(self, other: Compactions) -> None:
+        self.summaries += other.summaries
+        self.masking += other.masking
+        self.model_free += other.model_free
+
+    def text(self) -> str:
+        """``2 summaries, 5 masking batches, 1 model-free checkpoint`` (the kinds there were), or ``no
+        compaction``."""
+        kinds = ((self.summaries, "summary", "summaries"), (self.masking, "masking batch", "masking batches"),
+                 (self.model_free, "model-free checkpoint", "model-free checkpoints"))
+        said = [f"{n:,} {one if n == 1 else many}" for n, one, many in kinds if n]
+        return ", ".join(said) or "no compaction"
+
+
+async def compactions_of(store: FactLog, info: SessionInfo, page: int = 500) -> Compactions:
+    """The session's compactions by kind, read from its log (the store's tally counts checkpoints alone)."""
+    found, previous, after = Compactions(), "", -1
+    key = SessionKey(info.tenant, info.session)
+    while facts := await store.read(key, after=after, limit=page):
+        for fact in facts:
+            if fact.kind == "checkpoint":
+                payload = fact.extra.get("checkpoint")
+                found.add(payload if isinstance(payload, Mapping) else {}, previous == "summary")
+            previous = fact.kind
+        after = facts[-1].seq
+        if len(facts) < page:
+            break
+    return found
+
+
+@dataclass
 class RunFigures:
     """A session's figures, summed over its sub-agents and the run's tenants."""
 
     infos: list[SessionInfo]
     totals: UsageTotals
-
-    @property
-    def compactions(self) -> int:
-        return sum(i.checkpoints for i in self.infos)
+    compactions: Compactions = field(default_factory=Compactions)
 
 
 async def figures(settings: Settings, session: str, tenants: Collection[str] | None = None) -> RunFigures:
@@ -231,27 +355,58 @@ async def figures(settings: Settings, session: str, tenants: Collection[str] | N
     try:
         infos = [i async for i in store.sessions() if (i.session == session or i.session.startswith(session + "/"))
                  and (tenants is None or i.tenant in tenants)]
-        cache, totals = SavingsCache(), UsageTotals()
+        cache, totals, compactions = SavingsCache(), UsageTotals(), Compactions()
         for info in infos:
             totals.merge(await cache.of(store, info))
+            compactions.merge(await compactions_of(store, info))
     finally:
         await store.aclose()
-    return RunFigures(infos, totals)
+    return RunFigures(infos, totals, compactions)
 
 
-def exit_line(session: str, run: RunFigures | None, inspector_root: str) -> str:
-    """``ctxproxy: session S: N requests, K compactions, …; inspector URL`` (one line, for people and scripts);
-    without figures (``--proxy`` and no ``--store``: no store of its own is opened) ``ctxproxy: session S;
-    inspector URL``."""
-    root = redacted(inspector_root)
+@dataclass(frozen=True)
+class Closing:
+    """What the closing line says besides the store's figures."""
+
+    session: str
+    #: The proxy the agent was sent to (``--proxy``) or where ``serve`` with the run's flags listens.
+    root: str
+    #: The store the run logged to: its inspector is served by ``serve --store`` (None: ``--proxy`` serves it).
+    store: str | None = None
+    failures: Failures = field(default_factory=Failures)
+    #: The embedded proxy's log file, when anything was logged to it.
+    log: Path | None = None
+
+
+def inspector_command(store: str, root: str) -> str:
+    """The command that serves the inspector over ``store`` where ``root`` says, with a fresh admin token (the one
+    to sign in with): the embedded proxy, and its inspector, ended with the run."""
+    where = urlsplit(root)
+    flags = ["--store", redacted(store), "--admin-token", secrets.token_urlsafe(16)]
+    if where.hostname and where.hostname != Settings.host:
+        flags += ["--host", where.hostname]
+    if where.port and where.port != Settings.port:
+        flags += ["--port", str(where.port)]
+    return shlex.join(["ctxproxy", "serve", *flags])
+
+
+def exit_line(closing: Closing, run: RunFigures | None) -> str:
+    """``ctxproxy: session S: N requests (F failed: cause), 2 summaries, 5 masking batches, …saved; log FILE;
+    inspector: ctxproxy serve … then URL`` (one line, for people and scripts); without figures (``--proxy`` and no
+    ``--store``: no store of its own is opened) ``ctxproxy: session S; inspector URL``."""
+    session, root = closing.session, redacted(closing.root)
     main = next((i for i in run.infos if i.session == session), None) if run is not None else None
     where = (f"{root}/ui/sessions/{quote(main.tenant, safe='')}/{quote(session, safe='')}"
              if main is not None else f"{root}/ui")
+    inspector = (f"inspector: {inspector_command(closing.store, closing.root)}, then {where}"
+                 if closing.store is not None else f"inspector {where}")
+    log = f"; log {closing.log}" if closing.log is not None else ""
     if run is None:
-        return f"ctxproxy: session {session}; inspector {where}"
-    t = run.totals
-    return (f"ctxproxy: session {session}: {t.replies:,} requests, {run.compactions:,} compactions, "
-            f"{saved_text(t)}; inspector {where}")
+        return f"ctxproxy: session {session}{log}; {inspector}"
+    t, failed = run.totals, closing.failures  # a failed request left no reply in the log
+    failures = f" ({failed.count:,} failed: {failed.first})" if failed.count else ""
+    return (f"ctxproxy: session {session}: {t.replies + failed.count:,} requests{failures}, "
+            f"{run.compactions.text()}, {saved_text(t)}{log}; {inspector}")
 
 
 def agent_argv(agent: str, program: str, plan: Plan, args: Sequence[str]) -> list[str]:
