@@ -20,6 +20,7 @@ from proxy.sessions import tenant_of
 from proxy.settings import Secret
 from proxy.store.base import NewFact, SessionKey
 from proxy.ui import cookie, timeline
+from proxy.ui.plot import short
 from proxy.ui.request import rebuild
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
@@ -263,6 +264,10 @@ async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_p
         assert re.search(r"tool outputs of messages? \d+(–\d+)? shortened" if tier == "mask"  # noqa: RUF001
                          else r": messages? \d+(–\d+)? summarised", title), title  # noqa: RUF001
     assert "–-" not in html and "message 0 summarised" not in html  # noqa: RUF001
+    async with proxy.app[timelines_key].fold(proxy.app[store_key], SessionKey(TENANT, "s1")) as t:
+        points, positions = list(t.points), [m.position for m in t.marks]
+    for (_, _, label), at in zip(marks, positions, strict=True):  # a mark's figures are the bars beside it
+        assert label.endswith(f" {short(points[at - 1].seen)}→{short(points[at].seen)}"), label
     assert f'data-requests="{len(replies)}" data-slots="{len(replies)}"' in html
     assert html.count("proactive compaction in ") == len(checkpoints)  # this process made them: trigger and time
     tool_outputs = [f for f in facts if f.message is not None and f.message.get("role") == "tool"]
