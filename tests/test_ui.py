@@ -260,6 +260,9 @@ async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_p
                        r"</text></g>", html)
     assert len(marks) == len(checkpoints)
     assert {tier for tier, _, _ in marks} == {"mask", "summary"}, "both tiers made checkpoints here"
+    tiers = [tier for tier, _, _ in marks]
+    assert (f"<dt>Compactions by tier</dt><dd>outputs shortened: {tiers.count('mask')}, summarised: "
+            f"{tiers.count('summary')}, left out: 0</dd>") in html
     for tier, title, _ in marks:  # each tier in its own words, and no range that runs backwards
         assert re.search(r"tool outputs of messages? \d+(–\d+)? shortened" if tier == "mask"  # noqa: RUF001
                          else r": messages? \d+(–\d+)? summarised", title), title  # noqa: RUF001

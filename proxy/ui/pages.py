@@ -8,6 +8,7 @@ forbids both): behaviour is ``/ui/static/ui.js``, reading ``data-`` attributes.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
@@ -181,6 +182,12 @@ def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[Ma
     return lines
 
 
+def _by_tier(t: Timeline) -> str:
+    """The checkpoints in the log by the tier that made them, in the legend's words."""
+    made = Counter(m.tier for m in t.marks)
+    return ", ".join(f"{tiers.LABELS[tier]}: {made[tier]:,}" for tier in tiers.LABELS)
+
+
 def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], window: int,
                  threshold: int) -> str:
     k = t.kinds
@@ -197,6 +204,7 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
     rows: tuple[tuple[str, str], ...] = (("Log", log),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
+            ("Compactions by tier", _by_tier(t)),
             ("Saved", saved_text(t.lineage.usage)),
             ("Compaction attempts seen by this process", _totals(totals)),
             ("Last activity", iso_time(t.updated_at)))
