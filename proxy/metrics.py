@@ -24,6 +24,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.metrics_core import Metric
@@ -31,9 +32,22 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
+from proxy.context.checkpoint import CompactionOutcome
 from proxy.context.compactor import CompactionResult
+from proxy.context.engine import Trigger
+from proxy.dialects import DIALECTS
 from proxy.savings import summary_cost
-from proxy.store.base import SessionKey, StoredFact
+from proxy.store.base import Kind, SessionKey, StoredFact
+
+#: The label values the HELP texts list (the contract's): routes, compaction triggers, the in-memory caches.
+ROUTES = (*DIALECTS, "passthrough", "admin", "ui")
+TRIGGERS = get_args(Trigger)
+CACHES = ("states", "recent", "pending", "tokens", "timelines")
+
+
+def _values(values: Iterable[str]) -> str:
+    return ", ".join(values)
+
 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 UPSTREAM_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -101,10 +115,13 @@ class Metrics:
             MultiProcessCollector(self.registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
             self.registry.register(WorkerProcessCollector(multiprocess_dir))
             r = CollectorRegistry()  # the metric objects themselves; their values are this worker's files
-        self.requests = Counter("ctxproxy_requests", "Requests served, by route and status.", ["route", "status"],
-                                registry=r)
-        self.compactions = Counter("ctxproxy_compactions", "Compactions attempted.", ["trigger", "outcome"],
-                                   registry=r)
+        self.requests = Counter("ctxproxy_requests",
+                                f"Requests served, by route ({_values(ROUTES)}) and HTTP status.",
+                                ["route", "status"], registry=r)
+        self.compactions = Counter("ctxproxy_compactions",
+                                   f"Compactions attempted (a masking batch counts as one), by trigger "
+                                   f"({_values(TRIGGERS)}) and outcome ({_values(get_args(CompactionOutcome))}).",
+                                   ["trigger", "outcome"], registry=r)
         self.compaction_seconds = Histogram("ctxproxy_compaction_seconds", "Time a compaction took.",
                                             buckets=COMPACTION_BUCKETS, registry=r)
         self.compaction_wait_seconds = Histogram(
@@ -112,14 +129,17 @@ class Metrics:
             "(0: a background summary was ready, or on its way while the view still fit).",
             buckets=COMPACTION_BUCKETS, registry=r)
         self.literals = Counter("ctxproxy_literals", "Exact literals of compacted messages, by what each compaction's "
-                                "receipt says of them: kept by the view, added back by the proxy, dropped for budget.",
+                                "receipt says of them (outcome: kept by the view, added back by the proxy, dropped "
+                                "for budget).",
                                 ["outcome"], registry=r)
         self.tokens_before = Counter("ctxproxy_tokens_before_compaction", "View tokens before compactions.",
                                      registry=r)
         self.tokens_after = Counter("ctxproxy_tokens_after_compaction", "View tokens after compactions.", registry=r)
-        self.reactive_retries = Counter("ctxproxy_reactive_retries", "Retries after a prompt-too-long answer.",
+        self.reactive_retries = Counter("ctxproxy_reactive_retries", "Retries after a prompt-too-long answer, by "
+                                        "outcome (ok, failed).",
                                         ["outcome"], registry=r)
-        self.log_entries = Counter("ctxproxy_log_entries", "Facts appended to the log.", ["kind"], registry=r)
+        self.log_entries = Counter("ctxproxy_log_entries", f"Entries appended to the log, by kind "
+                                   f"({_values(get_args(Kind))}).", ["kind"], registry=r)
         self.store_errors = Counter("ctxproxy_store_errors", "Store operations that failed.", registry=r)
         self.upstream_seconds = Histogram("ctxproxy_upstream_seconds", "Time waiting for the upstream.",
                                           buckets=UPSTREAM_BUCKETS, registry=r)
@@ -135,7 +155,8 @@ class Metrics:
         # (a summary lowers it); summed over workers, dead ones included, as a counter is.
         self.tokens_saved = Gauge("ctxproxy_tokens_saved_total", "Tokens compaction took out of the requests "
                                   "clients sent, by the proxy's own count, less the tokens its summary calls "
-                                  "used (proxy.savings).", multiprocess_mode="sum", registry=r)
+                                  "used (net: below 0 while the summaries have not paid for themselves).",
+                                  multiprocess_mode="sum", registry=r)
         self.cost_saved = Gauge("ctxproxy_cost_saved_dollars_total", "Those tokens in dollars: saved ones at the "
                                 "model's input price, summary calls at its input and output prices, from "
                                 "litellm's bundled map (models it prices only).", multiprocess_mode="sum",
@@ -145,7 +166,8 @@ class Metrics:
         if not self.multiprocess:
             self.sessions_active.set_function(self._active_count)
         self._seen: OrderedDict[SessionKey, float] = OrderedDict()
-        self.cache_bytes = Gauge("ctxproxy_cache_bytes", "Bytes the in-memory caches hold, estimated, by cache.",
+        self.cache_bytes = Gauge("ctxproxy_cache_bytes", f"Bytes the in-memory caches hold, estimated, by cache "
+                                 f"({_values(CACHES)}).",
                                  ["cache"], multiprocess_mode="livesum", registry=r)
         #: What each cache holds, in bytes (set by the app): read at every scrape, and by a worker's refresh.
         self.caches: Callable[[], Mapping[str, int]] | None = None

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 from typing import Any
 
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.keys import store_key
+from proxy.keys import metrics_key, store_key
 from proxy.logs import JsonFormatter
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
@@ -89,6 +90,31 @@ async def test_contract_metric_names_types_and_labels(proxy) -> None:
     assert ("ctxproxy_overhead_seconds_bucket", frozenset({("le", "+Inf")})) in samples
     assert value(samples, "ctxproxy_sessions_active") == 1
     assert value(samples, "process_resident_memory_bytes") > 0
+
+
+CONTRACT_VALUES = {  # the label values CONTRACT.md names, by family and label
+    "ctxproxy_requests": ("chat", "responses", "messages", "passthrough", "admin"),
+    "ctxproxy_compactions": ("background", "proactive", "reactive", "manual", "client",
+                             "ok", "failed", "timeout", "skipped", "fallback"),
+    "ctxproxy_reactive_retries": ("ok", "failed"),
+    "ctxproxy_literals": ("kept", "added", "dropped"),
+}
+
+
+async def test_help_texts_list_the_label_values_and_name_no_module(proxy) -> None:
+    """What a dashboard author reads in /metrics: each label's values, and no internal module names."""
+    await chat(proxy, [{"role": "user", "content": "hi"}], "help")
+    resp = await proxy.get("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+    for name, values in CONTRACT_VALUES.items():
+        listed = re.findall(r"[a-z]+", families[name].documentation)
+        assert set(values) <= set(listed), (name, families[name].documentation)
+    caches = proxy.app[metrics_key].caches()
+    assert set(caches) <= set(re.findall(r"[a-z]+", families["ctxproxy_cache_bytes"].documentation))
+    kinds = re.findall(r"[a-z]+", families["ctxproxy_log_entries"].documentation)
+    assert {"message", "rewind", "summary", "checkpoint", "retire"} <= set(kinds)
+    for family in families.values():
+        assert not re.search(r"\bproxy\.[a-z]", family.documentation), (family.name, family.documentation)
 
 
 async def test_compaction_metrics_move_with_proactive_compactions(make_proxy, fake: FakeUpstream) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from html import escape as html_escape
 from typing import Any
 
 import orjson
 import pytest
 from click.testing import CliRunner
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.cli import main
 from proxy.context.tokens import RUNNING_FROM
@@ -24,7 +26,7 @@ from tests.proxyfixtures import read_log, replay
 from tests.test_compaction_e2e import prose
 from tests.test_run_agents import litellm_price
 from tests.test_ui import KEY as KEY_UI
-from tests.test_ui import TENANT, TOKEN, TOOLS, agent_session, page, session_path, sign_in, ui_proxy
+from tests.test_ui import ROOT, TENANT, TOKEN, TOOLS, agent_session, page, session_path, sign_in, ui_proxy
 
 KEY = SessionKey("t", "s")
 
@@ -287,3 +289,36 @@ async def test_a_streamed_summary_call_is_counted_as_a_whole_one_is(make_proxy, 
     assert summaries and all(body.get("stream") is True for body in fake.summary_requests)
     assert [f.extra["model"] for f in summaries] == ["gpt-4o-2024-08-06"] * len(summaries)
     assert sum(f.extra["usage"]["prompt_tokens"] for f in summaries) == sum(map(fake.count, fake.summary_requests))
+
+
+def panel_expr(title: str) -> str:
+    """The PromQL of the Grafana dashboard's panel ``title`` (its one target)."""
+    dashboard = orjson.loads((ROOT / "deploy" / "grafana" / "ctxproxy-dashboard.json").read_bytes())
+    panel = next(p for p in dashboard["panels"] if p["title"] == title)
+    (target,) = panel["targets"]
+    return str(target["expr"])
+
+
+def evaluate(expr: str, scraped: str) -> float:
+    """``sum(metric{job=~"$job"})`` or ``metric{…}`` over one scrape: the sum of the metric's samples (the one job
+    there is); any other form is not what a figure that agrees with the closing line needs."""
+    found = re.fullmatch(r'(?:sum\()?([a-z_]+)\{job=~"\$job"\}\)?', expr)
+    assert found is not None, f"not a plain metric or its sum: {expr}"
+    return sum(s.value for family in text_string_to_metric_families(scraped) for s in family.samples
+               if s.name == found[1])
+
+
+async def test_the_dashboards_tokens_saved_is_the_closing_lines_figure(make_proxy, fake) -> None:
+    """A compacting run with summary calls: the dashboard's panel over a scrape equals what the closing line, the
+    inspector and /admin/savings report (net of the summary calls, not the views' before - after)."""
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    await agent_session(proxy, fake, "dash", 10)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "dash"))
+    totals = fold_stored(facts)
+    assert totals.summary_tokens > 0 and totals.saved_tokens != totals.gross_saved_tokens
+    scraped = await (await proxy.get("/metrics")).text()
+    listed = await (await proxy.get("/admin/savings", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    assert evaluate(panel_expr("Tokens saved (net)"), scraped) == listed["total"]["saved_tokens"] == (
+        totals.saved_tokens)
+    assert f"{totals.saved_tokens:,} saved" in saved_text(totals)  # the closing line's words
+    assert evaluate(panel_expr("Dollars saved (net)"), scraped) == pytest.approx(listed["total"]["cost_saved"])

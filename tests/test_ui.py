@@ -20,6 +20,7 @@ from proxy.sessions import tenant_of
 from proxy.settings import Secret
 from proxy.store.base import NewFact, SessionKey
 from proxy.ui import cookie, timeline
+from proxy.ui.plot import short
 from proxy.ui.request import rebuild
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
@@ -108,11 +109,17 @@ PATHS = [("GET", "/ui"), ("GET", "/ui/"), ("GET", "/ui/signin"), ("POST", "/ui/s
          ("POST", session_path("s1") + "/uncompact"), ("GET", "/ui/no-such-page")]
 
 
-async def test_every_ui_path_is_404_without_an_admin_token(proxy) -> None:
+async def test_every_ui_path_is_404_without_an_admin_token_and_a_page_says_how_to_turn_it_on(proxy) -> None:
     for method, path in PATHS:
         resp = await proxy.request(method, path, data={"token": ""}, allow_redirects=False)
         assert resp.status == 404, (method, path)
-        assert (await resp.json())["error"]["type"] == "not_found_error"
+        if method == "GET" and not path.endswith("/live") and not path.startswith("/ui/static/"):
+            assert resp.headers["Content-Type"].startswith("text/html") and resp.headers["Content-Security-Policy"]
+            html = await resp.text()
+            assert "The inspector is off" in html and "--admin-token" in html and "CTXPROXY_ADMIN_TOKEN" in html
+            assert "signin" not in html and "csrf_token" not in html, "no sign-in form while there is no token"
+        else:
+            assert (await resp.json())["error"]["type"] == "not_found_error"
 
 
 async def test_pages_send_you_to_sign_in_and_data_needs_the_cookie(make_proxy) -> None:
@@ -249,7 +256,21 @@ async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_p
     assert len(replies) == 20 and len(checkpoints) >= 2
     html = await page(proxy, session_path("s1"))
     assert re.findall(r'<a class="point" href="[^"]+" data-seq="(\d+)">', html) == [str(f.seq) for f in replies]
-    assert html.count('<g class="mark outcome-ok">') == len(checkpoints)
+    marks = re.findall(r'<g class="mark outcome-ok tier-(mask|summary)"><title>([^<]*)</title>.*?<text [^>]*>([^<]*)'
+                       r"</text></g>", html)
+    assert len(marks) == len(checkpoints)
+    assert {tier for tier, _, _ in marks} == {"mask", "summary"}, "both tiers made checkpoints here"
+    tiers = [tier for tier, _, _ in marks]
+    assert (f"<dt>Compactions by tier</dt><dd>outputs shortened: {tiers.count('mask')}, summarised: "
+            f"{tiers.count('summary')}, left out: 0</dd>") in html
+    for tier, title, _ in marks:  # each tier in its own words, and no range that runs backwards
+        assert re.search(r"tool outputs of messages? \d+(–\d+)? shortened" if tier == "mask"  # noqa: RUF001
+                         else r": messages? \d+(–\d+)? summarised", title), title  # noqa: RUF001
+    assert "–-" not in html and "message 0 summarised" not in html  # noqa: RUF001
+    async with proxy.app[timelines_key].fold(proxy.app[store_key], SessionKey(TENANT, "s1")) as t:
+        points, positions = list(t.points), [m.position for m in t.marks]
+    for (_, _, label), at in zip(marks, positions, strict=True):  # a mark's figures are the bars beside it
+        assert label.endswith(f" {short(points[at - 1].seen)}→{short(points[at].seen)}"), label
     assert f'data-requests="{len(replies)}" data-slots="{len(replies)}"' in html
     assert html.count("proactive compaction in ") == len(checkpoints)  # this process made them: trigger and time
     tool_outputs = [f for f in facts if f.message is not None and f.message.get("role") == "tool"]
@@ -294,7 +315,7 @@ async def test_failed_compactions_are_marked_from_this_process_record(make_proxy
     await agent_session(proxy, fake, "s1", 6)
     html = await page(proxy, session_path("s1"))
     failed = html.count('<g class="mark outcome-failed">')
-    assert failed >= 1 and '<g class="mark outcome-ok">' not in html
+    assert failed >= 1 and '<g class="mark outcome-ok' not in html
     assert f"proactive failed: {failed}" in html
     table = await page(proxy, "/ui")
     assert f"proactive failed: {failed}" in table
@@ -308,8 +329,10 @@ async def test_the_model_free_tier_is_marked_on_the_timeline_and_in_the_log(make
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 6)
     html = await page(proxy, session_path("s1"))
-    assert '<g class="mark outcome-fallback">' in html and "elided without a model summary" in html
-    assert "no model summary: messages 1–" in html  # noqa: RUF001
+    assert '<g class="mark outcome-fallback tier-fallback">' in html
+    assert re.search(r"messages \d+–\d+ left out: no summary could be made", html)  # noqa: RUF001
+    assert '<span class="badge warn">no summary could be made: the oldest messages were left out</span>' in html
+    assert "model-free" not in html, "the tier is named in words, not jargon"
     assert '<g class="mark outcome-failed">' not in html, "a fallback is no failed attempt on the timeline"
 
 
@@ -448,3 +471,30 @@ async def test_a_tool_output_clipped_to_fit_is_marked_in_the_request_it_went_out
     assert html.count('<li class="vm clipped">') == 1
     assert "clipped to fit the window when it went upstream" in html
     assert "differs from the logged one" not in html
+
+
+async def test_a_rebuilt_view_that_differs_names_what_changed(make_proxy, fake) -> None:
+    """Each reply's entry records the window and the view settings; a rebuild that differs names the one that
+    changed (a window the upstream taught, a flag), or says the entry is too old to tell."""
+    proxy = await ui_proxy(make_proxy, context_window=8000)
+    await sign_in(proxy)
+    await agent_session(proxy, fake, "live", 1)
+    facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "live"))
+    assert facts[-1].extra["view"]["window"] == 8000 and "learned_window" not in facts[-1].extra["view"]
+    assert facts[-1].extra["view"]["settings"] == {"summary_placement": "user", "recall_tool": False}
+
+    store, key = proxy.app[store_key], SessionKey(TENANT, "changed")
+    views = [{"key": "", "length": 5, "last": "x", "window": 2048, "learned_window": True,
+              "settings": {"summary_placement": "system", "recall_tool": False}},
+             {"key": "", "length": 5, "last": "x"}]  # logged before entries recorded either
+    for n, view in enumerate(views):
+        await store.append(key, 2 * n, [
+            NewFact("message", 2 * n, "client", {"role": "user", "content": f"q{n}"}, f"q{n}"),
+            NewFact("message", 2 * n + 1, "upstream", {"role": "assistant", "content": f"a{n}"}, f"a{n}",
+                    {"usage": {"prompt_tokens": 10}, "view": view})], ts=1_800_000_000.0 + n)
+    first = await page(proxy, f"{session_path('changed')}/requests/1?fragment=1")
+    assert "This rebuilt view differs from the logged one (length 5, rebuilt 1): it went out under a 2,048-token " \
+           "window the upstream taught the proxy" in first
+    assert "--summary-placement was &#x27;system&#x27; then and is &#x27;user&#x27; now" in first
+    second = await page(proxy, f"{session_path('changed')}/requests/3?fragment=1")
+    assert "logged before the proxy recorded the settings that shape a view" in second

@@ -24,9 +24,15 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from proxy.keys import store_key
+from proxy.sessions import tenant_of
+from proxy.settings import Secret
 from proxy.store.base import SessionKey
 from proxy.ui import timeline
+from tests.fakeresponses import FakeResponses
+from tests.fakescript import Script
 from tests.proxyfixtures import read_log
+from tests.scripted import KEY as SCRIPTED_KEY
+from tests.scripted import Codex, rig
 from tests.test_admin import forgive
 from tests.test_demo import serving_demo
 from tests.test_ui import POISON, TENANT, TOKEN, agent_session, long_log, session_path, step, ui_proxy
@@ -322,3 +328,89 @@ async def test_the_demos_link_opens_its_session_with_every_request_and_compactio
         assert await browser.count("svg.timeline g.mark") == compactions
         await browser.open(link)  # spent: the sign-in form says so
         assert "used already or has expired" in await browser.text("form.signin")
+
+
+#: What each tier's mark says on the timeline, and what the legend says of it.
+TIERS = {"mask": ("outputs shortened", "old tool outputs shortened (no model call)"),
+         "summary": ("summarised", "older messages summarised by the model"),
+         "fallback": ("left out", "older messages left out: no summary could be made")}
+#: Every mark's tooltip and label, and every text on the page.
+WORDS = ("return [document.querySelector('main').innerText, ...Array.from(document.querySelectorAll("
+         "'svg.timeline g.mark title, svg.timeline g.mark text')).map(n => n.textContent)]")
+
+
+async def tier_colours(browser: Browser) -> dict[str, tuple[str, str]]:
+    """Per tier on the page: its marks' line colour and its legend key's colour, as the browser draws them."""
+    return dict(await browser.script(
+        "const out = {}; for (const tier of ['mask', 'summary', 'fallback']) {"
+        "  const line = document.querySelector(`svg.timeline g.mark.tier-${tier} line`);"
+        "  const key = document.querySelector(`.legend .key.mark.tier-${tier}`);"
+        "  if (line) out[tier] = [getComputedStyle(line).stroke, getComputedStyle(key).backgroundColor]; }"
+        "return Object.entries(out)"))
+
+
+async def test_each_compaction_tier_has_its_own_words_colour_and_legend(make_proxy, fake, browser: Browser) -> None:
+    # In 3,000 two masking batches come before a summary (see above); with every summary failing and masking off,
+    # the model-free tier stands in (tests/test_ui.py).
+    made = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2)
+    await agent_session(made, fake, "tiers", 8)
+    failing = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2, keep_tool_output_share=1.0)
+    fake.summary_mode = "fail"
+    await agent_session(failing, fake, "left", 6)
+    colours: dict[str, tuple[str, str]] = {}
+    await browser.sign_in(base_url(made), TOKEN)  # the cookie holds for both (one store, one token; ports aside)
+    for proxy, session, tiers in ((made, "tiers", ("mask", "summary")), (failing, "left", ("fallback",))):
+        await browser.open(base_url(proxy) + session_path(session))
+        legend = await browser.text("#timeline .legend")
+        assert all(words in legend for _, words in TIERS.values()), legend
+        for tier in tiers:
+            labels = await browser.script(f"return Array.from(document.querySelectorAll("
+                                          f"'svg.timeline g.mark.tier-{tier} text')).map(n => n.textContent)")
+            assert labels and all(label.startswith(TIERS[tier][0]) for label in labels), (tier, labels)
+        words = await browser.script(WORDS)
+        assert not [w for w in words if "–-" in w or "message 0 summarised" in w], words  # noqa: RUF001
+        assert not [w for w in words if "model-free" in w], words
+        colours.update(await tier_colours(browser))
+    assert set(colours) == set(TIERS)
+    assert all(line == key for line, key in colours.values()), colours  # each mark is its legend key's colour
+    assert len({line for line, _ in colours.values()}) == 3, colours
+
+
+async def test_a_codex_session_has_one_bar_per_upstream_request(aiohttp_server, aiohttp_client, tmp_path: Path,
+                                                                 browser: Browser) -> None:
+    """Codex's replies are a reasoning item and a message (or call) each, logged as two entries with one usage:
+    one request, one bar. Its instructions are no message, so masking starts at message 0: no range "0 to -1"."""
+    fake = FakeResponses(Script(steps=12))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, admin_token=Secret(TOKEN),
+                      context_window=6000)
+    codex = Codex(proxy, session="codex-ui", output=lambda command: command + "\n" + " ".join(
+        f"line {i} of {command}" for i in range(200)))
+    for _ in range(13):
+        await codex.step()
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(SCRIPTED_KEY), "codex-ui"))
+    replies = [f for f in facts if f.kind == "message" and f.source == "upstream"]
+    assert len(fake.requests) == 13 and len(replies) == 26, "two entries per reply"
+    base = base_url(proxy)
+    await browser.sign_in(base, TOKEN)
+    await browser.open(base + f"/ui/sessions/{tenant_of(SCRIPTED_KEY)}/codex-ui")
+    assert await browser.count("svg.timeline a.point") == len(fake.requests)
+    assert "Upstream requests\n13" in await browser.script("return document.querySelector('#summary').innerText")
+    masks = await browser.script("return Array.from(document.querySelectorAll('svg.timeline g.mark.tier-mask title'))"
+                                 ".map(n => n.textContent)")
+    assert masks and "tool outputs of messages 0–" in masks[0], masks  # noqa: RUF001
+    words = await browser.script(WORDS)
+    assert not [w for w in words if "–-" in w], words  # noqa: RUF001
+    assert not [w for w in words[1:] if "summarised" in w], "a masking batch is no summary"
+
+
+async def test_without_an_admin_token_the_inspector_says_how_to_turn_it_on(make_proxy, browser: Browser) -> None:
+    proxy = await make_proxy()
+    base = base_url(proxy)
+    for path in ("/ui", "/ui/signin", session_path("s1")):
+        await browser.open(base + path)
+        assert await browser.text("h1") == "The inspector is off"
+        text = await browser.text("main")
+        assert "--admin-token" in text and "CTXPROXY_ADMIN_TOKEN" in text
+        assert await browser.count("form") == 0
+    logs = await browser.run(browser.driver.get_log, "browser")
+    assert not [entry for entry in logs if "Content Security Policy" in entry["message"]], logs

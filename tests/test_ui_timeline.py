@@ -46,6 +46,21 @@ def test_usage_figures(usage: dict[str, Any], figures: tuple[int | None, int | N
     assert usage_figures(usage) == figures
 
 
+def test_the_items_of_one_reply_are_one_request_and_replies_with_no_figures_stay_apart() -> None:
+    usage, view = {"input_tokens": 40}, {"key": "", "length": 1}
+    t = Timeline()
+    t.extend([fact(0, "message", 0, msg("user", "go")),
+              fact(1, "message", 1, msg("assistant", "thinking"), "upstream", usage=usage, view=view),
+              fact(2, "message", 2, msg("assistant", "done"), "upstream", usage=usage, view=view),
+              fact(3, "message", 3, msg("user", "again")),
+              fact(4, "message", 4, msg("assistant", "a"), "upstream", usage=usage, view=view),
+              fact(5, "message", 5, msg("assistant", "b"), "upstream", usage={"input_tokens": 41}, view=view),
+              fact(6, "message", 6, msg("assistant", "old"), "upstream"),
+              fact(7, "message", 7, msg("assistant", "older"), "upstream")])
+    assert [(p.seq, p.index, p.seen) for p in t.points] == [(1, 1, 40), (4, 4, 40), (5, 5, 41), (6, 6, t.prefix[6]),
+                                                              (7, 7, t.prefix[7])]
+
+
 def test_the_fold_follows_rewinds_and_counts_what_each_request_sent() -> None:
     counter = TokenCounter()
     m = [msg("system", "sys"), msg("user", "first question " * 20), msg("assistant", "answer " * 30),

@@ -356,7 +356,7 @@ async def test_the_inspector_undoes_only_for_a_signed_in_form_with_its_token(mak
     assert (await read_log(proxy.app[store_key], key))[-1].extra == {"checkpoint_seq": seq}
     assert but_compacting_costs(await view_of_ui(proxy, "ui")) == but_compacting_costs(whole)
     html = await page(proxy, session_path("ui"))
-    assert 'class="mark outcome-retired"' in html and f"undone by entry #{seq + 1}" in html
+    assert 'class="mark outcome-retired tier-summary"' in html and f"undone by entry #{seq + 1}" in html
     assert "1 checkpoints (1 undone)" in html
     assert 'form class="undo"' not in html
     resp = await proxy.post(action, data={"checkpoint": str(seq), "csrf_token": form_token(html)},

@@ -207,6 +207,11 @@ class ContextEngine:
     def projection(self, dialect: ItemModel) -> ProjectionBuilder:
         return ProjectionBuilder(dialect, summary_placement=self.settings.summary_placement, masker=self.masker)
 
+    def view_settings(self) -> dict[str, object]:
+        """The settings ``projection`` builds views with, by flag name: logged with each reply, so a view rebuilt
+        later under other settings can say which one changed."""
+        return {"summary_placement": self.settings.summary_placement, "recall_tool": self.settings.recall_tool}
+
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none", limit: int | None = None, fit: bool = True,

@@ -147,8 +147,8 @@ class Turn:
                       if checkpoint is not None and checkpoint.summarises else None)
         return dialect.render(self.parsed, dialect.cache_hints(payload, view.messages, summary_at), extra)
 
-    def sink_for(self, view: PreparedView) -> ReplySink:
-        history = self.request.app[history_key]
+    def view_info(self, view: PreparedView) -> dict[str, Any]:
+        """What each reply's log entry says of the view it answered (``view``): the inspector reads it."""
         dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
         last = view.messages[-1]
         view_info: dict[str, Any] = {"key": view.view_key, "length": len(view.messages),
@@ -157,6 +157,19 @@ class Turn:
             view_info["clipped"] = list(view.clipped)
         if self.settings.shadow:  # the view was computed, not sent: the inspector says so
             view_info["shadow"] = True
+        # What shaped the view, for the inspector to name when a rebuild differs: the window (and whether the
+        # upstream taught it) and the view's settings.
+        window = self.engine.window_for(self.parsed.model)
+        view_info["window"] = window
+        if window != self.engine.windows.configured(self.parsed.model):
+            view_info["learned_window"] = True
+        view_info["settings"] = self.engine.view_settings()
+        return view_info
+
+    def sink_for(self, view: PreparedView) -> ReplySink:
+        history = self.request.app[history_key]
+        dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
+        view_info = self.view_info(view)
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None,
                        answered: str | None) -> None:

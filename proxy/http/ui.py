@@ -1,7 +1,7 @@
 """``/ui``: the session inspector, the admin API's view for people with a browser.
 
 Access is the admin API's: with no ``--admin-token`` every ``/ui`` path answers
-404, as if it did not exist. Otherwise a page needs the sign-in cookie
+404, a page (``GET``) with a page that says how to turn the inspector on. Otherwise a page needs the sign-in cookie
 (``proxy.ui.cookie``): a page request without one is sent to the sign-in form,
 a data request (``/live``) gets 401. Signing in POSTs the admin token, compared
 in constant time; the answer sets an HttpOnly, SameSite=Strict cookie on
@@ -98,9 +98,13 @@ def guard(handler: Handler, access: Access = "page") -> Handler:
     @open_route  # the inspector has its own sign-in; client keys do not apply
     async def guarded(request: web.Request) -> web.StreamResponse:
         token = request.app[settings_key].admin_token
-        if not token:  # the middleware's plain 404, as for any path that does not exist
+        if not token:  # off: a page says how to turn it on; data and static paths do not exist
             request.app[metrics_key].requests.labels(route="ui", status="404").inc()
-            raise web.HTTPNotFound()
+            if access == "data" or request.method != "GET" or request.path.startswith("/ui/static/"):
+                raise web.HTTPNotFound()
+            off = _html(pages.disabled_page(), status=404)
+            off.headers.update(SECURITY_HEADERS)
+            return off
         response: web.StreamResponse
         try:
             if access != "open" and not await _signed_in(request, token):
@@ -352,7 +356,7 @@ async def request_view(request: web.Request) -> web.Response:
     if point is None:
         text = f"Entry #{request.match_info['seq']} is not an upstream reply."
         return _html(pages.message_page("Not a request", text, csrf_token=form_token(request)), status=404)
-    found = await rebuild(store, key, point, checkpoint, engine.projection)
+    found = await rebuild(store, key, point, checkpoint, engine.projection, engine.view_settings())
     section = request_html(found, engine.counter, entry=links.entry)
     if request.query.get("fragment") == "1":
         return _html(section)

@@ -16,6 +16,7 @@ from typing import Any
 from proxy.blocks import content_text, message_blocks, role_label
 from proxy.render import iso_time
 from proxy.store.base import StoredFact
+from proxy.ui import tiers
 from proxy.ui.timeline import Mark
 
 #: Texts longer than this, or with more lines, are collapsed.
@@ -127,12 +128,10 @@ def entry_html(fact: StoredFact, *, tokens: int | None, mark: Mark | None, entry
 def _checkpoint_html(fact: StoredFact, seq: str, when: str, mark: Mark | None, undo: str) -> str:
     text, badges, retired = "checkpoint (unreadable)", "", ""
     if mark is not None:
-        span = (f"messages {mark.first}–{mark.retain_start - 1}" if mark.retain_start - 1 > mark.first  # noqa: RUF001
-                else f"message {mark.first}")
-        text = f"checkpoint: {span} summarised ({mark.tokens_before:,} → {mark.tokens_after:,} tokens)"
-        if mark.elided_from is not None:  # the model-free tier stood in for a summary
-            badges = (f'<span class="badge warn">no model summary: messages {mark.elided_from}–'  # noqa: RUF001
-                      f"{mark.retain_start - 1} elided by the model-free tier</span>")
+        text = (f"checkpoint ({tiers.LABELS[mark.tier]}): {mark.what} (its messages, by the proxy's count: "
+                f"{mark.tokens_before:,} → {mark.tokens_after:,} tokens)")
+        if mark.tier == "fallback":
+            badges = '<span class="badge warn">no summary could be made: the oldest messages were left out</span>'
         if mark.retired_by is not None:
             badges += f'<span class="badge retired">undone by entry #{mark.retired_by}</span>'
             retired = " retired"

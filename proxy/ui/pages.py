@@ -8,6 +8,7 @@ forbids both): behaviour is ``/ui/static/ui.js``, reading ``data-`` attributes.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
@@ -20,7 +21,7 @@ from proxy.context.literals import coverage
 from proxy.render import fact_line, iso_time
 from proxy.savings import UsageTotals, dialect_of, saved_text
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
-from proxy.ui import csrf, template
+from proxy.ui import csrf, template, tiers
 from proxy.ui.markup import e, entry_html, message_html, text_html
 from proxy.ui.plot import MarkLine, short, timeline_svg
 from proxy.ui.timeline import Point, Timeline
@@ -46,6 +47,17 @@ def signin_page(next_path: str, csrf_token: str, error: str = "") -> str:
 
 def message_page(title: str, text: str, *, csrf_token: str | None) -> str:
     return layout(title, f"<h1>{e(title)}</h1><p>{e(text)}</p>", csrf_token=csrf_token)
+
+
+def disabled_page() -> str:
+    """What ``/ui`` answers while the proxy has no admin token: how to turn the inspector on."""
+    body = ("<h1>The inspector is off</h1><p>The inspector shows every tenant's sessions, so it is behind the admin "
+            "token, and this proxy was started without one. Start it with an admin token, then open "
+            "<code>/ui</code> again and sign in with that token:</p>"
+            "<pre>ctxproxy serve --admin-token \"$(openssl rand -hex 24)\"</pre>"
+            "<p>or set <code>CTXPROXY_ADMIN_TOKEN</code> in the proxy's environment. The same token opens the admin "
+            "API (<code>/admin/…</code>).</p>")
+    return layout("The inspector is off", body, csrf_token=None)
 
 
 @dataclass(frozen=True)
@@ -135,28 +147,45 @@ def sessions_page(rows: Sequence[SessionRow], *, total: int, window: int, thresh
 
 
 def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[MarkLine]:
-    """A line per checkpoint (with its trigger and time when this process made it), and per failed attempt."""
+    """A line per checkpoint (with its trigger and time when this process made it), and per failed attempt.
+
+    A mark's figures are the bars' beside it (the model's count of the requests before and after it), not the
+    compaction's own estimate of the messages, so the label and the bars agree.
+    """
     events = list(events)
     made = {ev.view_key: ev for ev in events if ev.outcome in ("ok", "fallback") and ev.view_key}
+    points = timeline.points
     lines = []
     for m in timeline.marks:
         ev = made.get(m.view_key)
         how = f"{ev.trigger} compaction in {ev.seconds:.1f} s" if ev is not None else "compaction"
-        what = "summarised"
-        if m.elided_from is not None:  # the model-free tier stood in for (part of) the summary
-            what = f"summarised, {m.elided_from}–{m.retain_start - 1} elided without a model summary"  # noqa: RUF001
         undone = f"; undone by entry #{m.retired_by}" if m.retired_by is not None else ""
         literals = f"; {coverage(m.literals)}" if m.literals else ""
         outcome = "retired" if m.retired_by is not None else "ok" if m.elided_from is None else "fallback"
-        lines.append(MarkLine(m.position, outcome, f"{short(m.tokens_before)}→{short(m.tokens_after)}",
-                              f"{how} (entry #{m.seq}): messages {m.first}–{m.retain_start - 1} {what}, "  # noqa: RUF001
-                              f"{m.tokens_before:,} → {m.tokens_after:,} tokens{literals}{undone}"))
+        before = points[m.position - 1] if 0 < m.position <= len(points) else None
+        after = points[m.position] if m.position < len(points) else None
+        label, figures = tiers.LABELS[m.tier], []
+        if before is not None and after is not None:
+            label += f" {short(before.seen)}→{short(after.seen)}"
+        if before is not None:
+            figures.append(f"the request before it: model saw {before.seen:,} tokens")
+        if after is not None:
+            figures.append(f"the request after it: {after.seen:,}")
+        told = f"; {', '.join(figures)}" if figures else ""
+        lines.append(MarkLine(m.position, outcome, label, f"{how} (entry #{m.seq}): {m.what}{told}{literals}{undone}",
+                              tier=m.tier))
     times = [p.ts for p in timeline.points]
     for ev in events:
         if ev.outcome not in ("ok", "fallback"):
             lines.append(MarkLine(bisect.bisect_right(times, ev.ts), ev.outcome, ev.outcome,
                                   f"{ev.trigger} compaction {ev.outcome} after {ev.seconds:.1f} s: {ev.detail}"))
     return lines
+
+
+def _by_tier(t: Timeline) -> str:
+    """The checkpoints in the log by the tier that made them, in the legend's words."""
+    made = Counter(m.tier for m in t.marks)
+    return ", ".join(f"{tiers.LABELS[tier]}: {made[tier]:,}" for tier in tiers.LABELS)
 
 
 def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], window: int,
@@ -175,6 +204,7 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
     rows: tuple[tuple[str, str], ...] = (("Log", log),
             ("Conversation now", f"{len(t.lineage.messages):,} messages, {t.prefix[-1]:,} tokens"),
             ("Upstream requests", f"{len(t.points):,}"),
+            ("Compactions by tier", _by_tier(t)),
             ("Saved", saved_text(t.lineage.usage)),
             ("Compaction attempts seen by this process", _totals(totals)),
             ("Last activity", iso_time(t.updated_at)))
@@ -188,8 +218,10 @@ def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent]
 
 LEGEND = ('<p class="legend"><span class="key bar"></span> model saw (hollow: estimated) '
           '<span class="key cached"></span> of which cached <span class="key sent"></span> client sent '
-          '<span class="key window"></span> window <span class="key trigger"></span> compaction trigger '
-          '<span class="key mark"></span> compaction. Click a request to see what the model saw.</p>')
+          '<span class="key window"></span> window <span class="key trigger"></span> compaction trigger. '
+          'Compactions: ' + " ".join(f'<span class="key mark tier-{tier}"></span> {text}'
+                                     for tier, text in tiers.LEGEND.items())
+          + '. Click a request to see what the model saw.</p>')
 
 
 def timeline_html(t: Timeline, events: Sequence[CompactionEvent], links: Links, window: int, threshold: int) -> str:

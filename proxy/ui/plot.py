@@ -41,6 +41,8 @@ class MarkLine:
     outcome: str
     label: str
     title: str
+    #: The tier that made it (``proxy.ui.tiers``), which colours it; empty for a failed attempt.
+    tier: str = ""
 
 
 def slots(points: Sequence[Point], limit: int = MAX_SLOTS) -> tuple[list[Slot], int]:
@@ -122,10 +124,11 @@ def timeline_svg(points: Sequence[Point], marks: Sequence[MarkLine], *, window: 
     out.append(f'<polyline class="sent" points="{sent}"/>')
     for mark in marks:
         mx = x(mark.position / size)
-        near_end = mx > WIDTH - RIGHT - 90  # label on the line's left, inside the plot
+        near_end = mx > WIDTH - RIGHT - 170  # label on the line's left, inside the plot
         label = f'x="{mx - 3:.1f}" text-anchor="end"' if near_end else f'x="{mx + 3:.1f}"'
         row = TOP + (10 if mark.outcome == "ok" else 24)  # failures' labels a row lower: they sit beside a retry
-        out.append(f'<g class="mark outcome-{e(mark.outcome)}"><title>{e(mark.title)}</title>'
+        tier = f" tier-{e(mark.tier)}" if mark.tier else ""
+        out.append(f'<g class="mark outcome-{e(mark.outcome)}{tier}"><title>{e(mark.title)}</title>'
                    f'<line x1="{mx:.1f}" x2="{mx:.1f}" y1="{TOP}" y2="{TOP + height}"/>'
                    f'<text {label} y="{row}">{e(mark.label)}</text></g>')
     last = points[-1].n + 1

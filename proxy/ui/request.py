@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.blocks import role_label
 from proxy.context.clipping import CLIP_MARKER
 from proxy.context.compactor import Checkpoint
-from proxy.context.items import ItemModel
+from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.masking import PLACEHOLDER_PATTERN
 from proxy.context.projection import ProjectionBuilder
 from proxy.context.tokens import TokenCounter
@@ -28,12 +28,17 @@ from proxy.render import iso_time, replay
 from proxy.store.base import FactLog, SessionKey
 from proxy.types import Message
 from proxy.ui.markup import e, message_html, message_preview
+from proxy.ui.tiers import span, view_parts
 from proxy.ui.timeline import Point
 
 OriginKind = Literal["verbatim", "clipped", "masked", "summary"]
 #: The marker ``proxy.context.clipping`` leaves in a clipped tool output: how much, and which entry holds it whole.
 ELIDED = re.compile(re.escape(CLIP_MARKER).replace(r"\{count\}", "([0-9]+)").replace(
     r"\{where\}", "(?:entry seq ([0-9]+)|message index ([0-9]+))"))
+#: The colours of the view's messages that are not the client's own.
+VIEW_LEGEND = ('<p class="legend"><span class="key vm summary"></span> the summary '
+               '<span class="key vm masked"></span> tool output shortened to a placeholder '
+               '<span class="key vm clipped"></span> tool output clipped to fit the window</p>')
 #: Rows of one run of summarised messages shown in the history column (the first and last halves).
 MAX_RUN_ROWS = 200
 
@@ -81,6 +86,8 @@ class RequestView:
     logged_view: Mapping[str, Any]
     reply: Mapping[str, Any]
     dialect: ItemModel
+    #: The view settings now (``CompactionEngine.view_settings``), to name the one that changed since.
+    settings: Mapping[str, object] = field(default_factory=dict)
 
     @property
     def clipped(self) -> frozenset[int]:
@@ -97,7 +104,8 @@ class RequestView:
 
 
 async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Checkpoint | None,
-                  projection: Callable[[ItemModel], ProjectionBuilder]) -> RequestView:
+                  projection: Callable[[ItemModel], ProjectionBuilder],
+                  settings: Mapping[str, object] | None = None) -> RequestView:
     """Request ``point`` again: the lineage as it stood at its reply, projected under ``checkpoint``."""
     lineage = await replay(store, key, until=point.seq)
     reply = (await store.read(key, after=point.seq - 1, limit=1))[0]
@@ -106,7 +114,8 @@ async def rebuild(store: FactLog, key: SessionKey, point: Point, checkpoint: Che
     view = projection(lineage.dialect).build(messages, checkpoint, seqs=lineage.state.seqs,
                                              keys=lineage.state.prefixes)
     return RequestView(point, messages, lineage.state.seqs, view, checkpoint,
-                       logged if isinstance(logged, Mapping) else {}, reply.message or {}, lineage.dialect)
+                       logged if isinstance(logged, Mapping) else {}, reply.message or {}, lineage.dialect,
+                       settings or {})
 
 
 def _figures(r: RequestView) -> str:
@@ -116,16 +125,33 @@ def _figures(r: RequestView) -> str:
         seen += f", {p.cached:,} from the prompt cache"
     text = f"Client sent {p.index:,} messages, {p.sent:,} tokens · view of {len(r.view):,} messages · {seen}"
     if r.checkpoint is not None:
-        text += (f" · checkpoint: messages before [{r.checkpoint.retain_start_idx}] summarised "
-                 f"({r.checkpoint.tokens_before:,} → {r.checkpoint.tokens_after:,} tokens)")
-        if r.checkpoint.elision:
-            text += (f", of which [{r.checkpoint.summary_end}] to [{r.checkpoint.retain_start_idx - 1}] elided by the "
-                     "model-free tier (no model summary)")
+        parts = view_parts(r.checkpoint, leading_system_count(r.dialect, r.messages))
+        text += f" · compacted: {'; '.join(parts) or 'nothing yet'}"
     note = "" if r.matches() else (
         '<p class="note warn">This rebuilt view differs from the logged one (length '
-        f'{e(r.logged_view.get("length", "unknown"))}): the window or the settings that shape a view have changed '
-        "since, or pass <code>?model=</code>.</p>")
+        f'{e(r.logged_view.get("length", "unknown"))}, rebuilt {len(r.view):,}): {e(_why_different(r))}.</p>')
     return f'<p class="figures">{e(text)}</p>{note}'
+
+
+def _why_different(r: RequestView) -> str:
+    """What changed since the request went out, as far as its log entry tells: the window, a view setting."""
+    reasons = []
+    window = r.logged_view.get("window")
+    if r.logged_view.get("learned_window") is True and isinstance(window, int):
+        reasons.append(f"it went out under a {window:,}-token window the upstream taught the proxy (smaller than "
+                       "the configured one), and was fitted to it")
+    logged = r.logged_view.get("settings")
+    if isinstance(logged, Mapping):
+        for name, now in r.settings.items():
+            if name in logged and logged[name] != now:
+                reasons.append(f"--{name.replace('_', '-')} was {logged[name]!r} then and is {now!r} now")
+    if reasons:
+        return "; ".join(reasons)
+    if isinstance(logged, Mapping):
+        return ("its log entry names no setting that changed since; pass ?model= if the session's model has a window "
+                "of its own")
+    return ("the request was logged before the proxy recorded the settings that shape a view, so which one changed "
+            "cannot be told")
 
 
 def _view_rows(r: RequestView, kinds: list[Origin], counter: TokenCounter, entry: Callable[[int], str]) -> str:
@@ -179,7 +205,10 @@ def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], st
             i += 1
             continue
         end = i
-        while end < len(r.messages) and status[end] == "elided":
+        # The model-free tier's range is left out, not summarised: a run stops where it starts.
+        left_from = r.checkpoint.summary_end if r.checkpoint is not None and r.checkpoint.elision else None
+        stop = left_from if left_from is not None and i < left_from else len(r.messages)
+        while end < min(stop, len(r.messages)) and status[end] == "elided":
             end += 1
         shown = list(range(i, end))
         if len(shown) > MAX_RUN_ROWS:
@@ -187,9 +216,10 @@ def _history_rows(r: RequestView, kinds: list[Origin], entry: Callable[[int], st
             shown = [*shown[:half], -1, *shown[-half:]]
         inner = "".join(row(j) if j >= 0 else f'<li class="gap">… {end - i - MAX_RUN_ROWS:,} more</li>'
                         for j in shown)
-        span = f"messages {i}–{end - 1}" if end - i > 1 else f"message {i}"  # noqa: RUF001
-        rows.append(f'<li class="hm elided run"><details><summary>{e(span)} summarised ({end - i:,}): '
-                    f"the summary stands in for them</summary><ol>{inner}</ol></details></li>")
+        what = ("left out: no summary could be made" if left_from is not None and i >= left_from
+                else "summarised: the summary stands in for them")
+        rows.append(f'<li class="hm elided run"><details><summary>{e(span(i, end - 1))} ({end - i:,}) {e(what)}'
+                    f"</summary><ol>{inner}</ol></details></li>")
         i = end
     return "".join(rows)
 
@@ -205,7 +235,7 @@ def request_html(r: RequestView, counter: TokenCounter, *, entry: Callable[[int]
     return (f'<section class="request" id="request-view" data-seq="{p.seq}">'
             f"<h2>Request {p.n + 1} · entry #{p.seq} · {e(iso_time(p.ts))}</h2>{_figures(r)}"
             f'<div class="columns"><div class="col"><h3>{e(title)}</h3>'
-            f'<ol class="view">{_view_rows(r, kinds, counter, entry)}</ol></div>'
+            f'{VIEW_LEGEND}<ol class="view">{_view_rows(r, kinds, counter, entry)}</ol></div>'
             '<div class="col"><h3>The conversation the client sent</h3>'
             f'<ol class="history">{_history_rows(r, kinds, entry)}</ol></div></div>'
             f'<h3>The reply</h3><div class="reply">{message_html(r.reply)}</div></section>')

@@ -2,7 +2,7 @@
 once a ``retire`` entry undid it).
 
 A point is an upstream reply in the log (a ``message`` entry from the
-upstream): the request that produced it sent ``messages[:index]`` of the
+upstream; the first item of a reply logged as several): the request that produced it sent ``messages[:index]`` of the
 lineage, so what the client sent is a prefix sum of message tokens, and what
 the model saw is the upstream's own ``usage`` (or, without one, an estimate of
 the view from the same prefix sums and the checkpoint its ``view.key`` names).
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from proxy.context.checkpoint import Tier
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
 from proxy.context.lineage import common_prefix
@@ -43,6 +44,7 @@ from proxy.context.projection import SUMMARY_END, summary_text
 from proxy.context.tokens import BUDGET_CHARS, TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
+from proxy.ui.tiers import described, tier_of
 
 #: Folds kept: each holds its session's lineage, so only a handful, and at most ``MAX_CACHED_BYTES`` of them.
 MAX_CACHED = 4
@@ -93,6 +95,16 @@ class Mark:
     retired_by: int | None = None
     #: The compaction's literal receipt (``Checkpoint.literal_receipt``; empty: made before literals were checked).
     literals: Mapping[str, int] = field(default_factory=dict)
+    #: Which tier made it (``proxy.ui.tiers``), and for a masking batch the messages whose tool outputs it masked.
+    tier: Tier = "summary"
+    masked_from: int = 0
+    masked_until: int = 0
+
+    @property
+    def what(self) -> str:
+        """What it did, in words ("tool outputs of messages 4-9 shortened", "messages 1-44 summarised")."""
+        return described(self.tier, first=self.first, retain_start=self.retain_start, elided_from=self.elided_from,
+                         masked_from=self.masked_from, masked_until=self.masked_until)
 
 
 def usage_figures(usage: Mapping[str, object]) -> tuple[int | None, int | None]:
@@ -126,6 +138,10 @@ class Timeline:
         self.checkpoints: dict[str, Checkpoint] = {}
         #: The checkpoint each mark was made from (``proxy.context.applying``), by seq.
         self._made_from: dict[int, int | None] = {}
+        #: Each checkpoint by its entry's seq (the tier a mark was made by is read off the one it was made from).
+        self._by_seq: dict[int, Checkpoint] = {}
+        #: The seq and figures of the last upstream reply folded: the items of one reply make one point.
+        self._last_reply: tuple[int, object, object, object] = (-2, None, None, None)
         self._summary_tokens: dict[tuple[str, int | None], int] = {}
         self.kinds: Counter[str] = Counter()
         self.next_seq = 0
@@ -188,11 +204,16 @@ class Timeline:
             (m.seq for m in reversed(self.marks) if m.retired_by is None), None)
         self._made_from[fact.seq] = made_from if type(made_from) is int else None
         system = leading_system_count(self.lineage.dialect, self.lineage.messages)
+        previous = self._by_seq.get(made_from) if type(made_from) is int else None
+        self._by_seq[fact.seq] = checkpoint
+        masked_from = max(previous.masked_until, checkpoint.retain_start_idx) if previous is not None else (
+            checkpoint.retain_start_idx)
         self.marks.append(Mark(fact.seq, fact.ts, len(self.points), system,
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
                                checkpoint.view_key,
                                checkpoint.summary_end if checkpoint.elision else None,
-                               literals=checkpoint.literal_receipt))
+                               literals=checkpoint.literal_receipt, tier=tier_of(checkpoint, previous),
+                               masked_from=masked_from, masked_until=checkpoint.masked_until))
 
     def _retire(self, fact: StoredFact) -> None:
         """Mark the compaction the entry undid, and the live ones made from it, as retired (as the engine's fold,
@@ -209,6 +230,13 @@ class Timeline:
                 self.marks[i] = replace(mark, retired_by=fact.seq)
 
     def _point(self, fact: StoredFact) -> None:
+        """A point per upstream request: a reply logged as several items (Codex's reasoning and message, say)
+        carries its figures on each, and its items after the first add none (as ``savings.UsageTotals``)."""
+        figures = (fact.extra.get("usage"), fact.extra.get("view"), fact.extra.get("tokens"))
+        same_reply = any(f is not None for f in figures) and self._last_reply == (fact.seq - 1, *figures)
+        self._last_reply = (fact.seq, *figures)
+        if same_reply:
+            return
         index = len(self.lineage.messages) - 1
         view = fact.extra.get("view")
         view = view if isinstance(view, Mapping) else {}
