@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from proxy.settings import Settings
     from proxy.store.base import FactLog
     from proxy.throttle import FailureThrottle
+    from proxy.tracing import Tracing
     from proxy.ui.timeline import TimelineCache
 
 settings_key: web.AppKey[Settings] = web.AppKey("settings")
@@ -31,3 +32,4 @@ secret_key: web.AppKey[ServerSecret] = web.AppKey("secret")
 links_key: web.AppKey[Links] = web.AppKey("links")
 throttle_key: web.AppKey[FailureThrottle] = web.AppKey("throttle")
 savings_key: web.AppKey[SavingsCache] = web.AppKey("savings")
+tracing_key: web.AppKey[Tracing] = web.AppKey("tracing")
