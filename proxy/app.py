@@ -23,6 +23,7 @@ from proxy.context.tokens import bundled_encoding
 from proxy.context.window import bundled_model_map
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, gemini, health, passthrough, ui
+from proxy.http.accesslog import operator_access_middleware
 from proxy.http.clients import client_key_middleware, open_route
 from proxy.http.continuity import Links
 from proxy.http.frontdoor import compact_endpoint, front_door
@@ -119,7 +120,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None,
                tracing: Tracing | None = None) -> web.Application:
     """``tracing``: where spans go; by default as the ``OTEL_*`` environment and ``--otel`` say (``proxy.tracing``)."""
     app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[error_middleware, client_key_middleware])
+                          middlewares=[operator_access_middleware, error_middleware, client_key_middleware])
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
     app[tracing_key] = tracing if tracing is not None else open_tracing(settings, os.environ)
