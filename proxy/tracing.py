@@ -22,22 +22,24 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from proxy.context.checkpoint import CompactionResult
-from proxy.context.summarizer import Complete
-from proxy.dialects.base import Dialect
 from proxy.settings import Settings
-from proxy.store.base import SessionKey
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the CLI imports this module for ``problem``: what the hooks take is only named here
     from aiohttp import web
 
+    from proxy.context.checkpoint import CompactionResult
     from proxy.context.prepared import PreparedView
+    from proxy.context.summarizer import Complete
+    from proxy.dialects.base import Dialect
     from proxy.http.frontdoor import Turn
+    from proxy.store.base import SessionKey
 
 #: The variables that name where spans go: any of them set turns tracing on.
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 #: The exporters ``OTEL_TRACES_EXPORTER`` may name (the SDK's own names); OTLP goes over HTTP (http/protobuf).
 EXPORTERS = ("otlp", "console")
+#: Where the OTLP/HTTP exporter sends spans when no endpoint is set (the specification's default).
+DEFAULT_ENDPOINT = "http://localhost:4318"
 #: What ``pip`` needs for tracing (the ``otel`` extra).
 PACKAGES = "opentelemetry-sdk opentelemetry-exporter-otlp-proto-http"
 
@@ -76,6 +78,16 @@ def problem(settings: Settings, environ: Mapping[str, str]) -> str | None:
         return (f"tracing is on ({_why(settings, environ)}) but OpenTelemetry is not installed: "
                 f"pip install 'ctxproxy[otel]' (or {PACKAGES}), or unset it")
     return None
+
+
+def destination(settings: Settings, environ: Mapping[str, str]) -> str | None:
+    """Where spans go, for the start-up line: the OTLP endpoint (the SDK's default when none is set) or
+    ``console``; None when tracing is off."""
+    if not requested(settings, environ):
+        return None
+    endpoint = (environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+                or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or DEFAULT_ENDPOINT)
+    return ", ".join(endpoint if name == "otlp" else name for name in exporters(environ))
 
 
 def _why(settings: Settings, environ: Mapping[str, str]) -> str:
