@@ -48,9 +48,11 @@ from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
+from tests.proxyfixtures import MASKING_OFF
 from tests.proxyproc import ProxyProcess
 from tests.redisproc import free_port
 from tests.scripted import KEY, Claude, Codex, echo
+from tests.test_client_compaction import CODEX_HEADERS, codex_run
 from tests.test_gemini import KEY as GEMINI_KEY
 from tests.test_gemini import MODEL as GEMINI_MODEL
 from tests.test_gemini import GeminiClient
@@ -221,6 +223,37 @@ async def test_a_compacting_request_is_a_span_with_its_compaction_summary_and_up
     assert (upstream_call["server.address"], upstream_call["server.port"]) == ("127.0.0.1", upstream.port)
     assert upstream_call["gen_ai.usage.input_tokens"] == attributes["gen_ai.usage.input_tokens"]
     assert {s.context.trace_id for s in spans} == {request.context.trace_id}
+
+
+async def test_codexs_remote_compaction_is_a_request_span_with_the_compaction_under_it(
+        aiohttp_server, aiohttp_client, tmp_path: Path, traced: tuple[OtelTracing, InMemorySpanExporter,
+                                                                      RequestsEnded]) -> None:
+    """``/v1/responses/compact``, answered by the proxy from a summary it makes then (trigger ``client``)."""
+    tracer, exporter, ended = traced
+    upstream: TestServer = await aiohttp_server(FakeResponses(Script(steps=40)).app())
+    settings = Settings(upstream=str(upstream.make_url("/v1")), store=f"sqlite:///{tmp_path}/facts.db",
+                        context_window=6_000, min_retain_rounds=1, precompact_threshold=1.0, **MASKING_OFF)
+    proxy: TestClient[Any, Any] = await aiohttp_client(create_app(settings, tracing=tracer))
+    items = await codex_run(proxy, 12)
+    exporter.clear()
+    ended.ended.clear()
+    resp = await proxy.post("/v1/responses/compact", headers=CODEX_HEADERS, json={"model": "gpt-5.5", "input": items})
+    assert resp.status == 200, await resp.text()
+    await asyncio.wait_for(ended.ended.wait(), 30)
+
+    spans = exporter.get_finished_spans()
+    [request] = [s for s in spans if s.kind is SpanKind.SERVER]
+    assert request.name == "POST /v1/responses/compact"
+    assert {name: (request.attributes or {})[name] for name in ("ctxproxy.door", "ctxproxy.session",
+                                                                "http.response.status_code")} == {
+        "ctxproxy.door": "responses", "ctxproxy.session": CODEX_HEADERS["session-id"], "http.response.status_code": 200}
+    under = children(spans, request)
+    assert len(under) == len(spans) - 1
+    [compaction] = [s for s in under if s.name == "ctxproxy.compaction"]
+    assert ((compaction.attributes or {})["ctxproxy.compaction.trigger"],
+            (compaction.attributes or {})["ctxproxy.compaction.outcome"],
+            (compaction.attributes or {})["ctxproxy.compaction.tier"]) == ("client", "ok", "summary")
+    assert [(s.attributes or {})["ctxproxy.call"] for s in under if s.kind is SpanKind.CLIENT] == ["summary"]
 
 
 # -- on, off, and a missing package --------------------------------------------------------------

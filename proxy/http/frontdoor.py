@@ -456,14 +456,27 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
     Never a 404 (Codex ends the turn on one): when the proxy cannot answer, the upstream does.
     """
     started = time.perf_counter()
-    turn = await open_turn(request, RESPONSES)
-    # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
-    turn.summary_fields = {"stream": True, "store": False}
-    answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
-    if answered is None:
-        return await passthrough(request)
-    _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None, time.perf_counter() - started)
-    return answered
+    span = request.app[tracing_key].request(request, RESPONSES)  # the compaction's spans go under it
+    turn: Turn | None = None
+    status = 500
+    try:
+        turn = await open_turn(request, RESPONSES)
+        # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
+        turn.summary_fields = {"stream": True, "store": False}
+        answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
+        if answered is None:
+            response = await passthrough(request)
+            status = response.status
+            return response
+        _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None,
+                 time.perf_counter() - started)
+        status = answered.status
+        return answered
+    except ProxyError as exc:
+        status = exc.status
+        raise
+    finally:
+        span.end(turn, status, None)
 
 
 def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,
