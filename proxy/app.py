@@ -8,6 +8,7 @@ background retries are cancelled before the store closes).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -22,6 +23,7 @@ from proxy.context.tokens import bundled_encoding
 from proxy.context.window import bundled_model_map
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, gemini, health, passthrough, ui
+from proxy.http.accesslog import operator_access_middleware
 from proxy.http.clients import client_key_middleware, open_route
 from proxy.http.continuity import Links
 from proxy.http.frontdoor import compact_endpoint, front_door
@@ -39,6 +41,7 @@ from proxy.keys import (
     store_key,
     throttle_key,
     timelines_key,
+    tracing_key,
 )
 from proxy.metrics import Metrics
 from proxy.savings import SavingsCache
@@ -47,6 +50,7 @@ from proxy.settings import Settings
 from proxy.store import open_store
 from proxy.store.base import SessionKey
 from proxy.throttle import FailureThrottle
+from proxy.tracing import Tracing, open_tracing
 from proxy.ui.timeline import TimelineCache
 
 
@@ -69,11 +73,12 @@ async def _store(app: web.Application) -> AsyncIterator[None]:
     history = HistoryManager(store, clock=time.time, on_append=metrics.facts_appended,
                              on_error=metrics.store_errors.inc, state_bytes=settings.state_cache_bytes)
     app[history_key] = history
-    compactions = app[compactions_key]
+    compactions, tracing = app[compactions_key], app[tracing_key]
 
     def observe(key: SessionKey, trigger: str, result: CompactionResult, seconds: float) -> None:
         metrics.compaction_done(trigger, result, seconds)
         compactions.record(key, trigger, result, seconds)
+        tracing.compaction(key, trigger, result, seconds)
 
     engine = ContextEngine(history, engine_settings(settings), observer=observe,
                            wait_observer=metrics.compaction_wait_seconds.observe)
@@ -106,16 +111,25 @@ def engine_settings(settings: Settings) -> EngineSettings:
     )
 
 
-def create_app(settings: Settings, *, metrics: Metrics | None = None) -> web.Application:
+async def _tracing(app: web.Application) -> AsyncIterator[None]:
+    yield
+    await app[tracing_key].aclose()  # after the store's cleanup: its last compactions' spans are in
+
+
+def create_app(settings: Settings, *, metrics: Metrics | None = None,
+               tracing: Tracing | None = None) -> web.Application:
+    """``tracing``: where spans go; by default as the ``OTEL_*`` environment and ``--otel`` say (``proxy.tracing``)."""
     app = web.Application(client_max_size=settings.max_body_bytes,
-                          middlewares=[error_middleware, client_key_middleware])
+                          middlewares=[operator_access_middleware, error_middleware, client_key_middleware])
     app[settings_key] = settings
     app[metrics_key] = metrics or Metrics()
+    app[tracing_key] = tracing if tracing is not None else open_tracing(settings, os.environ)
     app.on_response_prepare.append(remember_prepared)
     app[compactions_key] = RecentCompactions(clock=time.time)
     app[timelines_key] = TimelineCache()
     app[throttle_key] = FailureThrottle()
     app[savings_key] = SavingsCache()
+    app.cleanup_ctx.append(_tracing)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)
 

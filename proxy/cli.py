@@ -60,8 +60,9 @@ def serve(workers: int, **options: Any) -> None:
         raise SystemExit(serve_workers(settings, workers))
     from proxy.app import create_app
     from proxy.server import run
+    from proxy.startup import startup_line
 
-    logger.info("ctxproxy listening on http://%s:%d, upstream %s", settings.host, settings.port, settings.upstream)
+    logger.info("%s", startup_line(settings))
     run(create_app(settings), settings)
 
 

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from proxy.settings import Settings
     from proxy.store.base import FactLog
     from proxy.throttle import FailureThrottle
+    from proxy.tracing import Tracing
     from proxy.ui.signinlinks import SignInLinks
     from proxy.ui.timeline import TimelineCache
 
@@ -34,3 +35,4 @@ throttle_key: web.AppKey[FailureThrottle] = web.AppKey("throttle")
 savings_key: web.AppKey[SavingsCache] = web.AppKey("savings")
 #: One-time sign-in links to the inspector (``ctxproxy demo``); absent where no command issues them.
 signin_links_key: web.AppKey[SignInLinks] = web.AppKey("signin_links")
+tracing_key: web.AppKey[Tracing] = web.AppKey("tracing")

@@ -6,11 +6,13 @@ Each is also an environment variable; flags win. ``settings_from`` builds the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import click
 
+from proxy import tracing
 from proxy.settings import Settings, default_store_url
 
 
@@ -28,10 +30,15 @@ def serve_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def settings_from(options: dict[str, Any]) -> Settings:
+    """The settings of one command's flags; tracing asked for and unable to start is a one-line error here."""
     try:
-        return Settings.from_env({}, **options)
+        settings = Settings.from_env({}, **options)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    problem = tracing.problem(settings, os.environ)
+    if problem is not None:
+        raise click.ClickException(problem)
+    return settings
 
 
 _OPTIONS: list[Callable[[Any], Any]] = [
@@ -133,4 +140,8 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  show_envvar=True, help="Log line format [default: text]"),
     click.option("--log-level", envvar="CTXPROXY_LOG_LEVEL", default=None, show_envvar=True,
                  help="Log level [default: INFO]"),
+    click.option("--otel/--no-otel", envvar="CTXPROXY_OTEL", default=None, show_envvar=True,
+                 help="OpenTelemetry tracing, exported as the OTEL_* variables say (OTLP over HTTP to "
+                      "localhost:4318 by default); OTEL_EXPORTER_OTLP_ENDPOINT alone turns it on too; needs "
+                      "pip install 'ctxproxy[otel]' [default: off]"),
 ]

@@ -107,6 +107,9 @@ class Settings:
     add_fields: str = "auto"
     log_format: str = "text"
     log_level: str = "INFO"
+    #: OpenTelemetry tracing on, exported as the ``OTEL_*`` variables say (``proxy.tracing``); those variables
+    #: alone turn it on too.
+    otel: bool = False
 
     def __post_init__(self) -> None:
         for name in ("compression_threshold", "precompact_threshold"):
@@ -186,7 +189,7 @@ _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("u
             "log_format": ("text", "json"), "add_fields": ("auto", "always", "never")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
          "state_cache_bytes", "reactive_retries", "keep_tool_outputs", "keep_user_words"}
-_BOOLS = {"recall_tool", "shadow"}
+_BOOLS = {"recall_tool", "shadow", "otel"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
            "connect_timeout", "client_timeout", "compaction_cooldown",

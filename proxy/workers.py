@@ -143,8 +143,9 @@ def serve_workers(settings: Settings, count: int) -> int:
     metrics_dir = tempfile.mkdtemp(prefix="ctxproxy-metrics-")
     sup = _Supervisor(settings, metrics_dir)
     previous = {sig: signal.signal(sig, sup.on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    logger.info("ctxproxy listening on http://%s:%d with %d workers, upstream %s", settings.host, settings.port,
-                count, settings.upstream)
+    from proxy.startup import startup_line  # the parent's line; its workers need none of the launcher's imports
+
+    logger.info("%s", startup_line(settings, workers=count))
     try:
         for index in range(count):
             if sup.stopping:

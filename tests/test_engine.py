@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from typing import Any
 
+import orjson
 import pytest
 
 from proxy.context import userwords
@@ -20,6 +22,7 @@ from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
 from proxy.context.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
+from proxy.logs import JsonFormatter
 from proxy.store.base import FactLog, SessionKey
 from tests.fakeupstream import full_summary
 from tests.proxyfixtures import MASKING_OFF, read_log
@@ -99,6 +102,19 @@ async def test_over_threshold_compacts_and_records_summary_then_checkpoint(store
     assert model_part.endswith(full_summary("the summary")), "the model's sections, then the user's words"
     assert "log entry 1" in words.split("\n")[0], "carried by the proxy, oldest first (400 tokens for 18: folded)"
     assert view.messages[2:] == retained[1:]
+
+
+async def test_the_compaction_log_line_names_the_session(store: FactLog, caplog: pytest.LogCaptureFixture) -> None:
+    """In text (``session=…``) and as the JSON line's fields: an operator greps a session's compactions."""
+    caplog.set_level(logging.INFO, logger="proxy.context.engine")
+    await prepare(engine_over(store), conversation(20), Summariser())
+    [record] = [r for r in caplog.records if r.getMessage().startswith("compaction ")]
+    assert record.getMessage().startswith(f"compaction session={KEY.session} trigger=proactive outcome=ok tokens ")
+    fields = orjson.loads(JsonFormatter().format(record))
+    assert {name: fields[name] for name in ("event", "session", "tenant", "trigger", "outcome", "tier")} == {
+        "event": "compaction", "session": KEY.session, "tenant": KEY.tenant, "trigger": "proactive",
+        "outcome": "ok", "tier": "summary"}
+    assert fields["tokens_after"] < fields["tokens_before"]
 
 
 async def test_a_second_process_sees_the_checkpoint(store: FactLog) -> None:

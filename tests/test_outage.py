@@ -85,8 +85,9 @@ async def test_redis_stop_and_restart_mid_conversation_loses_nothing(aiohttp_cli
             redis.stop()
 
 
-async def test_a_missed_reply_is_logged_in_the_background_once_the_store_is_back(tmp_path) -> None:
-    """The client never comes back with the reply: the retry logs it, counting each failed attempt."""
+async def test_a_missed_reply_is_logged_in_the_background_once_the_store_is_back(tmp_path, caplog) -> None:
+    """The client never comes back with the reply: the retry logs it, counting each failed attempt; the warning
+    names the session."""
     redis = RedisProcess(free_port(), tmp_path / "redis", ["--appendonly", "yes", "--appendfsync", "always"])
     redis.start()
     store = RedisFactLog.from_url(redis.url)
@@ -108,6 +109,7 @@ async def test_a_missed_reply_is_logged_in_the_background_once_the_store_is_back
             await sync_chat(history, key, conversation, upstream_from=3)
         retry = history.retry_of(key)
         assert retry is not None
+        assert "keeping 1 upstream repl(ies) of session background in memory" in caplog.text
         await asyncio.wait_for(failed.wait(), 30)  # a retry ran while the store was down, and was counted
         redis.start()
         await asyncio.wait_for(retry, 30)

@@ -547,8 +547,12 @@ class ContextEngine:
         elapsed = time.perf_counter() - started
         if result.outcome == "ok" and result.tier == "summary":
             self.pace.summarised(key, elapsed)
-        logger.info("compaction session trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", trigger, result.outcome,
-                    result.tokens_before, result.tokens_after, elapsed, result.detail)
+        logger.info("compaction session=%s trigger=%s outcome=%s tokens %d -> %d in %.2fs %s", key.session, trigger,
+                    result.outcome, result.tokens_before, result.tokens_after, elapsed, result.detail,
+                    extra={"fields": {"event": "compaction", "session": key.session, "tenant": key.tenant,
+                                      "trigger": trigger, "outcome": result.outcome, "tier": result.tier,
+                                      "tokens_before": result.tokens_before, "tokens_after": result.tokens_after,
+                                      "seconds": round(elapsed, 3)}})
         if self.observer is not None:
             self.observer(key, trigger, result, elapsed)
         return result

@@ -444,7 +444,8 @@ class HistoryManager:
         if not records:
             return
         self._pending.keep(key, records)
-        logger.warning("store failed; keeping %d upstream repl(ies) in memory and retrying", len(records))
+        logger.warning("store failed; keeping %d upstream repl(ies) of session %s in memory and retrying",
+                       len(records), key.session)
         if key not in self._retries and not self._closed:
             self._retries[key] = asyncio.get_running_loop().create_task(self._retry_pending(key))
 

@@ -46,7 +46,7 @@ from proxy.http.relay import (
     relay_stream,
     relay_whole,
 )
-from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key
+from proxy.keys import client_key, engine_key, history_key, metrics_key, settings_key, tracing_key
 from proxy.logs import ACCESS_LOGGER
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow, classify_overflow
@@ -101,6 +101,11 @@ class Turn:
     #: request's own tenant, and when it continues another tenant's session how many of its first items proved it
     #: (``continuity.Resolved.proved``): of checkpoints made under another credential, only those within them.
     requester: Requester = ANYONE
+    #: What the upstream's answer reported (its usage, the model that answered) and the proxy's counts of the
+    #: client's request and the view (``request_tokens``), once the reply is logged: for the request's span.
+    usage: dict[str, Any] | None = None
+    answered: str | None = None
+    tokens: dict[str, int] | None = None
 
     @property
     def max_output(self) -> int | None:
@@ -173,6 +178,7 @@ class Turn:
 
         async def sink(reply: list[Item], usage: dict[str, Any] | None, complete: bool, reply_id: str | None,
                        answered: str | None) -> None:
+            self.usage, self.answered = usage, answered
             if usage is not None:
                 prompt = dialect.prompt_tokens(usage)
                 self.metrics.usage_reported(prompt, dialect.cached_tokens(usage))
@@ -180,7 +186,7 @@ class Turn:
                     self.engine.windows.success(self.parsed.model, prompt)
             if not reply:
                 return
-            tokens = self.request_tokens(view)
+            tokens = self.tokens = self.request_tokens(view)
             if self.settings.shadow:  # what went upstream is what the client sent: nothing was saved
                 tokens = {"client": tokens["client"], "view": tokens["client"], "shadow_view": tokens["view"]}
             model = answered or self.parsed.model  # what the upstream bills; the client's name where it gave none
@@ -289,9 +295,10 @@ class Turn:
         cache = self.dialect.cache_fields(self.parsed.payload, self.key.session) if self.settings.adds_fields else {}
         fields = {**cache, **self.summary_fields}
         shape = ClientRequest(self.parsed, self.request.rel_url.query, fields)
-        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers,
-                                     self.settings.summary_model or self.parsed.model or "", self.dialect, shape)
-        return await complete(messages, max_tokens)
+        model = self.settings.summary_model or self.parsed.model or ""
+        complete = summary_completer(self.request.app[client_key], self.settings, self.request.headers, model,
+                                     self.dialect, shape)
+        return await self.request.app[tracing_key].summary_calls(complete, self.dialect, model)(messages, max_tokens)
 
 
 async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamResponse | Overflow | RecallCall:
@@ -303,7 +310,7 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
     body = turn.upstream_body(view)
     # aiohttp writes a large bytes payload in one go; as a file it goes in chunks, read off the loop.
     data = io.BytesIO(body) if offload.is_large(len(body)) else body
-    async with map_upstream_errors():
+    async with map_upstream_errors(), request.app[tracing_key].upstream_call(turn, url):
         turn.timing.wait_started()
         async with request.app[client_key].post(url, data=data, headers=headers,
                                                 params=query, timeout=client_timeout(settings)) as resp:
@@ -415,6 +422,7 @@ def front_door(dialect: Dialect) -> Handler:
         turn: Turn | None = None
         status: int | None = None  # the upstream's, unless the request failed on its own
         view: PreparedView | None = None  # for the access line when the request fails before a view exists
+        span = request.app[tracing_key].request(request, dialect)  # current until it ends, with the access line
         try:
             turn = await open_turn(request, dialect)
             compaction = recognise(dialect.name, turn.parsed.payload, request.headers.get(HEADER_TURN_METADATA))
@@ -450,6 +458,7 @@ def front_door(dialect: Dialect) -> Handler:
             if status is None:
                 status = turn.status if turn is not None else 502
             _account(metrics, dialect.name, turn, status, view, time.perf_counter() - started)
+            span.end(turn, status, view)
 
     return handle
 
@@ -460,14 +469,27 @@ async def compact_endpoint(request: web.Request) -> web.StreamResponse:
     Never a 404 (Codex ends the turn on one): when the proxy cannot answer, the upstream does.
     """
     started = time.perf_counter()
-    turn = await open_turn(request, RESPONSES)
-    # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
-    turn.summary_fields = {"stream": True, "store": False}
-    answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
-    if answered is None:
-        return await passthrough(request)
-    _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None, time.perf_counter() - started)
-    return answered
+    span = request.app[tracing_key].request(request, RESPONSES)  # the compaction's spans go under it
+    turn: Turn | None = None
+    status = 500
+    try:
+        turn = await open_turn(request, RESPONSES)
+        # The body has neither: Codex's turns stream unstored, and the ChatGPT backend takes nothing else.
+        turn.summary_fields = {"stream": True, "store": False}
+        answered = None if turn.settings.shadow else await clientcompaction.answer(turn, CODEX_ENDPOINT)
+        if answered is None:
+            response = await passthrough(request)
+            status = response.status
+            return response
+        _account(request.app[metrics_key], RESPONSES.name, turn, answered.status, None,
+                 time.perf_counter() - started)
+        status = answered.status
+        return answered
+    except ProxyError as exc:
+        status = exc.status
+        raise
+    finally:
+        span.end(turn, status, None)
 
 
 def _account(metrics: Metrics, route: str, turn: Turn | None, status: int, view: PreparedView | None,
