@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from proxy import render
+from proxy import render, startup
 from proxy.errors import StoreError
 from proxy.launch.command import run
 from proxy.launch.run import redacted
@@ -50,6 +50,8 @@ def serve(workers: int, **options: Any) -> None:
     """Run the proxy."""
     settings = settings_from(options)
     logging.config.dictConfig(default_log_config(settings.log_level, settings.log_format))
+    startup.check_upstreams(settings)
+    startup.check_store(settings)
     if workers > 1:
         from proxy.workers import serve_workers
 
@@ -57,8 +59,11 @@ def serve(workers: int, **options: Any) -> None:
     from proxy.app import create_app
     from proxy.server import run
 
-    logger.info("ctxproxy listening on http://%s:%d, upstream %s", settings.host, settings.port, settings.upstream)
-    run(create_app(settings), settings)
+    def listening() -> None:
+        logger.info("ctxproxy listening on http://%s:%d, upstream %s", settings.host, settings.port,
+                    settings.upstream)
+
+    run(create_app(settings), settings, on_listening=listening)
 
 
 # -- for people: sessions and check -------------------------------------------------------------

@@ -17,6 +17,7 @@ from proxy.logs import default_log_config
 from proxy.serveflags import serve_options, settings_from
 from proxy.sessions import valid_session
 from proxy.settings import Settings
+from proxy.startup import check_store, check_upstreams
 from proxy.store import sqlite_path
 
 
@@ -91,6 +92,9 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
     if reads_store:
         _writable_store(settings)
+        check_store(settings)
+    if proxy_url is None:
+        check_upstreams(settings)
     # The agent owns the terminal: the embedded proxy speaks up only for warnings, unless --log-level says more.
     logging.config.dictConfig(default_log_config(options.get("log_level") or "WARNING", settings.log_format))
     launch = Launch(agent, list(args[1:] if args[:1] == ("--",) else args), settings, name, proxy_url,
