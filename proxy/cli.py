@@ -308,10 +308,14 @@ def replay(source: str, tenant: str | None, summariser: str, model: str | None, 
 
 
 @main.command()
-@store_option
-def check(store: str | None) -> None:
-    """Open the store and ping it: prints ok and exits 0, or prints why and exits 1."""
-    url = store or default_store_url()
+@serve_options
+def check(**options: Any) -> None:
+    """What serve would do with these flags: open and ping the store, probe each upstream (reachable, answering,
+    at a path that looks right) and say where requests would go. Prints a line each; exits 1 if any failed."""
+    from proxy.probe import probe_all
+
+    settings = settings_from(options)
+    url = settings.store
 
     async def work() -> str | None:
         try:
@@ -324,8 +328,13 @@ def check(store: str | None) -> None:
     problem = _run(work)
     if problem is not None:
         click.echo(f"store {redacted(url)}: failed: {problem}", err=True)
+    else:
+        click.echo(f"store {redacted(url)}: ok")
+    probed = asyncio.run(probe_all(settings))
+    for found in probed:
+        click.echo(found.line, err=not found.ok)
+    if problem is not None or not all(found.ok for found in probed):
         raise SystemExit(1)
-    click.echo(f"store {redacted(url)}: ok")
 
 
 main.add_command(run)

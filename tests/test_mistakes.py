@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 from click.testing import CliRunner
 
 from proxy.app import create_app
@@ -193,3 +194,59 @@ async def test_an_upstream_404_is_relayed_and_explained_once_in_the_log(aiohttp_
     assert record.getMessage() == (f"upstream answered 404 to POST {root}/chat/completions: if that path is wrong, "
                                    "check --upstream (its path prefix: /v1 missing or doubled?)")
 
+
+def models_app() -> web.Application:
+    """An upstream for ``check`` to probe: OpenAI's and Anthropic's ``/v1/models`` (Anthropic's only with a version
+    header) and Gemini's ``/v1beta/models``, which refuses a request without its key as Google's does."""
+
+    async def models(request: web.Request) -> web.Response:
+        if request.path == "/v1beta/models" and request.headers.get("x-goog-api-key") != "good-key":
+            return web.json_response({"error": {"code": 403, "status": "PERMISSION_DENIED"}}, status=403)
+        return web.json_response({"data": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1beta/models", models)
+    return app
+
+
+async def check(*args: str) -> tuple[int | None, str, str]:
+    """``ctxproxy check ARGS`` as a user runs it: exit status, stdout, stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTXPROXY_")}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy", "check", *args, cwd=ROOT, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_check_probes_each_upstream_and_says_where_requests_would_go(aiohttp_server: Any,
+                                                                          tmp_path: Path) -> None:
+    root = str((await aiohttp_server(models_app())).make_url("/")).rstrip("/")
+    status, out, err = await check("--store", f"sqlite:///{tmp_path}/facts.db", "--upstream", root + "/v1",
+                                   "--anthropic-upstream", root, "--gemini-upstream", root)
+    assert (status, err) == (0, "")
+    store, openai, anthropic, gemini = out.splitlines()
+    assert store.endswith(": ok")
+    assert openai == (f"--upstream {root}/v1: ok: GET {root}/v1/models answered 200; /v1/chat/completions goes to "
+                      f"{root}/v1/chat/completions, /v1/responses to {root}/v1/responses")
+    assert anthropic == (f"--anthropic-upstream {root}: ok: GET {root}/v1/models answered 200; /v1/messages goes "
+                         f"to {root}/v1/messages")
+    assert gemini.startswith(f"--gemini-upstream {root}: ok: GET {root}/v1beta/models answered 403 (no key "
+                             "configured: the agent's own goes)")
+
+
+async def test_check_names_a_wrong_path_a_closed_port_and_a_refused_key(aiohttp_server: Any, tmp_path: Path) -> None:
+    root = str((await aiohttp_server(models_app())).make_url("/")).rstrip("/")
+    closed = f"127.0.0.1:{_closed_port()}"
+    status, out, err = await check("--store", f"sqlite:///{tmp_path}/facts.db", "--upstream", root,
+                                   "--anthropic-upstream", f"http://{closed}", "--gemini-upstream", root,
+                                   "--gemini-upstream-key", "wrong-key")
+    assert status == 1 and out.splitlines()[0].endswith(": ok")
+    openai, anthropic, gemini = err.splitlines()
+    assert openai.startswith(f"--upstream {root}: failed: GET {root}/models answered 404: the path looks wrong "
+                             "(/v1 missing or doubled?)")
+    assert anthropic == (f"--anthropic-upstream http://{closed}: failed: Could not connect to upstream {closed}: "
+                         "connection refused.")
+    assert gemini == (f"--gemini-upstream {root}: failed: GET {root}/v1beta/models answered 403: it refuses the "
+                      "configured key")
+    assert "wrong-key" not in out + err
