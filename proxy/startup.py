@@ -19,6 +19,7 @@ import errno
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -159,3 +160,17 @@ def cannot_listen(settings: Settings, exc: OSError) -> StartupError:
         return StartupError(f"{where} needs privileges this user lacks: pass --port N above 1023")
     cause = (exc.strerror or str(exc)).lower()
     return StartupError(f"cannot listen on {where} ({cause}): pass a --host this machine has, or another --port")
+
+
+def check_port(settings: Settings) -> None:
+    """Bind ``settings.host:settings.port`` once, as each of ``serve --workers N``'s workers will (address and port
+    reuse), and let go: a port in use is then the parent's one line, not N workers' tracebacks."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            probe.bind(address)
+    except OSError as exc:
+        raise cannot_listen(settings, exc) from None

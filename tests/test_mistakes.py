@@ -64,6 +64,15 @@ def test_a_port_in_use_is_one_line_naming_it_and_the_flag(tmp_path: Path) -> Non
     assert line == f"Error: port {port} on 127.0.0.1 is in use: stop the other process or pass --port N"
 
 
+def test_a_port_in_use_is_the_same_one_line_with_several_workers(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refused("--workers", "2", "--port", str(port), "--store", f"sqlite:///{tmp_path}/facts.db")
+    assert line == f"Error: port {port} on 127.0.0.1 is in use: stop the other process or pass --port N"
+
+
 def test_an_unknown_store_scheme_is_one_line_naming_the_schemes_it_takes() -> None:
     line = refused("--port", str(free_port()), "--store", "mysql://admin:hunter2@db/facts")
     assert "--store 'mysql://admin:***@db/facts' is not a store URL" in line and "sqlite:///" in line
