@@ -29,6 +29,7 @@ from proxy.errors import StoreError
 from proxy.launch.run import redacted
 from proxy.settings import Settings
 from proxy.store import open_store, sqlite_path
+from proxy.upstream import os_error_words
 
 logger = logging.getLogger(__name__)
 
@@ -117,14 +118,14 @@ async def store_problem(url: str) -> str | None:
         raise StartupError(f"--store {redacted(url)!r} is not a store URL: use sqlite:///path/to/facts.db, "
                            "redis://host:port/db or rediss://… (?cluster=1 for Redis Cluster)") from None
     except (StoreError, OSError) as exc:
-        return str(exc) or type(exc).__name__
+        return _why(exc)
     try:
         async with asyncio.timeout(STORE_PING_SECONDS):
             await store.ping()
     except TimeoutError:
         return f"no answer within {STORE_PING_SECONDS:g} s"
     except (StoreError, OSError) as exc:
-        return str(exc) or type(exc).__name__
+        return _why(exc)
     finally:
         await store.aclose()
     if url.startswith("sqlite:"):
@@ -132,6 +133,21 @@ async def store_problem(url: str) -> str | None:
         if not os.access(path, os.W_OK) or not os.access(path.parent, os.W_OK):
             return f"{path} is read-only for this user"
     return None
+
+
+def _why(exc: BaseException) -> str:
+    """The root of a store failure in words: the OS error under it (``connection refused``, ``permission denied:
+    /var/lib/x``), else the innermost error's text (SQLite's ``unable to open database file``)."""
+    innermost = exc
+    for _ in range(10):  # a chain of causes is short; a cycle is not followed
+        if isinstance(innermost, OSError) and (innermost.errno or innermost.strerror):
+            words = os_error_words(innermost)
+            return f"{words}: {innermost.filename}" if innermost.filename else words
+        deeper = innermost.__cause__ or innermost.__context__
+        if deeper is None:
+            break
+        innermost = deeper
+    return str(innermost) or type(innermost).__name__
 
 
 def check_store(settings: Settings) -> None:

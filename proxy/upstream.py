@@ -125,7 +125,7 @@ class map_upstream_errors:  # lower case: used as a function, ``async with map_u
             raise UpstreamUnreachable(f"Upstream {host} answered with something that is not an HTTP response this "
                                       "proxy can read.", code="upstream_bad_response") from exc
         if isinstance(exc, aiohttp.ClientConnectorError):
-            raise UpstreamUnreachable(f"Could not connect to upstream {host}: {_cause(exc.os_error)}.") from exc
+            raise UpstreamUnreachable(f"Could not connect to upstream {host}: {os_error_words(exc.os_error)}.") from exc
         if isinstance(exc, aiohttp.ServerDisconnectedError):
             raise UpstreamUnreachable(f"Upstream {host} closed the connection without answering.") from exc
         if isinstance(exc, aiohttp.ClientPayloadError):
@@ -133,7 +133,7 @@ class map_upstream_errors:  # lower case: used as a function, ``async with map_u
         if isinstance(exc, aiohttp.InvalidURL):
             raise UpstreamUnreachable(f"The upstream URL {host or self.url} is not valid.") from exc
         if isinstance(exc, aiohttp.ClientConnectionError | OSError):
-            raise UpstreamUnreachable(f"The connection to upstream {host} failed: {_cause(exc)}.") from exc
+            raise UpstreamUnreachable(f"The connection to upstream {host} failed: {os_error_words(exc)}.") from exc
 
 
 def upstream_host(url: str | URL) -> str:
@@ -143,7 +143,7 @@ def upstream_host(url: str | URL) -> str:
     return f"{host}:{parsed.explicit_port}" if parsed.explicit_port is not None else host
 
 
-def _cause(exc: BaseException) -> str:
+def os_error_words(exc: BaseException) -> str:
     """An OS error in words, lower case (``connection refused``), not asyncio's "Connect call failed (...)"."""
     number = getattr(exc, "errno", None)
     if isinstance(number, int) and number > 0:

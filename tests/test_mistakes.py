@@ -83,13 +83,15 @@ def test_a_store_path_that_cannot_be_created_is_one_line_naming_it(tmp_path: Pat
     (tmp_path / "file").write_text("a file where the store's directory would go")
     url = f"sqlite:///{tmp_path}/file/facts.db"
     line = refused("--port", str(free_port()), "--store", url)
-    assert line.startswith(f"Error: cannot open the store {url} (") and "name another with --store" in line
+    assert line.startswith(f"Error: cannot open the store {url} (file exists: {tmp_path}/file): ")
+    assert "name another with --store" in line
 
 
 def test_a_redis_that_does_not_answer_refuses_the_start_unless_the_store_is_optional(tmp_path: Path) -> None:
     url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
     line = refused("--port", str(free_port()), "--store", url)
-    assert line.startswith(f"Error: the store redis://:***@127.0.0.1:{url.rsplit(':', 1)[1]} does not answer (")
+    assert line.startswith(f"Error: the store redis://:***@127.0.0.1:{url.rsplit(':', 1)[1]} does not answer "
+                           "(connection refused): ")
     assert "--store-optional" in line and "hunter2" not in line
 
 
