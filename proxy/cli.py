@@ -56,7 +56,6 @@ def serve(workers: int, **options: Any) -> None:
         from proxy.workers import serve_workers
 
         startup.check_port(settings)
-
         raise SystemExit(serve_workers(settings, workers))
     from proxy.app import create_app
     from proxy.server import run
