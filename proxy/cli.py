@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import click
 import orjson
 
-from proxy import render
+from proxy import preflight, render
 from proxy.demo.command import demo
 from proxy.errors import StoreError
 from proxy.launch.command import run
@@ -54,16 +54,21 @@ def serve(workers: int, **options: Any) -> None:
     """Run the proxy."""
     settings = settings_from(options)
     logging.config.dictConfig(default_log_config(settings.log_level, settings.log_format))
+    preflight.check_upstreams(settings)
+    preflight.check_store(settings)
     if workers > 1:
         from proxy.workers import serve_workers
 
+        preflight.check_port(settings)
         raise SystemExit(serve_workers(settings, workers))
     from proxy.app import create_app
     from proxy.server import run
     from proxy.startup import startup_line
 
-    logger.info("%s", startup_line(settings))
-    run(create_app(settings), settings)
+    def listening() -> None:
+        logger.info("%s", startup_line(settings))
+
+    run(create_app(settings), settings, on_listening=listening)
 
 
 # -- for people: sessions and check -------------------------------------------------------------
@@ -308,10 +313,14 @@ def replay(source: str, tenant: str | None, summariser: str, model: str | None, 
 
 
 @main.command()
-@store_option
-def check(store: str | None) -> None:
-    """Open the store and ping it: prints ok and exits 0, or prints why and exits 1."""
-    url = store or default_store_url()
+@serve_options
+def check(**options: Any) -> None:
+    """What serve would do with these flags: open and ping the store, probe each upstream (reachable, answering,
+    at a path that looks right) and say where requests would go. Prints a line each; exits 1 if any failed."""
+    from proxy.probe import probe_all
+
+    settings = settings_from(options)
+    url = settings.store
 
     async def work() -> str | None:
         try:
@@ -324,8 +333,13 @@ def check(store: str | None) -> None:
     problem = _run(work)
     if problem is not None:
         click.echo(f"store {redacted(url)}: failed: {problem}", err=True)
+    else:
+        click.echo(f"store {redacted(url)}: ok")
+    probed = asyncio.run(probe_all(settings))
+    for found in probed:
+        click.echo(found.line, err=not found.ok)
+    if problem is not None or not all(found.ok for found in probed):
         raise SystemExit(1)
-    click.echo(f"store {redacted(url)}: ok")
 
 
 main.add_command(run)

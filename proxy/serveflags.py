@@ -55,6 +55,9 @@ _OPTIONS: list[Callable[[Any], Any]] = [
                  help="Where /v1beta/models/... (Gemini API) goes, without the version "
                       "[default: https://generativelanguage.googleapis.com]"),
     store_option,
+    click.option("--store-optional", envvar="CTXPROXY_STORE_OPTIONAL", is_flag=True, default=None, show_envvar=True,
+                 help="Start even when the store does not answer (Redis down): requests are served but not logged "
+                      "or compacted until it answers [default: refuse to start]"),
     click.option("--context-window", envvar="CTXPROXY_CONTEXT_WINDOW", type=int, default=None, show_envvar=True,
                  help="Tokens [default: the model's input window from the bundled model map, else 128000]"),
     click.option("--compression-threshold", envvar="CTXPROXY_COMPRESSION_THRESHOLD", type=float, default=None,

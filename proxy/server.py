@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 from typing import Any
 
@@ -24,6 +24,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_request import BaseRequest
 
+from proxy.preflight import cannot_listen
 from proxy.settings import Settings
 
 #: Allocations (net of frees) between two collections of the youngest generation; CPython's default is 700.
@@ -94,11 +95,17 @@ class _Runner(web.AppRunner):
                        **self._handler_args)
 
 
-async def _serve(app: web.Application, settings: Settings, reuse_port: bool) -> None:
+async def _serve(app: web.Application, settings: Settings, reuse_port: bool,
+                 on_listening: Callable[[], None] | None) -> None:
     runner = _Runner(app, settings)
     await runner.setup()
     try:
-        await web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port).start()
+        try:
+            await web.TCPSite(runner, settings.host, settings.port, reuse_port=reuse_port).start()
+        except OSError as exc:
+            raise cannot_listen(settings, exc) from None
+        if on_listening is not None:
+            on_listening()
         await asyncio.Event().wait()  # until SIGINT or SIGTERM raises GracefulExit out of the loop
     finally:
         await runner.cleanup()  # in-flight requests get aiohttp's graceful shutdown (60 s)
@@ -120,11 +127,13 @@ async def serving(app: web.Application, settings: Settings) -> AsyncIterator[str
         await runner.cleanup()
 
 
-def run(app: web.Application, settings: Settings, *, reuse_port: bool = False) -> None:
-    """Serve ``app`` on ``settings.host:settings.port`` until SIGINT or SIGTERM, as ``web.run_app`` would."""
+def run(app: web.Application, settings: Settings, *, reuse_port: bool = False,
+        on_listening: Callable[[], None] | None = None) -> None:
+    """Serve ``app`` on ``settings.host:settings.port`` until SIGINT or SIGTERM, as ``web.run_app`` would;
+    ``on_listening`` is called once the socket is bound (a port in use raises ``StartupError`` instead)."""
     tune_gc()
     loop = event_loop()
-    main = loop.create_task(_serve(app, settings, reuse_port))
+    main = loop.create_task(_serve(app, settings, reuse_port, on_listening))
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(main)

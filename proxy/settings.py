@@ -47,6 +47,8 @@ class Settings:
     #: Where Gemini API requests (``/v1beta/models/…``) go; no version: the path carries it.
     gemini_upstream: str = "https://generativelanguage.googleapis.com"
     store: str = field(default_factory=default_store_url)
+    #: Serve even when the store does not answer at start-up (``proxy.preflight``): requests go unlogged until it does.
+    store_optional: bool = False
     #: None: the model's input window from the bundled model map, else 128000.
     context_window: int | None = None
     compression_threshold: float = 0.8
@@ -189,7 +191,7 @@ _CHOICES = {"estimator": ("tokenizer", "chars", "max"), "summary_placement": ("u
             "log_format": ("text", "json"), "add_fields": ("auto", "always", "never")}
 _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "max_body_bytes", "max_event_bytes",
          "state_cache_bytes", "reactive_retries", "keep_tool_outputs", "keep_user_words"}
-_BOOLS = {"recall_tool", "shadow", "otel"}
+_BOOLS = {"recall_tool", "shadow", "otel", "store_optional"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
            "connect_timeout", "client_timeout", "compaction_cooldown",

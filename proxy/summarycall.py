@@ -158,8 +158,9 @@ def summary_completer(client: aiohttp.ClientSession, settings: Settings, incomin
         else:
             payload = summary_request(dialect, shape, model, f"{system}\n\n{NO_TOOLS}\n\n{user}", max_tokens)
         cap = answer_cap(max_tokens)
-        async with map_upstream_errors(), client.post(url, data=orjson.dumps(payload), headers=headers, params=query,
-                                                      timeout=client_timeout(settings)) as resp:
+        async with map_upstream_errors(url, settings), client.post(url, data=orjson.dumps(payload), headers=headers,
+                                                                   params=query, timeout=client_timeout(settings)
+                                                                   ) as resp:
             try:
                 if resp.status == 200 and resp.content_type == "text/event-stream":
                     body = await streamed_body(resp, dialect, settings.max_event_bytes, cap)

@@ -74,7 +74,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     view = view_of(turn)
     headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
     url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
-    async with map_upstream_errors(), request.app[client_key].post(
+    async with map_upstream_errors(url, turn.settings), request.app[client_key].post(
             url, data=turn.upstream_body(view), headers=headers, params=request.rel_url.query,
             timeout=client_timeout(turn.settings)) as resp:
         raw = await read_whole(resp, turn.timing)

@@ -57,7 +57,7 @@ from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
 from proxy.summarycall import ClientRequest, summary_completer
 from proxy.types import Message
-from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
+from proxy.upstream import client_timeout, explain_404, map_upstream_errors, request_headers, response_headers
 
 logger = logging.getLogger(__name__)
 access_logger = logging.getLogger(ACCESS_LOGGER)
@@ -310,12 +310,14 @@ async def _send(turn: Turn, view: PreparedView, started: float) -> web.StreamRes
     body = turn.upstream_body(view)
     # aiohttp writes a large bytes payload in one go; as a file it goes in chunks, read off the loop.
     data = io.BytesIO(body) if offload.is_large(len(body)) else body
-    async with map_upstream_errors(), request.app[tracing_key].upstream_call(turn, url):
+    async with map_upstream_errors(url, settings), request.app[tracing_key].upstream_call(turn, url):
         turn.timing.wait_started()
         async with request.app[client_key].post(url, data=data, headers=headers,
                                                 params=query, timeout=client_timeout(settings)) as resp:
             turn.timing.wait_ended()
             turn.status = resp.status
+            if resp.status == 404:
+                explain_404(url, anthropic=dialect.anthropic, gemini=dialect.gemini)
             streaming, head = await answers_stream(resp, turn.timing, turn.parsed.stream)
             if streaming:
                 prefix, overflow = await read_until_commit(resp, turn.timing, settings.max_event_bytes, dialect,

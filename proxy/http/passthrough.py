@@ -69,7 +69,7 @@ async def forward(request: web.Request, url: URL, headers: Mapping[str, str],
     status = 502
     upstream_seconds = 0.0
     try:
-        async with map_upstream_errors():
+        async with map_upstream_errors(url, settings):
             mark = time.perf_counter()
             async with request.app[client_key].request(
                 request.method, url, params=query, data=body, headers=headers,

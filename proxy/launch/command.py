@@ -25,6 +25,7 @@ from proxy.launch.run import (
     served_root,
 )
 from proxy.logs import default_log_config
+from proxy.preflight import check_store, check_upstreams
 from proxy.serveflags import serve_options, settings_from
 from proxy.sessions import valid_session
 from proxy.settings import Settings
@@ -122,6 +123,9 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
     if reads_store:
         _writable_store(settings)
+        check_store(settings)
+    if proxy_url is None:
+        check_upstreams(settings)
     # The agent owns the terminal: the embedded proxy logs to a file (warnings, unless --log-level says more).
     embedded_log = run_log_path(name) if proxy_url is None and not verbose else None
     log = _log_to(embedded_log, options.get("log_level") or "WARNING", settings.log_format)
