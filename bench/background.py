@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.settings import Settings
 from tests.fakeupstream import is_summary_request

@@ -25,8 +25,8 @@ from typing import Any
 
 from bench.latency import write_doc
 from proxy.context.engine import ContextEngine, EngineSettings
-from proxy.context.history import HistoryManager
-from proxy.context.summarizer import SECTIONS, SummaryAnswer
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SECTIONS, SummaryAnswer
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey

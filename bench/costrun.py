@@ -27,8 +27,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.context.summarizer import SECTIONS
-from proxy.context.tokens import TokenCounter
+from proxy.context.summary.summarizer import SECTIONS
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 
 STEPS = 300

@@ -36,9 +36,9 @@ from proxy.dialects import CHAT
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.context.budget import ContextBudgetPolicy
-from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, bundled_encoding
-from proxy.context.window import litellm_dir
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter, bundled_encoding
+from proxy.context.view.window import litellm_dir
 from proxy.dialects.chat import message_hash
 from proxy.types import Message
 

@@ -54,7 +54,7 @@ upstream_key: web.AppKey[str] = web.AppKey("upstream", str)
 log_key: web.AppKey[FactLog] = web.AppKey("log", FactLog)
 #: Per session known to this process: (the log's next seq, the messages of the conversation it holds).
 known_key: web.AppKey[dict[str, tuple[int, int]]] = web.AppKey("known", dict)
-#: Entries a first look reads, as ctxproxy's (``proxy.context.history.CATCH_UP_PAGE``).
+#: Entries a first look reads, as ctxproxy's (``proxy.context.log.history.CATCH_UP_PAGE``).
 FIRST_LOOK = 1000
 
 

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.store import FactLog, NewFact, SessionKey, open_store
 from tests.redisproc import RedisProcess, free_port
 

@@ -40,10 +40,10 @@ import orjson
 from bench.latency import write_doc
 from proxy.context.checkpoint import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings, Trigger
-from proxy.context.history import HistoryManager
-from proxy.context.masking import KEEP_OUTPUTS_SHARE
-from proxy.context.summarizer import SECTIONS, SummaryAnswer
-from proxy.context.tokens import TokenCounter
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SECTIONS, SummaryAnswer
+from proxy.context.view.masking import KEEP_OUTPUTS_SHARE
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey

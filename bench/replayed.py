@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from bench.latency import write_doc
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from proxy.replay.probes import KINDS
 from proxy.replay.sources import read_file
 

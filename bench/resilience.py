@@ -33,9 +33,9 @@ import orjson
 
 from bench.latency import write_doc
 from proxy.context.engine import ContextEngine, EngineSettings
-from proxy.context.history import HistoryManager
-from proxy.context.summarizer import SECTIONS, SummaryAnswer
-from proxy.context.tokens import TokenCounter
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SECTIONS, SummaryAnswer
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey

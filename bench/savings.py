@@ -18,7 +18,7 @@ import random
 import statistics
 import time
 
-from proxy.context.budget import ContextBudgetPolicy
+from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.dialects import CHAT
 
 SIZES = (100, 1_000, 5_000, 10_000)

@@ -38,10 +38,10 @@ import orjson
 
 from proxy.context.checkpoint import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings, Trigger
-from proxy.context.history import HistoryManager
-from proxy.context.pace import SessionPace
-from proxy.context.summarizer import SummaryAnswer
-from proxy.context.tokens import TokenCounter
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SummaryAnswer
+from proxy.context.view.pace import SessionPace
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey

@@ -18,9 +18,9 @@ from aiohttp import web
 from proxy.compactions import RecentCompactions
 from proxy.context.compactor import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings
-from proxy.context.history import HistoryManager
-from proxy.context.tokens import bundled_encoding
-from proxy.context.window import bundled_model_map
+from proxy.context.log.history import HistoryManager
+from proxy.context.view.tokens import bundled_encoding
+from proxy.context.view.window import bundled_model_map
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.http import admin, counts, gemini, health, passthrough, ui
 from proxy.http.accesslog import operator_access_middleware

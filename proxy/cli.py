@@ -176,7 +176,7 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
     """
     from proxy.app import engine_settings
     from proxy.context.engine import ContextEngine
-    from proxy.context.history import HistoryManager
+    from proxy.context.log.history import HistoryManager
 
     try:
         settings = Settings.from_env(None, store=store)
@@ -208,8 +208,8 @@ def sessions_uncompact(session: str, checkpoint_seq: int | None, tenant: str | N
     """Undo a compaction of SESSION: an entry appended to the log retires the checkpoint (and those made from it),
     and the next view is built from the checkpoint it was made from, or from the whole history (``ctxproxy
     sessions view`` shows it). Refused while a compaction of the session runs (try again once it is done)."""
-    from proxy.context.history import HistoryManager
-    from proxy.context.undo import uncompact
+    from proxy.context.log.history import HistoryManager
+    from proxy.context.log.undo import uncompact
     from proxy.errors import NothingToUndo
 
     async def work() -> None:

@@ -9,7 +9,7 @@ from aiohttp import ClientSession, web
 if TYPE_CHECKING:
     from proxy.compactions import RecentCompactions
     from proxy.context.engine import ContextEngine
-    from proxy.context.history import HistoryManager
+    from proxy.context.log.history import HistoryManager
     from proxy.http.continuity import Links
     from proxy.metrics import Metrics
     from proxy.savings import SavingsCache

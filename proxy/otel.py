@@ -46,7 +46,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExport
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from proxy.context.checkpoint import CompactionResult
-from proxy.context.summarizer import Complete, SummaryAnswer
+from proxy.context.summary.summarizer import Complete, SummaryAnswer
 from proxy.dialects.base import Dialect
 from proxy.store.base import SessionKey
 from proxy.tracing import RequestSpan, Tracing, exporters
@@ -55,8 +55,8 @@ from proxy.types import Message
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from proxy.context.prepared import PreparedView
-    from proxy.http.frontdoor import Turn
+    from proxy.context.view.prepared import PreparedView
+    from proxy.http.turn import Turn
 
 #: ``gen_ai.provider.name`` of each door's API (the conventions' well-known values).
 PROVIDERS = {"chat": "openai", "responses": "openai", "messages": "anthropic", "gemini": "gcp.gemini"}

@@ -26,11 +26,11 @@ import orjson
 
 from proxy.blocks import message_blocks, role_label
 from proxy.context.engine import ContextEngine
-from proxy.context.lineage import ConversationState
-from proxy.context.literals import coverage
-from proxy.context.prepared import PreparedView
-from proxy.context.tokens import TokenCounter
-from proxy.context.undo import Undone
+from proxy.context.keep.literals import coverage
+from proxy.context.log.lineage import ConversationState
+from proxy.context.log.undo import Undone
+from proxy.context.view.prepared import PreparedView
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, Dialect
 from proxy.savings import UsageTotals, dialect_of
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact

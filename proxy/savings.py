@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.context.window import input_price_for, output_price_for
+from proxy.context.view.window import input_price_for, output_price_for
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 
@@ -71,7 +71,7 @@ class SummaryCost:
 
 
 def summary_cost(fact: StoredFact) -> SummaryCost | None:
-    """The cost a ``summary`` entry records (``proxy.context.callusage``), or None for any other entry and for a
+    """The cost a ``summary`` entry records (``proxy.context.summary.callusage``), or None for any other entry and for a
     summary logged without one (before summaries carried it, or a client compaction's answer, which made no call).
 
     The cache writes a summary induces (the next request's prefix is new to the prompt cache) belong here too,

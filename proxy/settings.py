@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import platformdirs
 
-from proxy.context.masking import KEEP_OUTPUTS_SHARE
+from proxy.context.view.masking import KEEP_OUTPUTS_SHARE
 
 
 class Secret(str):

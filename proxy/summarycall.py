@@ -52,9 +52,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from proxy.context.callusage import CallUsage
 from proxy.context.items import leading_system_count
-from proxy.context.summarizer import Complete, SummaryAnswer, SummaryInputTooLong
+from proxy.context.summary.callusage import CallUsage
+from proxy.context.summary.summarizer import Complete, SummaryAnswer, SummaryInputTooLong
 from proxy.dialects.base import Dialect, ParsedRequest, answered_model
 from proxy.http.relay import event_data
 from proxy.overflow import classify_overflow, classify_sse_event

@@ -28,10 +28,10 @@ if TYPE_CHECKING:  # the CLI imports this module for ``problem``: what the hooks
     from aiohttp import web
 
     from proxy.context.checkpoint import CompactionResult
-    from proxy.context.prepared import PreparedView
-    from proxy.context.summarizer import Complete
+    from proxy.context.summary.summarizer import Complete
+    from proxy.context.view.prepared import PreparedView
     from proxy.dialects.base import Dialect
-    from proxy.http.frontdoor import Turn
+    from proxy.http.turn import Turn
     from proxy.store.base import SessionKey
 
 #: The variables that name where spans go: any of them set turns tracing on.

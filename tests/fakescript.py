@@ -21,11 +21,11 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from tests.fakeupstream import FACT, SUMMARY_MARKER, restyle, summary_fault
 
 STEP = re.compile(r"step-(\d+)")
-#: The sections the proxy's summariser asks for (proxy/context/summarizer.py), in order.
+#: The sections the proxy's summariser asks for (proxy/context/summary/summarizer.py), in order.
 SUMMARY_HEADINGS = (
     "## 1. Goals and constraints",
     "## 2. Work completed",

@@ -33,7 +33,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 
 

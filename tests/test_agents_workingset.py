@@ -40,7 +40,7 @@ WINDOW = 16_000
 PROMPT = "Make the scripted edits, run the scripted steps, then say that you are done."
 DONE = "All scripted edits and steps done."
 BULKY_STEPS = 16
-#: A section of the working set as ``proxy.context.workingset`` renders a whole file.
+#: A section of the working set as ``proxy.context.keep.workingset`` renders a whole file.
 SECTION = re.compile(r"### (?P<path>\S+) \(current as of log entry (?P<seq>\d+)(?P<bare>; no newline at end of file)?"
                      r"\)\n(?P<fence>`{3,})\n(?P<text>.*?)(?P=fence)", re.DOTALL)
 

@@ -1,5 +1,5 @@
-"""Which checkpoint a view uses (``proxy.context.applying``): the request's own lineage's, never another credential's
-on the strength of a link alone, on each store."""
+"""Which checkpoint a view uses (``proxy.context.view.applying``): the request's own lineage's, never another
+credential's on the strength of a link alone, on each store."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from proxy.context.applying import LiveCheckpoint, Requester, choose
+from proxy.context.view.applying import LiveCheckpoint, Requester, choose
 from proxy.keys import engine_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Secret

@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.context.artifactparse import command_text, outcome, patch_files
-from proxy.context.artifacts import ARTIFACTS_HEADING, Artifact, collect, from_json, merge, render, to_json
-from proxy.context.tokens import TokenCounter
+from proxy.context.keep.artifactparse import command_text, outcome, patch_files
+from proxy.context.keep.artifacts import ARTIFACTS_HEADING, Artifact, collect, from_json, merge, render, to_json
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 
 COUNTER = TokenCounter()

@@ -5,14 +5,14 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from proxy.context.batches import mask_batch
-from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.compactor import ContextCompactor
 from proxy.context.engine import ContextEngine, EngineSettings
-from proxy.context.history import HistoryManager
-from proxy.context.projection import ProjectionBuilder
-from proxy.context.summarizer import SummaryGenerator
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SummaryGenerator
+from proxy.context.view.batches import mask_batch
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.projection import ProjectionBuilder
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey

@@ -3,7 +3,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.context.budget import (
+from proxy.context.view.budget import (
     DEFAULT_ESTIMATOR,
     REPLY_PRIMING_TOKENS,
     ContextBudgetPolicy,
@@ -11,7 +11,7 @@ from proxy.context.budget import (
     UsageSample,
     retry_limit,
 )
-from proxy.context.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
+from proxy.context.view.tokens import MESSAGE_OVERHEAD_TOKENS, TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.context.tokens import text_length
+from proxy.context.view.tokens import text_length
 from proxy.dialects.chat import DIALECT as CHAT
 from proxy.dialects.chat import message_hash
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from proxy.context.chunking import Block, plan_chunk
+from proxy.context.summary.chunking import Block, plan_chunk
 
 
 def chars(text: str) -> int:

@@ -17,8 +17,8 @@ from click.testing import CliRunner, Result
 
 from proxy.cli import main
 from proxy.context.compactor import prefix_hash
-from proxy.context.projection import SUMMARY_END, SUMMARY_HEADER
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.projection import SUMMARY_END, SUMMARY_HEADER
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.settings import Settings

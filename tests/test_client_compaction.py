@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.clientcompact.texts import CLAUDE_CONTINUATION, CLAUDE_MARKER, CODEX_PROMPT
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings

@@ -8,9 +8,9 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.context.budget import ContextBudgetPolicy
-from proxy.context.clipping import clip_to_fit, cut_text, entry_namer
-from proxy.context.tokens import NON_TEXT_PART_TOKENS, TokenCounter
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.clipping import clip_to_fit, cut_text, entry_namer
+from proxy.context.view.tokens import NON_TEXT_PART_TOKENS, TokenCounter
 from proxy.dialects import CHAT
 from proxy.types import Message
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.context.codexcode import cell_calls
+from proxy.context.keep.codexcode import cell_calls
 
 
 def test_a_cell_of_tool_calls_is_read_as_those_calls_in_order() -> None:

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.compactor import (
     Checkpoint,
     CompactionBackoff,
@@ -23,13 +22,14 @@ from proxy.context.compactor import (
     retain_budget_for,
 )
 from proxy.context.items import leading_system_count, round_start_for
-from proxy.context.projection import (
+from proxy.context.summary.summarizer import SummaryAnswer, SummaryGenerator
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.projection import (
     SUMMARY_END,
     SUMMARY_HEADER,
     ProjectionBuilder,
 )
-from proxy.context.summarizer import SummaryAnswer, SummaryGenerator
-from proxy.context.tokens import chars_tokens
+from proxy.context.view.tokens import chars_tokens
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.types import Message

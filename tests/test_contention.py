@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 from aiohttp.test_utils import TestServer
 
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.dialects.chat import message_hash
 from proxy.keys import store_key
 from proxy.sessions import tenant_of

@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from proxy.constants import HEADER_SESSION
-from proxy.context.continuity import PROOF_MAX_NEW, PROOF_MIN_TOKENS, Proof, holds, proof
-from proxy.context.lineage import ConversationState
+from proxy.context.log.continuity import PROOF_MAX_NEW, PROOF_MIN_TOKENS, Proof, holds, proof
+from proxy.context.log.lineage import ConversationState
 from proxy.dialects import CHAT
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -238,7 +238,7 @@ async def test_another_token_without_the_conversation_gets_nothing_of_the_sessio
     assert link is not None and link.tenant == original.tenant
 
 
-# -- the rule itself (proxy.context.continuity) ------------------------------------------------------------------
+# -- the rule itself (proxy.context.log.continuity) ------------------------------------------------------------------
 
 def folded(messages: list[dict[str, Any]]) -> ConversationState:
     state = ConversationState()

@@ -34,7 +34,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.view.projection import SUMMARY_HEADER
 from proxy.sessions import tenant_of
 from proxy.store import FactLog, StoredFact, open_store
 from proxy.store.base import SessionKey

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from proxy.context.elision import clip_text
+from proxy.context.view.elision import clip_text
 
 
 def test_clip_text_keeps_head_and_tail_and_names_the_index() -> None:

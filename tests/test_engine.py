@@ -10,16 +10,16 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.context import userwords
-from proxy.context.batches import checkpoint_fact
-from proxy.context.budget import REPLY_PRIMING_TOKENS
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint
 from proxy.context.engine import MAX_POLICIES, ContextEngine, EngineSettings, active_checkpoint
-from proxy.context.history import HistoryManager
-from proxy.context.masking import KEEP_OUTPUTS_SHARE
-from proxy.context.projection import SUMMARY_END
-from proxy.context.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
-from proxy.context.tokens import TokenCounter
+from proxy.context.keep import userwords
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import PROMPT_OVERHEAD_TOKENS, SummaryAnswer
+from proxy.context.view.batches import checkpoint_fact
+from proxy.context.view.budget import REPLY_PRIMING_TOKENS
+from proxy.context.view.masking import KEEP_OUTPUTS_SHARE
+from proxy.context.view.projection import SUMMARY_END
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.logs import JsonFormatter

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 
 from proxy.context.items import cut_points
-from proxy.context.masking import Masker
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.masking import Masker
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import GEMINI
 from proxy.dialects.gemini import GeminiRequest
 from proxy.settings import Settings

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.context.chain import chain_hash
-from proxy.context.history import REUSE_FROM_BYTES, HistoryManager
-from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.planning import plan_sync
+from proxy.context.log.chain import chain_hash
+from proxy.context.log.history import REUSE_FROM_BYTES, HistoryManager
+from proxy.context.log.lineage import ConversationState, common_prefix
+from proxy.context.log.planning import plan_sync
 from proxy.dialects.chat import message_hash
 from proxy.store.base import NewFact, SessionKey, StoredFact
 from tests.proxyfixtures import replay
@@ -40,7 +40,7 @@ def test_hashes_for_reuses_only_what_is_equal(requests: list[list[dict[str, Any]
 
 
 def test_a_message_equal_to_the_last_requests_gets_its_very_hash_and_a_message_hashed_anew_a_new_one() -> None:
-    """What the token sums kept per session know a message by (``proxy.context.tokens.RunningCount``)."""
+    """What the token sums kept per session know a message by (``proxy.context.view.tokens.RunningCount``)."""
     history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
     key = SessionKey("t", "s")
     first = [{"role": "user", "content": f"m{i}"} for i in range(4)]

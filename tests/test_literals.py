@@ -11,7 +11,7 @@ import orjson
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.compactor import ContextCompactor
-from proxy.context.literals import (
+from proxy.context.keep.literals import (
     LITERALS_HEADING,
     Exact,
     add_back,
@@ -24,8 +24,8 @@ from proxy.context.literals import (
     shown_text,
     to_json,
 )
-from proxy.context.projection import ProjectionBuilder, summary_text
-from proxy.context.summarizer import SummaryGenerator
+from proxy.context.summary.summarizer import SummaryGenerator
+from proxy.context.view.projection import ProjectionBuilder, summary_text
 from proxy.dialects import CHAT
 from proxy.keys import store_key
 from proxy.settings import Secret

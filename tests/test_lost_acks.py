@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.store.base import NewFact, SessionKey
 from proxy.store.redis import RedisFactLog
 from tests.proxyfixtures import read_log, replay, same_conversation, sync_chat

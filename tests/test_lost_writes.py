@@ -30,7 +30,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from proxy.app import create_app
 from proxy.constants import fact_keys_key, log_key, meta_key
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.dialects.chat import message_hash
 from proxy.keys import history_key, store_key
 from proxy.sessions import tenant_of
@@ -117,7 +117,7 @@ async def test_a_log_that_lost_its_tail_is_read_again_and_written_again(
     assert len(await read_log(store, KEY)) == 4
     if isinstance(store, RedisFactLog):
         await store.client.config_resetstat()
-    caplog.set_level(logging.WARNING, "proxy.context.history")
+    caplog.set_level(logging.WARNING, "proxy.context.log.history")
 
     state = await sync_chat(history, KEY, CONVERSATION[:10], upstream_from=9)
 
@@ -159,7 +159,7 @@ async def test_a_read_in_flight_while_this_process_appends_is_no_lost_tail(
     log = HeldRead(store)
     history = HistoryManager(log, clock=time.time)  # type: ignore[arg-type]
     await sync_chat(history, KEY, CONVERSATION[:4], upstream_from=3)
-    caplog.set_level(logging.WARNING, "proxy.context.history")
+    caplog.set_level(logging.WARNING, "proxy.context.log.history")
     log.armed = True
     reader = asyncio.create_task(history.state(KEY, refresh=True))
     await log.held.wait()  # the read has its answer: the log as it was, 4 entries
@@ -189,7 +189,7 @@ async def test_a_log_written_again_by_another_replica_after_it_lost_its_tail_is_
     elsewhere = [*CONVERSATION[:4], *({"role": "user", "content": f"elsewhere {i}"} for i in range(written_again))]
     await sync_chat(other, KEY, elsewhere)
     assert len(await read_log(store, KEY)) == 4 + written_again
-    caplog.set_level(logging.WARNING, "proxy.context.history")
+    caplog.set_level(logging.WARNING, "proxy.context.log.history")
 
     await sync_chat(history, KEY, CONVERSATION[:10], upstream_from=9)
 

@@ -7,13 +7,13 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint, masking_checkpoint, prefix_hash
-from proxy.context.lineage import ConversationState
-from proxy.context.masking import Masker, arguments_digest, mask_end
-from proxy.context.projection import SUMMARY_HEADER, ProjectionBuilder
-from proxy.context.tokens import TokenCounter
-from proxy.context.userwords import HEADING
+from proxy.context.keep.userwords import HEADING
+from proxy.context.log.lineage import ConversationState
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.masking import Masker, arguments_digest, mask_end
+from proxy.context.view.projection import SUMMARY_HEADER, ProjectionBuilder
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.store.base import StoredFact
 

@@ -24,7 +24,7 @@ from aiohttp.test_utils import TestClient
 
 from proxy.app import create_app
 from proxy.constants import HEADER_COMPACTED
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, MESSAGES, RESPONSES, Dialect
 from proxy.keys import store_key
 from proxy.sessions import tenant_of

@@ -5,7 +5,7 @@ outgrows several times over, with a summary model that writes another format
 (bold headings, numbered lines, German headings, plain prose), refuses, answers
 HTTP 500 or never answers. Every step gets a 200, no request reaches the
 upstream over its window, and the proxy's log shows how: a model summary when
-the answer is usable, the model-free tier (``proxy.context.fallback``) when not.
+the answer is usable, the model-free tier (``proxy.context.summary.fallback``) when not.
 With a lazy summary model ("None" under every heading), the last view still
 names every file the run wrote and every command it ran: the artifact trail is
 the proxy's, not the model's.

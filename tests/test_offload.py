@@ -19,8 +19,8 @@ import orjson
 import pytest
 
 from proxy import offload
-from proxy.context.history import HistoryManager
-from proxy.context.tokens import BUDGET_CHARS, SAMPLE_CHARS, TokenCounter, bundled_encoding, chars_tokens
+from proxy.context.log.history import HistoryManager
+from proxy.context.view.tokens import BUDGET_CHARS, SAMPLE_CHARS, TokenCounter, bundled_encoding, chars_tokens
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.keys import engine_key

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.errors import StoreUnavailable
 from proxy.keys import history_key, store_key
 from proxy.sessions import tenant_of

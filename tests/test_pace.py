@@ -6,10 +6,10 @@ less than a step: 0.6 s steps beside 3 s summaries made a step wait 2.2 s.
 
 from __future__ import annotations
 
-from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.engine import ContextEngine, EngineSettings, step_tokens
-from proxy.context.history import HistoryManager
-from proxy.context.pace import IDLE_SECONDS, MAX_STEPS_AHEAD, SessionPace
+from proxy.context.log.history import HistoryManager
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.pace import IDLE_SECONDS, MAX_STEPS_AHEAD, SessionPace
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import SessionKey

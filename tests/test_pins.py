@@ -17,13 +17,13 @@ import pytest
 from aiohttp.test_utils import TestClient
 
 from proxy.app import create_app
-from proxy.context.budget import ContextBudgetPolicy
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.instructionfiles import read_path
-from proxy.context.masking import Masker
-from proxy.context.pins import HEADING, USER, carry, found, render
-from proxy.context.tokens import TokenCounter
-from proxy.context.userwords import carry as carry_words
+from proxy.context.keep.instructionfiles import read_path
+from proxy.context.keep.pins import HEADING, USER, carry, found, render
+from proxy.context.keep.userwords import carry as carry_words
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.masking import Masker
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.keys import store_key
 from proxy.sessions import tenant_of

@@ -6,7 +6,7 @@ import pytest
 
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count, round_start_for
-from proxy.context.projection import (
+from proxy.context.view.projection import (
     SUMMARY_END,
     SUMMARY_HEADER,
     ProjectionBuilder,

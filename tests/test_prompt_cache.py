@@ -11,7 +11,7 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.view.projection import SUMMARY_HEADER
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.dialects.chat import prompt_cache_key
 from proxy.dialects.messages import breakpoints

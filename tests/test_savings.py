@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.cli import main
-from proxy.context.tokens import RUNNING_FROM
-from proxy.context.window import input_price_for
+from proxy.context.view.tokens import RUNNING_FROM
+from proxy.context.view.window import input_price_for
 from proxy.dialects import CHAT
-from proxy.http.frontdoor import CLIENT_SUM
+from proxy.http.turn import CLIENT_SUM
 from proxy.keys import engine_key, store_key
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact

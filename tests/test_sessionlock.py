@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.context.sessionlock import CompactionLock
+from proxy.context.log.sessionlock import CompactionLock
 from proxy.store.base import FactLog, SessionKey
 
 KEY = SessionKey("t", "s")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proxy.context.history import HistoryManager
+from proxy.context.log.history import HistoryManager
 from proxy.dialects import CHAT
 from proxy.keys import history_key
 from proxy.sessions import credential, fingerprint_session, tenant_of

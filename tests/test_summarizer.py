@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from proxy.context.summarizer import (
+from proxy.context.summary.summarizer import (
     SECTIONS,
     SYSTEM_PROMPT,
     SummaryAnswer,
@@ -14,7 +14,7 @@ from proxy.context.summarizer import (
     build_prompt,
     serialise_message,
 )
-from proxy.context.summaryprompt import REMINDER, UPDATE, summary_words
+from proxy.context.summary.summaryprompt import REMINDER, UPDATE, summary_words
 from proxy.dialects import CHAT
 from proxy.types import Message
 from tests.fakeupstream import full_summary

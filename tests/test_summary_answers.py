@@ -31,7 +31,7 @@ from aiohttp import web
 
 from proxy.constants import HEADER_SESSION
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.summaryprompt import REMINDER
+from proxy.context.summary.summaryprompt import REMINDER
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import FactLog, SessionKey

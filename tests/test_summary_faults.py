@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.view.projection import SUMMARY_HEADER
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.store.base import SessionKey
@@ -156,7 +156,7 @@ async def test_a_broken_summariser_changes_nothing_and_the_session_keeps_working
 
     assert len(fake.summary_requests) > asked, "the broken summariser was asked (and failed)"
     # The window is small enough that a view past the threshold is past the hard limit: the model-free tier stands
-    # in for the summary the model could not write (proxy.context.fallback).
+    # in for the summary the model could not write (proxy.context.summary.fallback).
     assert compactions(metrics, "fallback") >= 1
     facts = await session.facts()
     assert facts[:len(before)] == before

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.context.summarymerge import heading_index, merge, trim, update
+from proxy.context.summary.summarymerge import heading_index, merge, trim, update
 from tests.fakeupstream import SECTION_TITLES
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.context.summaryprompt import (
+from proxy.context.summary.summaryprompt import (
     REFUSAL_MAX_CHARS,
     REMINDER,
     SummaryAnswer,

@@ -29,7 +29,7 @@ import redis.asyncio
 from aiohttp import web
 from aiohttp.http_exceptions import LineTooLong
 
-from proxy.context.projection import SUMMARY_HEADER
+from proxy.context.view.projection import SUMMARY_HEADER
 from proxy.dialects import CHAT
 from proxy.keys import store_key
 from proxy.logs import JsonFormatter, RedactRequestBytes, default_log_config

@@ -8,7 +8,7 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from proxy.context.tokens import (
+from proxy.context.view.tokens import (
     MESSAGE_OVERHEAD_TOKENS,
     NON_TEXT_PART_TOKENS,
     RUNNING_FROM,
@@ -77,7 +77,7 @@ def test_bundled_encoding_is_o200k_and_counts() -> None:
 def test_bundled_encoding_loads_offline_and_restores_the_environment(tmp_path: Path) -> None:
     code = (
         "import os\n"
-        "from proxy.context.tokens import bundled_encoding\n"
+        "from proxy.context.view.tokens import bundled_encoding\n"
         "print(bundled_encoding().name, os.environ['TIKTOKEN_CACHE_DIR'])\n"
     )
     env = {

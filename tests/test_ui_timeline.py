@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from proxy.compactions import RecentCompactions
-from proxy.context.budget import ContextBudgetPolicy
-from proxy.context.clipping import clip_to_fit, entry_namer
 from proxy.context.compactor import Checkpoint, CompactionResult, prefix_hash
-from proxy.context.projection import SUMMARY_END, ProjectionBuilder
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.clipping import clip_to_fit, entry_namer
+from proxy.context.view.projection import SUMMARY_END, ProjectionBuilder
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.context.engine import UNDONE
-from proxy.context.lineage import ConversationState
-from proxy.context.undo import retire_fact
+from proxy.context.log.lineage import ConversationState
+from proxy.context.log.undo import retire_fact
 from proxy.keys import compactions_key, engine_key, history_key, store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Secret

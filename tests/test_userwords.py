@@ -7,9 +7,9 @@ from typing import Any
 
 import orjson
 
-from proxy.context.budget import ContextBudgetPolicy
-from proxy.context.clipping import CLIP_MARKER
-from proxy.context.userwords import FOLDED, HEADING, LONG_TOKENS, carry, render
+from proxy.context.keep.userwords import FOLDED, HEADING, LONG_TOKENS, carry, render
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.clipping import CLIP_MARKER
 from proxy.dialects import CHAT, MESSAGES
 from proxy.keys import store_key
 from proxy.sessions import tenant_of

@@ -3,7 +3,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from proxy.context.window import bundled_model_map, context_window_for, litellm_dir
+from proxy.context.view.window import bundled_model_map, context_window_for, litellm_dir
 
 MAP = {
     "gpt-4o": {"max_input_tokens": 128000, "max_output_tokens": 16384},
@@ -62,7 +62,7 @@ def test_bundled_map_knows_common_models() -> None:
 def test_litellm_is_never_imported() -> None:
     code = (
         "import sys\n"
-        "from proxy.context.window import context_window_for\n"
+        "from proxy.context.view.window import context_window_for\n"
         "assert context_window_for('gpt-4o') == 128000\n"
         "print('litellm' in sys.modules)\n"
     )

@@ -9,9 +9,8 @@ import orjson
 import pytest
 
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.projection import summary_text
-from proxy.context.shellwrites import effect
-from proxy.context.workingset import (
+from proxy.context.keep.shellwrites import effect
+from proxy.context.keep.workingset import (
     MAX_FILES,
     WORKING_SET_HEADING,
     FileText,
@@ -21,6 +20,7 @@ from proxy.context.workingset import (
     track,
     working_set_maker,
 )
+from proxy.context.view.projection import summary_text
 from proxy.dialects.chat import DIALECT as CHAT
 
 APP = "def main():\n    print('hello')\n\n\nif __name__ == '__main__':\n    main()\n"

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.context.callusage import CallUsage
-from proxy.context.chain import chain_hash
+from proxy.context.log.chain import chain_hash
+from proxy.context.summary.callusage import CallUsage
 
-#: ``fallback``: no usable summary could be had and the model-free tier (``proxy.context.fallback``) stood in.
+#: ``fallback``: no usable summary could be had and the model-free tier (``proxy.context.summary.fallback``) stood in.
 CompactionOutcome = Literal["ok", "failed", "timeout", "skipped", "fallback"]
 #: Which reduction a compaction made: masked tool outputs (no model call), a summary, or the model-free tier.
 Tier = Literal["mask", "summary", "fallback"]
@@ -31,12 +31,12 @@ CHECKPOINT_FORMAT = 3
 READABLE_FORMATS = (1, 2, 3)
 #: One user message carried verbatim: its conversation index, the seq of its log entry (-1: not known),
 #: its tokens as carried, its text as carried (clipped head and tail when the budget required it), and how many
-#: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.userwords``).
+#: messages the entry stands for (1; more for the line that folds the oldest: ``proxy.context.keep.userwords``).
 UserWords = tuple[int, int, int, str, int]
 #: Fields added within version 3, each read as empty where absent (``Checkpoint.from_json``) and written only where
 #: it holds something (``Checkpoint.to_json``).
 ADDITIVE = ("pins", "working_set", "files", "literals", "literals_text", "literal_receipt")
-#: One pinned text (``proxy.context.pins``): its source (a file's path, or the user), the seq of the log entry it
+#: One pinned text (``proxy.context.keep.pins``): its source (a file's path, or the user), the seq of the log entry it
 #: comes from (-1: not known), its tokens, and its text ("" when left out for the pin budget).
 Pin = tuple[str, int, int, str]
 
@@ -64,27 +64,27 @@ class Checkpoint:
 
     ``round_start_idx`` is the user message opening the round that the split
     falls inside, or ``None`` when the split is at a round boundary. A masking
-    checkpoint (tier 1, ``proxy.context.masking``) keeps the previous summary
+    checkpoint (tier 1, ``proxy.context.view.masking``) keeps the previous summary
     as it is, or has none (``summary == ""``: the view shows no summary item).
     ``user_words`` are the user's messages that left the verbatim tail, carried
-    verbatim after the summary (``proxy.context.userwords``). ``prefix_hash``
+    verbatim after the summary (``proxy.context.keep.userwords``). ``prefix_hash``
     names ``messages[:covers]``: everything the checkpoint's view depends on,
     so a rewind never gets a view masking an item it does not have.
 
     ``summarised_until`` is where the model's summary ends (-1: at
     ``retain_start_idx``). When it ends earlier, the model-free tier
-    (``proxy.context.fallback``) elided ``messages[summarised_until:retain_start_idx]``
+    (``proxy.context.summary.fallback``) elided ``messages[summarised_until:retain_start_idx]``
     behind ``elision``, a marker naming their log range; the next model summary
     starts there and folds them back in. ``artifacts`` are the files and
-    commands of everything before the split (``proxy.context.artifacts``, as
+    commands of everything before the split (``proxy.context.keep.artifacts``, as
     JSON), and ``trail`` their rendering in the summary item: both written by
     the proxy from the log, never by the model. ``pins`` are the instruction
     files and user-pinned text that left the tail, carried verbatim
-    (``proxy.context.pins``). ``working_set`` names the files whose exact text
-    the summary item carries (``proxy.context.workingset``: ``[path, seq it is
+    (``proxy.context.keep.pins``). ``working_set`` names the files whose exact text
+    the summary item carries (``proxy.context.keep.workingset``: ``[path, seq it is
     current as of, index, first line, last line]``) and ``files`` is that section.
     ``literals`` are the exact literals of everything compacted
-    (``proxy.context.literals``, as JSON), ``literals_text`` those the view
+    (``proxy.context.keep.literals``, as JSON), ``literals_text`` those the view
     lacked without them, added back, and ``literal_receipt`` the compaction's
     receipt (``in_range``, ``kept``, ``added``, ``dropped``; empty: made before
     literals were checked).

@@ -16,7 +16,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from proxy.context.callusage import CallUsage
 from proxy.context.checkpoint import (
     Checkpoint,
     CompactionOutcome,
@@ -26,17 +25,18 @@ from proxy.context.checkpoint import (
     masking_checkpoint,
     prefix_hash,
 )
-from proxy.context.clipping import Measure
-from proxy.context.fallback import reduced_checkpoint
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
-from proxy.context.literals import LiteralMaker, shown_text
-from proxy.context.masking import first_unmasked, mask_end
-from proxy.context.pins import carry as carry_pins
-from proxy.context.projection import ProjectionBuilder
-from proxy.context.summarizer import SummaryGenerator
-from proxy.context.tokens import MessageCounter
-from proxy.context.userwords import carry
-from proxy.context.workingset import WorkingSetMaker, refreshed
+from proxy.context.keep.literals import LiteralMaker, shown_text
+from proxy.context.keep.pins import carry as carry_pins
+from proxy.context.keep.userwords import carry
+from proxy.context.keep.workingset import WorkingSetMaker, refreshed
+from proxy.context.summary.callusage import CallUsage
+from proxy.context.summary.fallback import reduced_checkpoint
+from proxy.context.summary.summarizer import SummaryGenerator
+from proxy.context.view.clipping import Measure
+from proxy.context.view.masking import first_unmasked, mask_end
+from proxy.context.view.projection import ProjectionBuilder
+from proxy.context.view.tokens import MessageCounter
 from proxy.types import Message
 
 __all__ = ["DEFAULT_KEEP_TOOL_OUTPUTS", "DEFAULT_MIN_GAIN", "DEFAULT_MIN_RETAIN_ROUNDS", "DEFAULT_RETAIN_FRACTION",
@@ -164,10 +164,10 @@ class ContextCompactor:
     """Plans a reduction, has a summary written when one is needed, and returns a checkpoint; pure apart from the
     summary call.
 
-    The tiers, cheapest first: masking old tool outputs (``proxy.context.masking``,
+    The tiers, cheapest first: masking old tool outputs (``proxy.context.view.masking``,
     no model call) when that alone brings the view to ``mask_target``; otherwise
     a summary of what leaves the verbatim tail, whose checkpoint masks as well
-    and carries the user's own words (``proxy.context.userwords``). ``count``
+    and carries the user's own words (``proxy.context.keep.userwords``). ``count``
     must be the estimator the budget policy uses, so that the tail is planned in
     the units the threshold is checked in, and ``measure`` its text measure;
     ``clock`` gives the checkpoint's ``created_at`` (wall-clock seconds).
@@ -261,7 +261,7 @@ class ContextCompactor:
 
         With ``fallback``, a summary that cannot be had (failed, timed out,
         refused, or not tried: ``use_model`` False while the failure backoff is
-        open) is replaced by the model-free tier (``proxy.context.fallback``):
+        open) is replaced by the model-free tier (``proxy.context.summary.fallback``):
         the same split, the older turns elided behind a marker, outcome
         ``fallback``. Without it a failed summary changes nothing, except that a
         masking the same compaction computed is kept.
@@ -356,7 +356,7 @@ class ContextCompactor:
     def _with_literals(self, checkpoint: Checkpoint, messages: Sequence[Message], previous: Checkpoint | None,
                        split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str]) -> Checkpoint:
         """``checkpoint`` with the exact literals of ``messages[:start]`` its view lacks added back
-        (``proxy.context.literals``), and its receipt; as it is without ``literals_of``. The previous checkpoint's
+        (``proxy.context.keep.literals``), and its receipt; as it is without ``literals_of``. The previous checkpoint's
         literals stand for ``messages[:split_from]``; one without a receipt read none, so all is read."""
         if self.literals_of is None:
             return checkpoint
@@ -370,7 +370,7 @@ class ContextCompactor:
 
     def _pins(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,
               opener: int | None, seqs: Sequence[int]) -> tuple[Pin, ...]:
-        """The instruction files and user-pinned text (``proxy.context.pins``) of ``messages[split_from:start]``
+        """The instruction files and user-pinned text (``proxy.context.keep.pins``) of ``messages[split_from:start]``
         added to the previous checkpoint's."""
         pins = previous.pins if previous is not None else ()
         if self.measure is None or self.pins_budget <= 0:
@@ -381,7 +381,7 @@ class ContextCompactor:
 
     def _in_hand(self, messages: Sequence[Message], start: int, masked_until: int,
                  seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
-        """The files in hand whose text a split at ``start`` takes out of the view (``proxy.context.workingset``),
+        """The files in hand whose text a split at ``start`` takes out of the view (``proxy.context.keep.workingset``),
         as of the newest item: (rows for the checkpoint, the section)."""
         if self.working_set_of is None:
             return (), ""

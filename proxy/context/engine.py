@@ -18,30 +18,30 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Literal
 
-from proxy.context.applying import ANYONE, Requester
 from proxy.context.background import BackgroundCompactions
-from proxy.context.batches import checkpoint_fact, mask_batch, maskable
-from proxy.context.budget import ContextBudgetPolicy, UsageSample
-from proxy.context.callusage import CallUsage
 from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
-from proxy.context.clipping import entry_namer, fit_by_clipping
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
-from proxy.context.history import HistoryManager
 from proxy.context.items import ItemModel, leading_system_count
-from proxy.context.learned import LearnedWindows
-from proxy.context.lineage import ConversationState, common_prefix
-from proxy.context.literals import LITERALS_SHARE, literal_maker
-from proxy.context.masking import KEEP_OUTPUTS_SHARE, Masker
-from proxy.context.pace import SessionPace
-from proxy.context.pins import SHARE as PINS_SHARE
-from proxy.context.prepared import Compacted, PreparedView
-from proxy.context.projection import ProjectionBuilder, SummaryPlacement, summary_text
-from proxy.context.sessionlock import CompactionLock
-from proxy.context.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
-from proxy.context.tokens import TokenCounter
-from proxy.context.trail import trail_maker
-from proxy.context.window import context_window_for
-from proxy.context.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
+from proxy.context.keep.literals import LITERALS_SHARE, literal_maker
+from proxy.context.keep.pins import SHARE as PINS_SHARE
+from proxy.context.keep.trail import trail_maker
+from proxy.context.keep.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
+from proxy.context.log.history import HistoryManager
+from proxy.context.log.lineage import ConversationState, common_prefix
+from proxy.context.log.sessionlock import CompactionLock
+from proxy.context.summary.callusage import CallUsage
+from proxy.context.summary.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
+from proxy.context.view.applying import ANYONE, Requester
+from proxy.context.view.batches import checkpoint_fact, mask_batch, maskable
+from proxy.context.view.budget import ContextBudgetPolicy, UsageSample
+from proxy.context.view.clipping import entry_namer, fit_by_clipping
+from proxy.context.view.learned import LearnedWindows
+from proxy.context.view.masking import KEEP_OUTPUTS_SHARE, Masker
+from proxy.context.view.pace import SessionPace
+from proxy.context.view.prepared import Compacted, PreparedView
+from proxy.context.view.projection import ProjectionBuilder, SummaryPlacement, summary_text
+from proxy.context.view.tokens import TokenCounter
+from proxy.context.view.window import context_window_for
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -52,7 +52,7 @@ Trigger = Literal["background", "proactive", "reactive", "manual", "client"]
 #: Told of every compaction attempt: the session, its trigger, the result and the seconds it took.
 CompactionObserver = Callable[[SessionKey, Trigger, CompactionResult, float], None]
 DEFAULT_WINDOW = 128_000
-#: Why a compaction planned before an undo (``proxy.context.undo``) records nothing.
+#: Why a compaction planned before an undo (``proxy.context.log.undo``) records nothing.
 UNDONE = "a compaction was undone since this one was planned"
 #: Budget policies kept, one per context window (``ContextEngine.policy``).
 MAX_POLICIES = 64
@@ -75,7 +75,7 @@ class EngineSettings:
     failure_cooldown: float = 300.0
     #: Share of the window past which a summary starts in the background (at most the trigger).
     precompact_threshold: float = 0.6
-    # -- tiers (proxy.context.masking, proxy.context.batches, proxy.context.userwords) --
+    # -- tiers (proxy.context.view.masking, proxy.context.view.batches, proxy.context.keep.userwords) --
     #: Tool outputs never masked: the last N items holding output.
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole: past it, the older of them are masked as well (1: no
@@ -88,11 +88,11 @@ class EngineSettings:
     #: Below the threshold, a batch of old outputs is masked once it frees this share of the window (None: only
     #: at the threshold).
     mask_batch_share: float | None = 0.125
-    #: Share of the window the artifact trail may take in a summary item (``proxy.context.artifacts``).
+    #: Share of the window the artifact trail may take in a summary item (``proxy.context.keep.artifacts``).
     artifact_share: float = 0.10
-    #: Share of the window the files in hand may take in a summary item (``proxy.context.workingset``; 0: none).
+    #: Share of the window the files in hand may take in a summary item (``proxy.context.keep.workingset``; 0: none).
     working_set_share: float = WORKING_SET_SHARE
-    #: Share of the window the exact literals added back may take in a summary item (``proxy.context.literals``).
+    #: Share of the window the exact literals added back may take in a summary item (``proxy.context.keep.literals``).
     literal_share: float = LITERALS_SHARE
 
 
@@ -134,7 +134,7 @@ def step_tokens(policy: ContextBudgetPolicy, dialect: ItemModel, messages: Seque
 def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | None = None,
                       requester: Requester = ANYONE) -> Checkpoint | None:
     """The checkpoint that applies to the conversation ``hashes`` (default: the logged lineage) for ``requester``
-    (``proxy.context.applying``)."""
+    (``proxy.context.view.applying``)."""
     if state is None:
         return None
     payload = state.checkpoint_for(state.hashes if hashes is None else hashes, requester)
@@ -172,7 +172,7 @@ class ContextEngine:
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
                                          cooldown=settings.failure_cooldown)
         self._policies: dict[int, ContextBudgetPolicy] = {}
-        #: The windows upstreams taught, per model (``proxy.context.learned``).
+        #: The windows upstreams taught, per model (``proxy.context.view.learned``).
         self.windows = LearnedWindows(self._configured_window)
         #: Checkpoints a background compaction made that no request's view has used yet (their view keys).
         self._unannounced: dict[SessionKey, str] = {}
@@ -220,10 +220,10 @@ class ContextEngine:
         """Build and estimate the view under the session's active checkpoint (or ``checkpoint``). Read-only.
 
         With ``fit``, a view over ``limit`` (default: what the upstream would
-        refuse) has tool results clipped until it fits (``proxy.context.clipping``).
+        refuse) has tool results clipped until it fits (``proxy.context.view.clipping``).
         ``session``: whose routine view this is, so that its count starts where
         the session's last view's parts from it (``TokenCounter.count_many``).
-        ``requester``: whom the view is for, which decides the checkpoints it may use (``proxy.context.applying``;
+        ``requester``: whom the view is for, which decides the checkpoints it may use (``proxy.context.view.applying``;
         the default, anyone, is a session only one credential uses).
         """
         checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes, requester)
@@ -277,7 +277,7 @@ class ContextEngine:
         if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
             del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
             prepared = replace(prepared, compacted="background")
-        # Tier 1 below the threshold (proxy.context.batches): a batch of old tool outputs masked, no model call.
+        # Tier 1 below the threshold (proxy.context.view.batches): a batch of old tool outputs masked, no model call.
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output, requester=requester) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
@@ -460,7 +460,7 @@ class ContextEngine:
                                                           policy.text_tokens))
 
     def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
-        """The files in hand a checkpoint carries (``proxy.context.workingset``), in ``working_set_share`` of
+        """The files in hand a checkpoint carries (``proxy.context.keep.workingset``), in ``working_set_share`` of
         ``window``: for a summary, and for a masking batch that takes a file's text out of the view."""
         return working_set_maker(dialect, int(window * self.settings.working_set_share),
                                  self.policy(window).text_tokens)
@@ -491,7 +491,7 @@ class ContextEngine:
                        messages: Sequence[Message], hashes: Sequence[str]) -> int:
         """Where a background summary starts for ``view`` (``ContextBudgetPolicy.soft_threshold``): the share
         applied to the room beside what no compaction frees, and as many steps of growth before the trigger as
-        the session's summaries take of its steps (``proxy.context.pace``), one at least."""
+        the session's summaries take of its steps (``proxy.context.view.pace``), one at least."""
         policy = self.policy(window)
         growth = step_tokens(policy, dialect, messages, hashes) * self.pace.steps_ahead(key)
         return policy.soft_threshold(self.settings.precompact_threshold, view.threshold, view.unfreed, growth)
@@ -510,12 +510,12 @@ class ContextEngine:
         started from, and its seq (what the new one is made from). The summary entry carries what its calls cost
         (``usage``, as the upstream reported it): what the savings subtract (``proxy.savings``).
 
-        Not when an undo (``proxy.context.undo``) was logged since the
+        Not when an undo (``proxy.context.log.undo``) was logged since the
         compaction read the log (``planned_at``): the undo is the newer
         decision, and a compaction planned before it would adopt again what
         it took back (a background summary folding the retired checkpoint's).
 
-        A masking batch (``proxy.context.batches``) takes no lock: when one landed
+        A masking batch (``proxy.context.view.batches``) takes no lock: when one landed
         while this compaction ran, the checkpoint keeps what the batch masked
         rather than unmasking it (the batch planned from the checkpoint this
         compaction started from, so its region is this one's or reaches further).

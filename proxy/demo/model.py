@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from proxy.context.summaryprompt import SYSTEM_PROMPT
+from proxy.context.summary.summaryprompt import SYSTEM_PROMPT
 from proxy.demo.script import CONSTRAINT, FINAL, STEPS, TASK
 
 MODEL = "ctxproxy-demo"

@@ -271,7 +271,7 @@ class Dialect(ItemModel):
         """Whether the request asks the upstream to compact or clear its conversation itself (Anthropic's
         ``context_management`` edits, the Responses API's compaction or ``truncation``): the proxy then forwards
         the conversation as the client sent it, since an upstream that rewrites it would undo a proxy view, and
-        the view would cost the prompt cache for nothing (``proxy.http.frontdoor.Turn.as_sent``)."""
+        the view would cost the prompt cache for nothing (``proxy.http.turn.Turn.as_sent``)."""
         return False
 
     def commits(self, data: Any) -> bool:

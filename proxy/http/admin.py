@@ -32,7 +32,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
-from proxy.context.undo import uncompact
+from proxy.context.log.undo import uncompact
 from proxy.dialects.base import Dialect, parse_json
 from proxy.errors import BadRequest, ProxyError, StoreError, TooManyAttempts, Unauthorized
 from proxy.http.body import read_body
@@ -250,7 +250,7 @@ async def compact_session(request: web.Request) -> web.Response:
 
 async def uncompact_session(request: web.Request) -> web.Response:
     """Undo a compaction: a ``retire`` entry takes back checkpoint ``{"checkpoint": seq}`` (default: the newest
-    live one) and those made from it, so the next view is the one it replaced (``proxy.context.undo``). 409 when
+    live one) and those made from it, so the next view is the one it replaced (``proxy.context.log.undo``). 409 when
     there is none to undo, or while a compaction of the session runs."""
     key = _key(request)
     raw = (await _body(request)).get("checkpoint")

@@ -25,14 +25,14 @@ summary made now of its own items. An empty history is a prefix of every convers
 not answered here at all, but goes upstream as the client sent it (the model summarises nothing, as without a
 proxy), with no summary, user words or trail of the session.
 
-When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.fallback``). Only when no
+When no summary can be had, the model-free tier's checkpoint answers (``proxy.context.summary.fallback``). Only when no
 checkpoint can be had at all (a conversation too short to summarise) does ``answer`` return None and the request
 go upstream as the client sent it: the model writes the summary, as without a proxy.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 
@@ -41,16 +41,20 @@ from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.engine import active_checkpoint
 from proxy.context.items import Item
-from proxy.context.projection import summary_text
-from proxy.context.summarizer import serialise_message
+from proxy.context.summary.summarizer import serialise_message
+from proxy.context.view.projection import summary_text
 from proxy.errors import BadRequest, StoreError
+from proxy.http.turn import Turn
 from proxy.keys import history_key, secret_key, store_key
 from proxy.secret import Reference, is_reference, seal, unseal
-from proxy.store.base import NewFact, SessionKey
+from proxy.store.base import NewFact, SessionKey, Tenant
 
-if TYPE_CHECKING:
-    from proxy.http.continuity import Candidates
-    from proxy.http.frontdoor import Turn
+
+class TenantsOfTheId(Protocol):
+    """The other tenants holding the request's session id, read when first needed
+    (``proxy.http.continuity.Candidates``)."""
+
+    async def get(self) -> list[Tenant]: ...
 
 #: Characters of one retained item in the answer's transcript, head and tail kept.
 TRANSCRIPT_CLIP_CHARS = 2_000
@@ -147,7 +151,7 @@ def summary_with_tail(turn: Turn, items: list[Item], checkpoint: Checkpoint, bud
 
 
 async def expand(request: web.Request, key: SessionKey, items: list[Item],
-                 candidates: Candidates | None) -> tuple[list[Item], list[tuple[int, Reference]]]:
+                 candidates: TenantsOfTheId | None) -> tuple[list[Item], list[tuple[int, Reference]]]:
     """``items`` with every ``compaction`` item carrying one of our references replaced by what it stands for,
     and the references read with the index of their item (each proves the session it names as far as that item,
     and no further: ``proxy.http.continuity``).

@@ -4,7 +4,7 @@ A request's own key is its credential's tenant and its session id (``proxy.sessi
 a subscription refresh their OAuth access token during a run, and the run must not land in an empty session of
 a new tenant. So a request whose own session does not already hold its conversation is checked against the
 sessions of that id under other tenants (``FactLog.tenants_of``: owners before probers, each noted with its
-conversations' openings), and continues one that it proves (``proxy.context.continuity``: its items are that
+conversations' openings), and continues one that it proves (``proxy.context.log.continuity``: its items are that
 session's conversation as far as the log goes). Its key is then linked to that session (``FactLog.link``, set
 once) for conversations that extend what proved it: the link keeps the proved items' count and chain hash, and a
 later request under the key goes to the linked session only while it holds them. A request that carries a
@@ -37,8 +37,8 @@ from typing import NamedTuple
 import orjson
 from aiohttp import web
 
-from proxy.context.continuity import holds, opening, proof, scope, serves
 from proxy.context.items import Item
+from proxy.context.log.continuity import holds, opening, proof, scope, serves
 from proxy.dialects.base import Dialect, ParsedRequest
 from proxy.errors import StoreError
 from proxy.http import clientcompaction
@@ -179,7 +179,7 @@ async def _found(request: web.Request, dialect: Dialect, own: SessionKey, parsed
 
 async def _proves(request: web.Request, dialect: Dialect, key: SessionKey, items: Sequence[Item],
                   hashes: list[str]) -> int:
-    """How many of the request's items prove the session ``key`` (``proxy.context.continuity.proof``); 0: none."""
+    """How many of the request's items prove the session ``key`` (``proxy.context.log.continuity.proof``); 0: none."""
     app = request.app
     found = proof(await app[history_key].state(key), dialect, items, hashes,
                   partial(app[engine_key].counter.message_tokens, dialect))

@@ -20,11 +20,13 @@ from collections.abc import Callable
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from proxy.context.prepared import PreparedView
+from proxy.context.view.prepared import PreparedView
 from proxy.dialects import MESSAGES, RESPONSES
 from proxy.errors import ProxyError
-from proxy.http.frontdoor import Turn, open_turn
+from proxy.http import recall
+from proxy.http.frontdoor import open_turn
 from proxy.http.relay import read_whole
+from proxy.http.turn import Turn
 from proxy.keys import client_key, metrics_key
 from proxy.upstream import client_timeout, map_upstream_errors, request_headers, response_headers
 
@@ -75,7 +77,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     headers = request_headers(request.headers, turn.settings, identity=True, anthropic=True)
     url = MESSAGES.upstream_url(turn.settings, "/v1/messages/count_tokens")
     async with map_upstream_errors(url, turn.settings), request.app[client_key].post(
-            url, data=turn.upstream_body(view), headers=headers, params=request.rel_url.query,
+            url, data=turn.upstream_body(view, recall.offer(turn, view)), headers=headers, params=request.rel_url.query,
             timeout=client_timeout(turn.settings)) as resp:
         raw = await read_whole(resp, turn.timing)
         out = response_headers(resp.headers, decoded=True)

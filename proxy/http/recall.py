@@ -30,7 +30,7 @@ Room: a recalled output gets the room left in the view, its hard limit
 estimate less a margin, re-estimated after each round, since every round adds
 the call and its result (the round's reported prompt tokens count when they are
 more). An output larger than that is clipped, head and tail around a marker
-naming its log entry, as ``proxy.context.clipping`` clips; when not even
+naming its log entry, as ``proxy.context.view.clipping`` clips; when not even
 ``MIN_RECALL_TOKENS`` are left, the model is told the output is too large for
 the room left, so a recall never sends a view over the window.
 """
@@ -38,26 +38,24 @@ the room left, so a recall never sends a view over the window.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
 
-from proxy.context.budget import ContextBudgetPolicy, Estimate
-from proxy.context.clipping import CLIP_MARKER, cut_text
 from proxy.context.items import Item, get_path, leading_system_count
-from proxy.context.masking import output_text
-from proxy.context.prepared import PreparedView
+from proxy.context.view.budget import ContextBudgetPolicy, Estimate
+from proxy.context.view.clipping import CLIP_MARKER, cut_text
+from proxy.context.view.masking import output_text
+from proxy.context.view.prepared import PreparedView
 from proxy.dialects.base import Dialect
 from proxy.errors import StoreError
 from proxy.http.relay import RelayTiming, event_data
+from proxy.http.turn import Turn
 from proxy.keys import history_key, store_key
 from proxy.savings import dialect_of
 from proxy.sse import EventTooLarge, SSESplitter, parse_event
 from proxy.store.base import as_seq
-
-if TYPE_CHECKING:
-    from proxy.http.frontdoor import Turn
 
 NAME = "ctxproxy_recall"
 MAX_ROUNDS = 5
@@ -96,6 +94,12 @@ def tools_field(turn: Turn) -> dict[str, Any]:
     tools = turn.parsed.payload.get("tools")
     return {"tools": [*(tools if isinstance(tools, list) else []),
                       turn.dialect.tool_definition(NAME, DESCRIPTION, PARAMETERS)]}
+
+
+def offer(turn: Turn, view: PreparedView) -> dict[str, Any]:
+    """The fields this attempt's upstream body adds for the recall tool (``Turn.upstream_body``): none unless
+    ``offered``."""
+    return tools_field(turn) if offered(turn, view) else {}
 
 
 def recall_of(dialect: Dialect, items: list[Item], usage: dict[str, Any] | None) -> RecallCall | None:

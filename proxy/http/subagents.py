@@ -39,7 +39,7 @@ import orjson
 
 from proxy.clientcompact import compaction_references, find_boundary
 from proxy.context.items import leading_system_count
-from proxy.context.lineage import ConversationState
+from proxy.context.log.lineage import ConversationState
 from proxy.dialects.base import Dialect, ParsedRequest
 
 #: The request fields that hold a system prompt, by API (Messages, Responses, Gemini).

@@ -19,7 +19,7 @@ Every response carries a Content-Security-Policy that allows script and style
 only from ``/ui/static/`` (no inline script), ``nosniff`` and
 ``frame-ancestors 'none'``; and everything from the log is escaped. One form
 changes a session: the undo button on a compaction marker (``uncompact``), which
-appends a ``retire`` entry (``proxy.context.undo``); nothing is ever deleted.
+appends a ``retire`` entry (``proxy.context.log.undo``); nothing is ever deleted.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from proxy.context.undo import uncompact
+from proxy.context.log.undo import uncompact
 from proxy.errors import BadRequest, NothingToUndo, TooManyAttempts
 from proxy.http.admin import admin_token_matches
 from proxy.http.clients import open_route
@@ -373,7 +373,7 @@ async def entry(request: web.Request) -> web.Response:
 
 
 async def uncompact_form(request: web.Request) -> web.Response:
-    """The undo button of a compaction marker (``proxy.context.undo``); the guard checked the sign-in and the
+    """The undo button of a compaction marker (``proxy.context.log.undo``); the guard checked the sign-in and the
     CSRF token. Back to the session's page, at the retire entry, or a page saying why nothing was undone."""
     key, form = _key(request), await request.post()
     raw = form.get("checkpoint")

@@ -1,10 +1,11 @@
-"""A model's prices, from litellm's bundled cost map (``proxy.context.window`` reads it without importing litellm)."""
+"""A model's prices, from litellm's bundled cost map (``proxy.context.view.window`` reads it without importing
+litellm)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.context.window import model_entry
+from proxy.context.view.window import model_entry
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The session goes through the engine as its agent sent it: each run of
 assistant items ends a step, and the step's request is every item before it
-(``steps``). Per step, as a front door does (``proxy.http.frontdoor.Turn``): the
+(``steps``). Per step, as a front door does (``proxy.http.turn.Turn``): the
 session's state is read, ``ContextEngine.prepare`` builds the view (compacting
 when it must), and the recorded reply is logged with the request, the stand-in
 model having answered with it. A background compaction the step started is
@@ -27,11 +27,11 @@ import orjson
 
 from proxy.context.checkpoint import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings, Trigger
-from proxy.context.history import HistoryManager
 from proxy.context.items import leading_system_count
-from proxy.context.pace import SessionPace
-from proxy.context.summarizer import SECTIONS, Complete, SummaryAnswer
-from proxy.context.tokens import TokenCounter
+from proxy.context.log.history import HistoryManager
+from proxy.context.summary.summarizer import SECTIONS, Complete, SummaryAnswer
+from proxy.context.view.pace import SessionPace
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import Dialect
 from proxy.replay import probes as probing
 from proxy.replay.cost import Prices, prices_for

@@ -5,7 +5,7 @@ the commands it ran, the error lines it saw, the user's constraint sentences,
 and the exact current text of the files it wrote last. A source that carries
 them (the shared corpus's ``probes``) is taken at its word; otherwise they are
 derived from the items with the engine's own artifact parser
-(``proxy.context.artifacts``), so a replay measures any recorded session.
+(``proxy.context.keep.artifacts``), so a replay measures any recorded session.
 
 Retention is a plain search: each probe's exact text among the strings of a
 view (every string of its items, and of the JSON objects a string holds, such
@@ -24,9 +24,9 @@ from typing import Any
 
 import orjson
 
-from proxy.context.artifacts import collect
 from proxy.context.items import ItemModel
-from proxy.context.literals import strings
+from proxy.context.keep.artifacts import collect
+from proxy.context.keep.literals import strings
 from proxy.types import Message
 
 #: The kinds of probe, in report order (``working_set``: the exact text of the last three written files).

@@ -17,7 +17,7 @@ import orjson
 
 from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
-from proxy.context.literals import coverage
+from proxy.context.keep.literals import coverage
 from proxy.render import fact_line, iso_time
 from proxy.savings import UsageTotals, dialect_of, saved_text
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
@@ -231,7 +231,8 @@ def timeline_html(t: Timeline, events: Sequence[CompactionEvent], links: Links, 
 
 
 def undo_form(links: Links, seq: int, csrf_token: str) -> str:
-    """The button that undoes the compaction at entry ``seq`` (``proxy.context.undo``), a POST with the CSRF token."""
+    """The button that undoes the compaction at entry ``seq`` (``proxy.context.log.undo``), a POST with the CSRF
+    token."""
     return (f'<form class="undo" method="post" action="{e(links.uncompact())}">{csrf.field(csrf_token)}'
             f'<input type="hidden" name="checkpoint" value="{seq}">'
             '<button type="submit" title="Retire this checkpoint and those made from it: the next request is built '

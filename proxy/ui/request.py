@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from proxy.blocks import role_label
-from proxy.context.clipping import CLIP_MARKER
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import ItemModel, leading_system_count
-from proxy.context.masking import PLACEHOLDER_PATTERN
-from proxy.context.projection import ProjectionBuilder
-from proxy.context.tokens import TokenCounter
+from proxy.context.view.clipping import CLIP_MARKER
+from proxy.context.view.masking import PLACEHOLDER_PATTERN
+from proxy.context.view.projection import ProjectionBuilder
+from proxy.context.view.tokens import TokenCounter
 from proxy.render import iso_time, replay
 from proxy.store.base import FactLog, SessionKey
 from proxy.types import Message
@@ -32,7 +32,7 @@ from proxy.ui.tiers import span, view_parts
 from proxy.ui.timeline import Point
 
 OriginKind = Literal["verbatim", "clipped", "masked", "summary"]
-#: The marker ``proxy.context.clipping`` leaves in a clipped tool output: how much, and which entry holds it whole.
+#: The marker ``proxy.context.view.clipping`` leaves in a clipped tool output: how much, and which entry holds it whole.
 ELIDED = re.compile(re.escape(CLIP_MARKER).replace(r"\{count\}", "([0-9]+)").replace(
     r"\{where\}", "(?:entry seq ([0-9]+)|message index ([0-9]+))"))
 #: The colours of the view's messages that are not the client's own.

@@ -39,9 +39,9 @@ import orjson
 from proxy.context.checkpoint import Tier
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
-from proxy.context.lineage import common_prefix
-from proxy.context.projection import SUMMARY_END, summary_text
-from proxy.context.tokens import BUDGET_CHARS, TokenCounter
+from proxy.context.log.lineage import common_prefix
+from proxy.context.view.projection import SUMMARY_END, summary_text
+from proxy.context.view.tokens import BUDGET_CHARS, TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
 from proxy.ui.tiers import described, tier_of
@@ -91,7 +91,7 @@ class Mark:
     view_key: str
     #: Where the model-free tier's elided range starts (``Checkpoint.summarised_until``); None: nothing elided.
     elided_from: int | None = None
-    #: The ``retire`` entry that undid this compaction (``proxy.context.undo``); None: it still applies.
+    #: The ``retire`` entry that undid this compaction (``proxy.context.log.undo``); None: it still applies.
     retired_by: int | None = None
     #: The compaction's literal receipt (``Checkpoint.literal_receipt``; empty: made before literals were checked).
     literals: Mapping[str, int] = field(default_factory=dict)
@@ -136,7 +136,7 @@ class Timeline:
         self.points: list[Point] = []
         self.marks: list[Mark] = []
         self.checkpoints: dict[str, Checkpoint] = {}
-        #: The checkpoint each mark was made from (``proxy.context.applying``), by seq.
+        #: The checkpoint each mark was made from (``proxy.context.view.applying``), by seq.
         self._made_from: dict[int, int | None] = {}
         #: Each checkpoint by its entry's seq (the tier a mark was made by is read off the one it was made from).
         self._by_seq: dict[int, Checkpoint] = {}

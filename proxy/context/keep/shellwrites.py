@@ -1,0 +1,203 @@
+"""What a shell command may have done to the files the agent has in hand: the conservative rule.
+
+The working set (``proxy.context.keep.workingset``) must never show a stale text as
+current, and a shell can change any file. A command is split into simple
+commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
+
+- a heredoc written to a file (``cat > PATH <<'EOF'`` … ``EOF``, as Codex
+  writes files) sets that file's text exactly (a quoted delimiter, or a body
+  with nothing the shell would expand); an append or an expanding body only
+  drops it. An output redirect (``>``, ``>>``) or ``tee`` drops its target;
+- a program that writes the files it names (``rm``, ``mv``, ``cp``, ``sed -i``,
+  ``gofmt -w``, ``prettier --write``, …) drops every file an argument names or
+  holds (a directory); given a glob, a ``$`` expansion or no path it drops every file;
+- a command that rewrites a tree (``git checkout``/``reset``/``stash``/``pull``,
+  ``find -delete``, ``ruff --fix``, ``go fmt``, inline code that writes:
+  ``python -c "open(…, 'w')…"``) and a command that does not parse drop every
+  file; a package manager's ``install``/``add``/``tidy`` drops the manifests
+  and lock files (``package.json``, ``go.mod``, …) wherever they are;
+- a program known to only read (``ls``, ``cat``, ``grep``, ``rg``, ``sed -n``,
+  ``git status``/``diff``/``log``, ``mkdir``, …) drops nothing, and a plain
+  ``cat PATH`` alone is a whole read of PATH;
+- a test runner (``pytest``, ``python -m pytest``, ``jest``, ``vitest``,
+  ``node --test``, ``npx playwright test``, …) reads the tests it is given:
+  it drops nothing;
+- any other program (a build, ``python script.py``, ``curl``) is trusted to
+  leave the agent's files alone, except the files its arguments name (the
+  script an interpreter runs excepted): those may be its outputs.
+
+The one assumption is the last: a program that is not a known writer does not
+rewrite a file it is not told about. Dropping every file at each test run would
+leave nothing in hand in a real session (the agent tests after every change);
+the label each file carries (the log entry it is current as of) and the
+verbatim tail after it keep what the model sees honest.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+
+_HEREDOC = re.compile(
+    r"(?:^|(?<=[\n;&|]))[ \t]*cat[ \t]+(?:(>>?)[ \t]*(\S+)[ \t]+<<(-?)[ \t]*(['\"]?)(\w+)\4"
+    r"|<<(-?)[ \t]*(['\"]?)(\w+)\7[ \t]*(>>?)[ \t]*(\S+))[ \t]*\n(.*?)\n[ \t]*(?:\5|\8)[ \t]*(?=\n|$)",
+    re.DOTALL)
+READ_ONLY = frozenset({
+    "ls", "cat", "head", "tail", "grep", "egrep", "fgrep", "rg", "ag", "ack", "wc", "nl", "uniq", "diff", "cmp",
+    "file", "stat", "pwd", "echo", "printf", "which", "type", "true", "false", "test", "[", "cd", "pushd", "popd",
+    "du", "df", "tree", "jq", "less", "more", "date", "printenv", "whoami", "uname", "id", "ps", "sleep", "xxd",
+    "od", "hexdump", "md5sum", "sha1sum", "sha256sum", "basename", "dirname", "realpath", "readlink", "column",
+    "cut", "tr", "fd", "fdfind", "export", "set", "exit", "sort", "find", "lsof", "netstat", "ss", "hostname",
+    "nproc", "free", "uptime", "mkdir", "touch", "chmod", "sed", "awk", "gawk", "gofmt", "goimports",
+})
+#: Programs that write the files their arguments name (and, given a directory or a glob, anything under it).
+MUTATORS = frozenset({"rm", "mv", "cp", "ln", "rsync", "install", "truncate", "dd", "unlink", "patch", "tar",
+                      "unzip", "black", "isort", "autopep8", "rustfmt", "prettier", "shred"})
+#: Programs that write only when given one of these flags (``sed -i``, ``gofmt -w``): else they only read.
+WRITE_FLAGS = {"sed": ("-i", "--in-place"), "perl": ("-i",), "gofmt": ("-w",), "goimports": ("-w",),
+               "find": ("-delete", "-exec", "-execdir", "-ok", "-fprint"), "sort": ("-o", "--output"),
+               "ruff": ("--fix", "format"), "eslint": ("--fix",), "prettier": ("--write", "-w"),
+               "awk": ("-i",), "gawk": ("-i",)}
+#: Subcommands that rewrite the tree: ``git checkout``, ``npm install`` (anything under the directory may change).
+TREE_WRITERS = {"git": frozenset({"checkout", "reset", "restore", "stash", "apply", "pull", "merge", "rebase",
+                                  "switch", "cherry-pick", "revert", "am", "clean", "mv", "rm"})}
+#: Package managers' subcommands that write the manifests and lock files (and their own trees, never tracked).
+MANIFEST_WRITERS = {
+                "npm": frozenset({"install", "i", "ci", "add", "uninstall", "remove", "update", "init", "pkg"}),
+                "pnpm": frozenset({"install", "i", "add", "remove", "update", "init"}),
+                "yarn": frozenset({"install", "add", "remove", "upgrade", "init"}),
+                "bun": frozenset({"install", "add", "remove", "update", "init"}),
+                "pip": frozenset({"install", "uninstall"}), "pip3": frozenset({"install", "uninstall"}),
+                "cargo": frozenset({"fmt", "fix", "add", "remove", "init", "new"}),
+                "go": frozenset({"mod", "get", "work"})}
+MANIFESTS = ("package.json", "package-lock.json", "npm-shrinkwrap.json", "yarn.lock", "pnpm-lock.yaml", "bun.lockb",
+             "bun.lock", "requirements.txt", "pyproject.toml", "Pipfile", "Pipfile.lock", "poetry.lock", "uv.lock",
+             "Cargo.toml", "Cargo.lock", "go.mod", "go.sum", "go.work", "go.work.sum")
+#: Inline code (``python -c``, ``node -e``) that may write a file: any of these in it.
+_INLINE_WRITES = re.compile(r"write|unlink|rename|remove|rmtree|replace\(|['\"][wa]b?\+?['\"]|truncate|copy")
+_INLINE_FLAGS = frozenset({"-c", "-e", "--eval", "-p"})
+_PREFIXES = frozenset({"sudo", "env", "time", "nice", "nohup", "command", "exec", "xargs"})
+_CONTROL = frozenset({"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"})
+_REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>"})
+_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "&1", "&2", "1", "2"})
+_GLOB = re.compile(r"[*?\[$`]")
+#: Interpreters: the script they run is read, not written (the arguments after it may be outputs).
+INTERPRETERS = frozenset({"python", "python3", "node", "bash", "sh", "zsh", "ruby", "perl", "deno", "bun", "tsx",
+                          "ts-node", "php"})
+#: Test runners: the files they are given are the tests they read (run directly, as ``python -m NAME``, or through
+#: ``npx``); ``node --test`` and ``deno test``/``bun test`` are runners too.
+TEST_RUNNERS = frozenset({"pytest", "py.test", "unittest", "jest", "vitest", "mocha", "playwright", "ava", "tap"})
+_PACKAGE_RUNNERS = frozenset({"npx", "pnpx", "bunx"})
+
+
+@dataclass
+class ShellEffect:
+    """What one command did to files: exact writes (path, text or None), a whole read, paths it may have
+    changed, the words of runners (a file they name is dropped), and whether it may have changed any file at all."""
+
+    writes: list[tuple[str, str | None]] = field(default_factory=list)
+    read: str | None = None
+    changed: list[str] = field(default_factory=list)
+    mentioned: list[str] = field(default_factory=list)
+    anything: bool = False
+
+
+def effect(command: str) -> ShellEffect:
+    """The effect of ``command`` on files, by the rule in the module docstring."""
+    out = ShellEffect()
+    rest = command
+    for found in reversed(list(_HEREDOC.finditer(command))):
+        append, path = found.group(1) or found.group(9), found.group(2) or found.group(10)
+        strip, quote, body = found.group(3) or found.group(6), found.group(4) or found.group(7), found.group(11)
+        exact = append == ">" and not strip and (bool(quote) or not re.search(r"[$`\\]", body))
+        out.writes.insert(0, (path, body + "\n" if exact else None))
+        rest = rest[:found.start()] + rest[found.end():]
+    try:
+        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", " ; "), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        out.anything = True
+        return out
+    segments: list[list[str]] = [[]]
+    for at, word in enumerate(words):
+        if word in _CONTROL:
+            segments.append([])
+        elif word in _REDIRECTS:
+            target = words[at + 1] if at + 1 < len(words) else ""
+            if target not in _SINKS and not target.startswith("&"):
+                out.changed.append(target)
+            segments[-1].append(word)
+        else:
+            segments[-1].append(word)
+    for segment in (_without_redirects(s) for s in segments if s):
+        if _segment(segment, out):
+            out.anything = True
+            return out
+    if len(segments) == 1 and not out.changed and not out.writes:
+        words = _without_redirects(segments[0])
+        if len(words) == 2 and words[0] == "cat" and not words[1].startswith("-"):
+            out.read = words[1]
+    return out
+
+
+def _without_redirects(segment: list[str]) -> list[str]:
+    words: list[str] = []
+    skip = False
+    for word in segment:
+        if skip:
+            skip = False
+        elif word in _REDIRECTS or word == "<":
+            skip = True
+        else:
+            words.append(word)
+    while words and (("=" in words[0] and not words[0].startswith("=")) or words[0] in _PREFIXES):
+        words.pop(0)
+    if words and words[0] == "timeout" and len(words) > 2:
+        words = words[2:]
+    return words
+
+
+def _segment(segment: list[str], out: ShellEffect) -> bool:
+    """Record what one simple command changes in ``out``; True when it may have changed any file."""
+    if not segment:
+        return False
+    program = segment[0].rsplit("/", 1)[-1]
+    args = segment[1:]
+    flags = WRITE_FLAGS.get(program, ())
+    writes = any(arg == flag or (flag.startswith("-") and arg.startswith(flag)) for arg in args for flag in flags)
+    paths = [arg for arg in args if not arg.startswith("-")]
+    if program == "tee" or (writes and program not in ("find", "ruff") and paths) or program in MUTATORS:
+        if not paths or any(_GLOB.search(path) for path in paths):
+            return True
+        out.changed.extend(paths)
+        return False
+    if writes or (program in TREE_WRITERS and paths and paths[0] in TREE_WRITERS[program]):
+        return True
+    if program in MANIFEST_WRITERS and paths and paths[0] in MANIFEST_WRITERS[program]:
+        out.changed.extend(MANIFESTS)
+        return False
+    if program in READ_ONLY or _runs_tests(program, args):
+        return False
+    inline = next((args[at + 1] for at, arg in enumerate(args[:-1]) if arg in _INLINE_FLAGS), None)
+    if inline is not None and _INLINE_WRITES.search(inline):
+        return True
+    if program in INTERPRETERS and paths:
+        args = [arg for arg in args if arg != paths[0]]
+    out.mentioned.extend(args)
+    return False
+
+
+def _runs_tests(program: str, args: list[str]) -> bool:
+    """Whether ``program args`` runs tests (``TEST_RUNNERS``), whose file arguments it reads."""
+    if program in _PACKAGE_RUNNERS:
+        named = [arg for arg in args if not arg.startswith("-")]
+        return bool(named) and named[0] in TEST_RUNNERS
+    if program in INTERPRETERS and "-m" in args[:-1]:
+        return args[args.index("-m") + 1] in TEST_RUNNERS
+    if program == "node":
+        return "--test" in args
+    if program in ("deno", "bun"):
+        return args[:1] == ["test"]
+    return program in TEST_RUNNERS

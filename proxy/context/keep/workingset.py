@@ -1,0 +1,497 @@
+"""The working set: the exact current text of the files the agent has in hand, carried past each compaction.
+
+After a compaction the agent has lost the reads and writes that showed it the
+files it was working on, and re-reads them or edits from memory (Claude Code
+re-attaches recently read files after its own compaction; when the proxy
+compacts, nothing did). The log holds every read, write and edit, so the proxy
+knows each file's current text exactly, and knows when it stops knowing:
+
+- a **whole read** sets the text (Claude Code's ``Read``, Gemini CLI's
+  ``read_file``, opencode's and Anthropic's editor's reads, a plain shell ``cat
+  PATH``; a raw reader's output is the file): ``proxy.context.keep.fileedits.read_text``
+  says which outputs show a whole file. A partial read (offset, limit) neither
+  sets nor drops the text: a region could not take a later edit exactly;
+- a **write** sets it (``Write``, ``write_file``, opencode's ``write``, Codex's
+  ``*** Add File``, a shell heredoc ``cat > PATH <<'EOF'``);
+- an **edit** is applied to the known text (``Edit``, ``MultiEdit``, Gemini
+  CLI's ``replace``, opencode's ``edit``, ``str_replace``/``insert``, Codex's
+  ``apply_patch`` hunks), exactly or not at all: an old text not found (or
+  found a number of times the tool would have refused) drops the file;
+- a **failed call** (its result says so) drops what it names, a deletion
+  removes the file, and a **shell command** drops what it may have changed by
+  the conservative rule of ``proxy.context.keep.shellwrites`` (anything it does not
+  recognise drops every file). A tool that may run commands but whose command
+  cannot be read drops every file too; Codex's code mode (``exec`` running a
+  JavaScript cell) is read as the tool calls its cell makes
+  (``proxy.context.keep.codexcode``), and a cell that does anything else is such a
+  tool.
+
+Calls are read through ``ItemModel.calls``/``call_of`` and their results
+through ``proxy.context.keep.artifacts`` (the trail's own recognisers), so no wire
+format is known here. Paths are compared as written, normalised; a path that is
+the other's tail at a ``/`` (``src/a.py``, ``/repo/src/a.py``) is taken for the
+same file, and where two tracked files could be meant, both are dropped.
+
+At each summary, and at each masking that takes a read's output out of the
+view (``refreshed``), the compactor asks ``working_set_maker`` for the files
+whose whole text the verbatim tail no longer shows (the read or write was
+compacted away or masked): the files the agent wrote or edited first, then
+those it only read, each newest touch first; at most ``MAX_FILES`` and
+``WORKING_SET_SHARE`` of the window, filled in that order with each file whole
+where it fits what is left, then the files that did not fit as the region most
+recently touched, with line numbers, in what remains. Each is labelled with its
+path and the log entry it is current as of: the rendering is fixed in the
+checkpoint (the summary item stays byte-identical until the next compaction
+changes it), and an entry after it that changed the file is in the verbatim
+tail, for the model to see.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.context.checkpoint import Checkpoint
+from proxy.context.items import ItemModel
+from proxy.context.keep.artifactparse import patch_files, patch_in_command
+from proxy.context.keep.artifacts import (
+    DESTINATION_KEYS,
+    EDITOR_COMMANDS,
+    PATH_KEYS,
+    SHELL_WORDS,
+    WRITE_VERBS,
+    Result,
+    calls_in,
+    command_of,
+    failed,
+    parsed_arguments,
+    patch_of,
+    results_of,
+)
+from proxy.context.keep.codexcode import cell_calls
+from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
+from proxy.context.keep.shellwrites import effect
+from proxy.types import Message
+
+WORKING_SET_HEADING = "## Files in hand (from ctxproxy's log: exact current text, not model-written)"
+WORKING_SET_NOTE = ("Each file below is shown as it stood at the log entry named; a message after that entry in "
+                    "this conversation may have changed it since.")
+#: What a file's heading adds when its text does not end with a newline (the line before the closing fence ends
+#: with one that is not the file's), in the words of ``diff``.
+NO_FINAL_NEWLINE = "no newline at end of file"
+#: At most this many files, and this share of the window, in a summary item.
+MAX_FILES = 5
+WORKING_SET_SHARE = 0.15
+#: Arguments that make a read partial, and those that say a tool acts on a remote repository, not the disk.
+PARTIAL_KEYS = ("offset", "limit", "start_line", "end_line", "line", "lines", "view_range", "range", "startLine")
+REMOTE_KEYS = ("owner", "repo", "repository", "repo_name")
+#: Readers whose output is the file's text itself (not numbered): only these are taken raw.
+RAW_READERS = frozenset({"read_file", "view_file", "read_text_file", "readfile"})
+CONTENT_KEYS = ("content", "file_text", "contents", "text")
+EDIT_KEYS = (("old_string", "new_string"), ("oldString", "newString"), ("old_str", "new_str"))
+#: Control characters that interrupt, suspend or end a running process (sent to it, they run nothing).
+INTERRUPTS = "\x03\x04\x1a\x1c"
+#: How a Codex code-mode cell's result starts when the cell ran to its end.
+CELL_DONE = "Script completed"
+_ERROR_START = re.compile(r"\s*(?:<tool_use_error>|error\b|failed\b|file not found|no such file)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class FileText:
+    """What the proxy knows of one file: its exact ``text`` as of conversation item ``index`` (log ``seq``).
+
+    ``basis`` is the item whose content shows the whole text (a read's
+    result, or a write's call when ``in_call``): while it is verbatim in the
+    view, the model sees the file and it need not be repeated. ``region``:
+    the 1-based first and last line most recently touched. ``written``: the
+    agent wrote or edited it in this session (its own work, ranked before
+    files it only read).
+    """
+
+    path: str
+    text: str
+    index: int
+    seq: int
+    basis: int
+    in_call: bool
+    region: tuple[int, int]
+    written: bool = False
+
+
+class _Files:
+    """The tracked texts by normalised path, in order of last touch (newest last)."""
+
+    def __init__(self) -> None:
+        self.by_path: dict[str, FileText] = {}
+
+    def matches(self, path: str) -> list[str]:
+        """Tracked paths that may name the same file as ``path``: itself, or one the other's tail at a ``/``."""
+        key = _normal(path)
+        if key in self.by_path:
+            return [key]
+        return [known for known in self.by_path
+                if known.endswith("/" + key.lstrip("./")) or key.endswith("/" + known.lstrip("./"))]
+
+    def get(self, path: str) -> FileText | None:
+        found = self.matches(path)
+        return self.by_path[found[0]] if len(found) == 1 else None
+
+    def drop(self, path: str) -> None:
+        for known in self.matches(path):
+            del self.by_path[known]
+
+    def drop_under(self, path: str) -> None:
+        """Drop ``path`` and, where it is a directory, every tracked file under it."""
+        self.drop(path)
+        key = _normal(path).lstrip("./") if path not in (".", "./") else ""
+        for known in list(self.by_path):
+            if not key or known.startswith(key + "/") or f"/{key}/" in known:
+                del self.by_path[known]
+
+    def set(self, path: str, state: FileText) -> None:
+        self.drop(path)
+        self.by_path[_normal(path)] = replace(state, path=path)
+
+
+def _normal(path: str) -> str:
+    return posixpath.normpath(path.removesuffix(":raw")) if path else path
+
+
+def track(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = ()) -> list[FileText]:
+    """The files whose text is known exactly after ``messages[:end]``, oldest touch first."""
+    calls = calls_in(dialect, messages, 0, end)
+    results = results_of(dialect, messages, 0, calls)
+    files = _Files()
+    for call, (name, arguments) in calls.items():
+        index, result = call[0], results.get(call)
+        if result is None or result.index >= end:
+            continue  # not answered yet: whatever it does comes after the state tracked here
+        seq = seqs[result.index] if result.index < len(seqs) else -1
+        _apply(files, name, arguments, result, index, seq)
+    return list(files.by_path.values())
+
+
+def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int, seq: int) -> None:
+    """One call's effect on the tracked files."""
+    args = parsed_arguments(arguments)
+    lowered = name.lower()
+    if isinstance(args, dict) and any(key in args for key in REMOTE_KEYS):
+        return
+    if lowered == "exec" and isinstance(args, dict) and isinstance(args.get("input"), str):
+        _cell(files, args["input"], result, index, seq)
+        return
+    at = result.index
+    patch = patch_of(args) if "patch" in lowered else None
+    command = command_of(lowered, args) if patch is None and isinstance(args, dict) else None
+    if command is not None:
+        patch = patch_in_command(command)
+    if patch is not None:
+        _patch(files, patch, result, at, seq)
+    elif command is not None:
+        _shell(files, command, result, at, seq)
+    elif isinstance(args, dict) and (path := _path(args)) is not None:
+        _file_call(files, lowered, args, path, result, index, at, seq)
+    elif any(word in lowered for word in (*SHELL_WORDS, "stdin")) and not _only_polls(args):
+        files.by_path.clear()  # it may run anything, and does not say what
+
+
+def _cell(files: _Files, source: str, result: Result, index: int, seq: int) -> None:
+    """Codex's code mode: each tool call of the cell applied in turn (``proxy.context.keep.codexcode``); a cell that
+    does anything else drops every file. The cell's result holds all its calls' outputs, so each call is applied as
+    one that printed nothing (no read is taken from it), and as failed unless the cell completed: a failed or
+    still running cell's calls drop what they name."""
+    calls = cell_calls(source)
+    if calls is None:
+        files.by_path.clear()
+        return
+    done = result.text.startswith(CELL_DONE) and not result.is_error
+    inner = Result("" if done else "error: the cell did not complete", not done, result.index)
+    for name, arguments in calls:
+        _apply(files, name, arguments, inner, index, seq)
+
+
+def _only_polls(args: Any) -> bool:
+    """Whether a call to a running process sends it no command: Codex's ``write_stdin`` with empty ``chars`` only
+    reads what the process wrote since, and Ctrl-C, Ctrl-D, Ctrl-Z or Ctrl-\\ alone interrupt or end it."""
+    return isinstance(args, dict) and "session_id" in args and not any(
+        isinstance(args.get(key), str) and args[key].strip(INTERRUPTS)
+        for key in ("chars", "input", "text", "command", "cmd"))
+
+
+def _path(args: dict[str, Any]) -> str | None:
+    return next((args[key] for key in PATH_KEYS if isinstance(args.get(key), str) and args[key]), None)
+
+
+def _is_error(result: Result) -> bool:
+    return result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
+
+
+def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, index: int, at: int,
+               seq: int) -> None:
+    """A tool that names one file: a read, a write, an edit, a deletion or a move."""
+    editor = args.get("command") if isinstance(args.get("command"), str) else None
+    writes = editor in EDITOR_COMMANDS and EDITOR_COMMANDS[editor] is not None if editor is not None else any(
+        word in lowered for word, _ in WRITE_VERBS)
+    if not writes:
+        if editor == "view" or "read" in lowered or lowered in RAW_READERS:
+            _read(files, lowered, args, path, result, at, seq)
+        return
+    if _is_error(result):
+        files.drop(path)
+        return
+    action = next(action for word, action in WRITE_VERBS if word in lowered) if editor is None else "edited"
+    content = next((args[key] for key in CONTENT_KEYS if isinstance(args.get(key), str)), None)
+    known = files.get(path)
+    if action == "deleted":
+        files.drop(path)
+    elif action == "moved":
+        target = next((args[key] for key in DESTINATION_KEYS if isinstance(args.get(key), str) and args[key]), None)
+        files.drop(path)
+        if target and known is not None:
+            files.set(target, replace(known, index=at, seq=seq))
+        elif target:
+            files.drop(target)
+    elif content is not None and editor in (None, "create"):
+        lines = content.count("\n") + 1
+        files.set(path, FileText(path, content, at, seq, index, True, (1, lines), written=True))
+    elif (edited := _edited(known, args)) is not None:
+        text, region = edited
+        files.set(path, FileText(path, text, at, seq, known.basis if known else index,
+                                 known.in_call if known else True, region, written=True))
+    else:
+        files.drop(path)
+
+
+def _edited(known: FileText | None, args: dict[str, Any]) -> tuple[str, tuple[int, int]] | None:
+    """The text after an edit call's replacements, and the lines the last one wrote; None if not exactly known."""
+    edits = args.get("edits")
+    steps = edits if isinstance(edits, list) else [args]
+    if known is None and not (len(steps) == 1 and isinstance(steps[0], dict) and (_pair(steps[0]) or "x")[0] == ""):
+        return None  # an edit of a file not in hand; an empty old text on one creates it
+    text = known.text if known is not None else ""
+    region = (1, 1)
+    for step in steps:
+        if not isinstance(step, dict):
+            return None
+        if "insert_line" in step and isinstance(step.get("new_str"), str):
+            insert = step["insert_line"]
+            lines = text.split("\n")
+            if not isinstance(insert, int) or not 0 <= insert <= len(lines):
+                return None
+            new = step["new_str"].split("\n")
+            text = "\n".join(lines[:insert] + new + lines[insert:])
+            region = (insert + 1, insert + len(new))
+            continue
+        pair = _pair(step)
+        if pair is None:
+            return None
+        old, new_text = pair
+        every = step.get("replace_all") is True or step.get("replaceAll") is True
+        expected = step.get("expected_replacements")
+        count = None if every else expected if isinstance(expected, int) and expected > 0 else 1
+        at = text.find(old) if old else 0
+        result = replaced(text, old, new_text, count=count)
+        if result is None:
+            return None
+        first = text.count("\n", 0, at) + 1
+        region = (first, first + new_text.count("\n"))
+        text = result
+    return text, region
+
+
+def _pair(step: dict[str, Any]) -> tuple[str, str] | None:
+    for old_key, new_key in EDIT_KEYS:
+        if isinstance(step.get(old_key), str) and isinstance(step.get(new_key), str):
+            return step[old_key], step[new_key]
+    return None
+
+
+def _read(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, at: int, seq: int) -> None:
+    """A read of ``path``: a whole read's output sets the text, a failed read drops it, a partial one is ignored."""
+    if _is_error(result):
+        files.drop(path)
+        return
+    if any(args.get(key) not in (None, 0, 1, "") for key in PARTIAL_KEYS):
+        return
+    text = read_text(result.text)
+    if text is None or (text == result.text and lowered not in RAW_READERS and not path.endswith(":raw")):
+        return  # not numbered, and not a reader whose output is the file itself
+    known = files.get(path.removesuffix(":raw"))
+    files.set(path.removesuffix(":raw"), FileText(path, text, at, seq, at, False, (1, text.count("\n") + 1),
+                                                  written=known is not None and known.written))
+
+
+def _patch(files: _Files, patch: str, result: Result, at: int, seq: int) -> None:
+    """Codex's patch applied to the known texts; a unified diff (``git apply``) or a failed patch drops its files."""
+    if "*** Begin Patch" not in patch or _is_error(result):
+        for path, action in patch_files(patch):
+            files.drop(path)
+            if action.startswith("moved"):
+                files.drop(action.split(" ", 2)[-1])
+        return
+    known = {path: state for path in _patch_paths(patch) if (state := files.get(path)) is not None}
+    for patched in codex_patch(patch, {path: state.text for path, state in known.items()}):
+        files.drop(patched.path)
+        target = patched.moved_to or patched.path
+        if patched.moved_to is not None:
+            files.drop(target)
+        if patched.text is not None:
+            # An added file's text is in the patch; an updated one's where it was shown whole (the hunks are not it).
+            before = known.get(patched.path) if patched.action == "edited" else None
+            files.set(target, FileText(target, patched.text, at, seq, before.basis if before else at,
+                                       before.in_call if before else True, patched.region or (1, 1), written=True))
+
+
+def _patch_paths(patch: str) -> list[str]:
+    return [path for path, _ in patch_files(patch)]
+
+
+def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> None:
+    """A shell command's effect: exact heredoc writes, a whole ``cat``, and drops by ``shellwrites``' rule."""
+    done = effect(command)
+    if done.anything:
+        files.by_path.clear()
+        return
+    output = shell_output(result.text)
+    failed_run = _is_error(result) or output is None
+    for path, text in done.writes:
+        if text is None or failed_run:
+            files.drop(path)
+        else:
+            files.set(path, FileText(path, text, at, seq, at, True, (1, text.count("\n") + 1), written=True))
+    for path in done.changed:
+        files.drop_under(path)
+    for word in done.mentioned:
+        files.drop(word)
+    if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
+        text = read_text(output)
+        if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
+            known = files.get(done.read)
+            files.set(done.read, FileText(done.read, text, at, seq, at, False, (1, text.count("\n") + 1),
+                                          written=known is not None and known.written))
+
+
+# -- the section in the summary item --------------------------------------------------------------------------------
+
+#: The working set for a checkpoint: from the conversation, the split, where masking ends and the log's seqs, the
+#: rows the checkpoint records (``[path, seq, index, first line, last line]``) and the rendering.
+WorkingSetMaker = Callable[[Sequence[Message], int, int, Sequence[int]], tuple[tuple[object, ...], str]]
+
+
+def lost(files: Sequence[FileText], start: int, masked_until: int) -> list[FileText]:
+    """The files whose whole text the view no longer shows past a split at ``start`` (outputs masked up to
+    ``masked_until``), newest touch first."""
+    return [state for state in reversed(files)
+            if not (state.basis >= start and (state.in_call or state.basis >= masked_until))]
+
+
+def _where(state: FileText) -> str:
+    return f"log entry {state.seq}" if state.seq >= 0 else f"message {state.index}"
+
+
+def _fence(text: str) -> str:
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _whole(state: FileText) -> str:
+    """The file between fences, byte for byte: the closing fence needs a line of its own, so a text without a
+    final newline gets one there and the heading says it is not the file's (Claude Code's ``Read`` of such a file
+    numbers no empty last line; an ``Edit`` whose old text ends at the file's end must not be given one)."""
+    fence = _fence(state.text)
+    if state.text.endswith("\n") or not state.text:
+        return f"### {state.path} (current as of {_where(state)})\n{fence}\n{state.text}{fence}"
+    return f"### {state.path} (current as of {_where(state)}; {NO_FINAL_NEWLINE})\n{fence}\n{state.text}\n{fence}"
+
+
+def _part(state: FileText, first: int, last: int) -> str:
+    lines = state.text.split("\n")
+    if lines and lines[-1] == "" and len(lines) > 1:
+        lines.pop()
+    body = "\n".join(f"{n:6}\t{lines[n - 1]}" for n in range(first, last + 1))
+    fence = _fence(body)
+    return (f"### {state.path}, lines {first}-{last} of {len(lines)} with line numbers (the part most recently "
+            f"touched; current as of {_where(state)})\n{fence}\n{body}\n{fence}")
+
+
+def _lines(state: FileText) -> int:
+    return max(1, state.text.count("\n") + (0 if state.text.endswith("\n") else 1))
+
+
+def _region(state: FileText, share: int, count: Callable[[str], int]) -> tuple[str, tuple[int, int]] | None:
+    """The largest region around the lines last touched that fits ``share`` tokens, with line numbers."""
+    total = _lines(state)
+    first, last = (max(1, min(state.region[0], total)), max(1, min(state.region[1], total)))
+
+    def around(size: int) -> tuple[int, int]:
+        middle = (first + last) // 2
+        low = max(1, min(middle - size // 2, total - size + 1))
+        return low, min(total, low + size - 1)
+
+    low, high, best = 1, total, None
+    while low <= high:
+        size = (low + high) // 2
+        region = around(size)
+        if count(text := _part(state, *region)) <= share:
+            best, low = (text, region), size + 1
+        else:
+            high = size - 1
+    return best
+
+
+def ranked(files: Sequence[FileText]) -> list[FileText]:
+    """``files`` (newest touch first) with the ones the agent wrote or edited before those it only read: its own
+    work is what it cannot get back by reading the disk again."""
+    return sorted(files, key=lambda state: not state.written)
+
+
+def render(files: Sequence[FileText], budget: int, count: Callable[[str], int]) -> tuple[list[list[Any]], str]:
+    """The section for the first ``MAX_FILES`` of ``files`` within ``budget`` tokens: each file whole where it fits
+    what the files before it left (in order), then the ones that did not fit as their region most recently
+    touched, in what is left; the rows say what each shows. Filled greedily rather than in equal shares: a file
+    of twice its share is still shown whole when the others are small."""
+    chosen = list(files[:MAX_FILES])
+    if not chosen:
+        return [], ""
+    head = f"{WORKING_SET_HEADING}\n{WORKING_SET_NOTE}"
+    left = budget - count(head)
+    shown: dict[int, tuple[str, tuple[int, int]]] = {}
+    for n, state in enumerate(chosen):
+        whole = _whole(state)
+        if (cost := count(whole)) <= left:
+            shown[n] = whole, (1, _lines(state))
+            left -= cost
+    for n, state in enumerate(chosen):
+        if n not in shown and left > 0 and (part := _region(state, left, count)) is not None:
+            shown[n] = part
+            left -= count(part[0])
+    rows = [[chosen[n].path, chosen[n].seq, chosen[n].index, *shown[n][1]] for n in sorted(shown)]
+    parts = [shown[n][0] for n in sorted(shown)]
+    return rows, "\n\n".join([head, *parts]) if parts else ""
+
+
+def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int]) -> WorkingSetMaker:
+    """The compactor's ``working_set_of`` for one API, with ``budget`` tokens for the section."""
+
+    def make(messages: Sequence[Message], start: int, masked_until: int,
+             seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
+        files = ranked(lost(track(dialect, messages, len(messages), seqs), start, masked_until))
+        rows, text = render(files, max(0, budget), count)
+        return tuple(tuple(row) for row in rows), text
+
+    return make
+
+
+def refreshed(checkpoint: Checkpoint, make: WorkingSetMaker | None, messages: Sequence[Message],
+              seqs: Sequence[int]) -> Checkpoint:
+    """``checkpoint`` (one that masks further) carrying the files in hand its split and masking take out of the
+    view, as of the newest item: a masked read is a file text that left the view as much as a summarised one. The
+    same checkpoint when the section would not change, so that a masking that takes no file's text out of the view
+    leaves the summary item byte-identical (and the prompt cache before the masked region whole)."""
+    if make is None:
+        return checkpoint
+    rows, text = make(messages, checkpoint.retain_start_idx, checkpoint.masked_until, seqs)
+    return checkpoint if text == checkpoint.files else replace(checkpoint, working_set=rows, files=text)

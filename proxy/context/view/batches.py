@@ -1,0 +1,169 @@
+"""Masking in batches, below the compression threshold: the cheap reduction runs before it is needed.
+
+Masking at the threshold alone saves little: the view then still climbs to the
+threshold between reductions, as with summaries. Masking once the outputs it
+would free reach a batch (``mask_batch_share`` of the window, an eighth by
+default) keeps the view near the system prompt, the summary, the masked region
+and the last ``--keep-tool-outputs`` outputs, and each batch changes the prompt
+once: the system prompt, the summary and the region masked before stay a
+cached prefix, and from one batch to the next every view is a byte-identical
+prefix of the next. docs/BENCHMARKS.md ("Cost of a long run") measures both.
+
+A batch needs no model call and no lock wait: the checkpoint is appended only
+if the session's checkpoint for this conversation is still the one the batch
+was planned from (``HistoryManager.append_planned``, conditional on the log's
+length like every append), so a reduction made meanwhile by another request or
+replica is never overwritten, only planned again at the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any, Literal, Protocol
+
+import orjson
+
+from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint
+from proxy.context.items import ItemModel, leading_system_count
+from proxy.context.keep.workingset import WorkingSetMaker, refreshed
+from proxy.context.log.history import HistoryManager
+from proxy.context.log.lineage import ConversationState
+from proxy.context.view.applying import ANYONE, Requester
+from proxy.context.view.budget import ContextBudgetPolicy
+from proxy.context.view.masking import Masker, first_unmasked, mask_end
+from proxy.context.view.prepared import PreparedView
+from proxy.errors import StoreError
+from proxy.store.base import NewFact, SessionKey
+from proxy.types import Message
+
+
+class MaskingSettings(Protocol):
+    @property
+    def keep_tool_outputs(self) -> int: ...
+
+    @property
+    def mask_batch_share(self) -> float | None: ...
+
+
+class MaskingEngine(Protocol):
+    """What a masking batch needs of the engine (``ContextEngine`` is one). A protocol, so that the engine imports
+    this module and this module never imports the engine."""
+
+    clock: Callable[[], float]
+
+    @property
+    def settings(self) -> MaskingSettings: ...
+
+    @property
+    def masker(self) -> Masker: ...
+
+    @property
+    def history(self) -> HistoryManager: ...
+
+    def policy(self, window: int) -> ContextBudgetPolicy: ...
+
+    def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
+
+    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker: ...
+
+    def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
+             dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
+             fit: bool = True, checkpoint: Checkpoint | None = None, requester: Requester = ANYONE) -> PreparedView: ...
+
+    def observe(self, key: SessionKey, trigger: Literal["proactive"], result: CompactionResult,
+                started: float) -> CompactionResult: ...
+
+#: A batch frees at most this part of the room beside the tool definitions under the threshold.
+BATCH_ROOM_DIVISOR = 4
+
+
+def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None) -> NewFact:
+    """The log entry of a checkpoint (``index``: where its verbatim history resumes), naming the tenant that made
+    it (None: the session's owner) and the checkpoint it was made from (``proxy.context.view.applying``)."""
+    extra: dict[str, Any] = {"checkpoint": orjson.loads(checkpoint.to_json()), "made_from": made_from}
+    if tenant is not None:
+        extra["tenant"] = tenant
+    return NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy", extra=extra)
+
+
+def _current(state: ConversationState, hashes: Sequence[str], requester: Requester) -> Checkpoint | None:
+    payload = state.checkpoint_for(hashes, requester)
+    try:
+        return Checkpoint.from_json(payload) if payload is not None else None
+    except ValueError:
+        return None
+
+
+def maskable(engine: MaskingEngine, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState,
+             previous: Checkpoint | None, *, dialect: ItemModel, window: int,
+             room: int | None = None) -> tuple[int, int]:
+    """Where masking would end now (everything older than the last ``keep_tool_outputs`` outputs, fewer when they
+    pass ``ContextEngine.keep_tool_tokens`` of the ``room`` beside the tools) and the tokens it would free.
+    Remembered per prefix: a request pays for what is new."""
+    start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
+                           previous.masked_until if previous else 0)
+    count = engine.policy(window).counter_for(dialect)
+    end = mask_end(dialect, messages, start, engine.settings.keep_tool_outputs, budget=engine.keep_tool_tokens(
+        window, room), size=lambda index: count(messages[index], hashes[index]))
+    if end <= start:
+        return end, 0
+    seqs, keys = state.entries_for(hashes, end)
+    return end, engine.masker.freed(dialect, messages, hashes, start, end, seqs, keys, count)
+
+
+async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
+                     state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
+                     window: int, tools: Sequence[Any] | None, max_output: int | None,
+                     requester: Requester = ANYONE) -> PreparedView | None:
+    """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
+    ``requester``: whom the view is for (``proxy.context.view.applying``): the batch is made from its checkpoint.
+
+    Due when the outputs older than the last ``keep_tool_outputs`` that are not
+    masked yet would free a batch of tokens. The work before that decision
+    grows with those outputs only, which a batch bounds.
+    """
+    share = engine.settings.mask_batch_share
+    if state is None or share is None or state.undone:  # after an undo, only the trigger reduces the view again
+        return None
+    # A batch is at most a quarter of the room beside the tool definitions (and the leading system messages): with
+    # 9k of tools in 16k, an eighth of the window was more than half that room, and summaries came before masking.
+    room = prepared.threshold - prepared.unfreed
+    batch = max(1, min(int(window * share), room // BATCH_ROOM_DIVISOR))
+    if prepared.estimate.tokens <= batch:
+        return None
+    previous = prepared.checkpoint
+    end, freed = maskable(engine, messages, hashes, state, previous, dialect=dialect, window=window, room=room)
+    if freed < batch:
+        return None
+    started = time.perf_counter()
+    try:
+        # The checkpoint must cover logged messages (and its placeholders name log entries): log them first.
+        state = await engine.history.sync(key, messages, hashes, extra_client={"dialect": dialect.name})
+        candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
+                                       model=model, created_at=engine.clock(),
+                                       tokens_before=prepared.estimate.tokens)
+        candidate = refreshed(candidate, engine.working_set_of(dialect, window), messages,
+                              state.entries_for(hashes, len(hashes))[0])
+        after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
+                            max_output=max_output, fit=False, checkpoint=candidate)
+        candidate = replace(candidate, tokens_after=after.estimate.tokens)
+
+        def plan(current: ConversationState) -> list[NewFact]:
+            if _current(current, hashes, requester) != previous:
+                return []
+            made_from = current.checkpoint_seq_for(hashes, requester) if previous is not None else None
+            return [checkpoint_fact(candidate, tenant=requester.tenant, made_from=made_from)]
+
+        state = await engine.history.append_planned(key, plan)
+    except StoreError:
+        return None
+    view = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools, max_output=max_output,
+                       fit=False, requester=requester)
+    if view.checkpoint != candidate:
+        return view  # another reduction came first: this step goes with it
+    engine.observe(key, "proactive", CompactionResult("ok", candidate, prepared.estimate.tokens, view.estimate.tokens,
+                                                     f"masked a batch of tool outputs before #{end}", tier="mask"),
+                  started)
+    return replace(view, compacted="proactive")
