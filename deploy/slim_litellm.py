@@ -1,7 +1,7 @@
 """Image build step: cut the installed litellm down to the data files ctxproxy reads, then check them.
 
 ctxproxy depends on litellm for files only, never imports it (see
-``proxy/context/window.py`` and ``proxy/context/tokens.py``): the model map
+``proxy/context/view/window.py`` and ``proxy/context/view/tokens.py``): the model map
 ``model_prices_and_context_window_backup.json`` and the tiktoken encodings in
 ``litellm_core_utils/tokenizers/``. The Dockerfile installs litellm without its
 dependency tree; this script then removes the rest of the package (some 200 MB
@@ -28,8 +28,8 @@ STUB = '"""litellm\'s data files only (model map, tokenizers), kept by the ctxpr
 
 def keep_paths(root: Path) -> list[Path]:
     """What the proxy reads below litellm's package directory ``root``."""
-    from proxy.context.tokens import TOKENIZERS_SUBDIR
-    from proxy.context.window import MODEL_MAP_FILE
+    from proxy.context.view.tokens import TOKENIZERS_SUBDIR
+    from proxy.context.view.window import MODEL_MAP_FILE
 
     return [root / "__init__.py", root / MODEL_MAP_FILE, root.joinpath(*TOKENIZERS_SUBDIR)]
 
@@ -72,8 +72,8 @@ def prune_outside(root: Path) -> int:
 
 def check() -> list[str]:
     """Problems that would make the proxy fall back to its defaults; empty when all is in place."""
-    from proxy.context.tokens import TOKENIZERS_SUBDIR, bundled_encoding, bundled_encoding_name
-    from proxy.context.window import bundled_model_map, context_window_for, litellm_dir
+    from proxy.context.view.tokens import TOKENIZERS_SUBDIR, bundled_encoding, bundled_encoding_name
+    from proxy.context.view.window import bundled_model_map, context_window_for, litellm_dir
 
     for cached in (litellm_dir, bundled_model_map, bundled_encoding):  # look again, not at a cached answer
         cached.cache_clear()
@@ -94,7 +94,7 @@ def check() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    from proxy.context.window import litellm_dir
+    from proxy.context.view.window import litellm_dir
 
     problems = check()
     root = litellm_dir()
