@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging.config
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import click
 import cloup
 
 from proxy.launch.agents import AGENTS
+from proxy.launch.programs import find_program, missing_line
 from proxy.launch.run import (
     Closing,
     Launch,
@@ -121,9 +121,9 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     if proxy_url is None:
         _upstreams_from_the_environment(agent, options)
     settings = settings_from(options)
-    program = shutil.which(AGENTS[agent].command)
+    program = find_program(AGENTS[agent].command)
     if program is None:
-        raise click.ClickException(f"{AGENTS[agent].command} is not on PATH")
+        raise click.ClickException(missing_line(agent, AGENTS[agent].command))
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
     if reads_store:
         _writable_store(settings)
