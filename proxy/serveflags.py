@@ -32,7 +32,8 @@ def store_option(f: Any) -> Any:
 def option_groups(*, network: Sequence[Decorator] = (), embedded: bool = False) -> Decorator:
     """Every flag of ``serve`` under its heading, ``network`` added to the network group's; ``embedded``: for a
     command whose own proxy listens on a free loopback port (``run``), where ``--host`` and ``--port`` only say
-    where ``--print-env`` points the agent, so no bind default is claimed for them."""
+    where a ``serve`` with the same flags would listen (``--print-env``, the closing line), so no bind default is
+    claimed for them."""
 
     def decorate(f: Any) -> Any:
         for title, text, options in reversed(_GROUPS):  # the last decorator applied is the first heading
@@ -44,9 +45,9 @@ def option_groups(*, network: Sequence[Decorator] = (), embedded: bool = False) 
 
 def _network(embedded: bool) -> list[Decorator]:
     if embedded:
-        host = "Only with --print-env: the address of the `ctxproxy serve` the agent is pointed at [default: 127.0.0.1]"
-        port = ("Only with --print-env: the port of the `ctxproxy serve` the agent is pointed at (8787 unless set); "
-                "run's own proxy listens on a free loopback port")
+        host = ("Address of a `ctxproxy serve` with these flags, where --print-env points the agent and the closing "
+                "line's inspector command listens [default: 127.0.0.1]")
+        port = "Its port (8787 unless set); run's own proxy listens on a free loopback port"
     else:
         host, port = "Bind address [default: 127.0.0.1]", "Bind port [default: 8787]"
     return [click.option("--host", envvar="CTXPROXY_HOST", default=None, show_envvar=True, help=host),
