@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import click
+import cloup
 import orjson
 
 from proxy import preflight, render
@@ -25,7 +26,7 @@ from proxy.launch.command import run
 from proxy.launch.run import redacted
 from proxy.logs import default_log_config
 from proxy.savings import SavingsCache, saved_text
-from proxy.serveflags import serve_options, settings_from, store_option
+from proxy.serveflags import option_groups, serve_options, settings_from, store_option
 from proxy.settings import Settings, default_store_url
 from proxy.store import FactLog, SessionKey, open_store
 from proxy.store.base import MAX_SEQ
@@ -35,21 +36,23 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@cloup.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="ctxproxy")
 def main() -> None:
-    """ctxproxy: an OpenAI-compatible proxy that keeps long agent runs inside the model's context window.
+    """ctxproxy: a proxy for coding agents that keeps long runs inside the model's context window.
 
-    Point your agent's OPENAI_BASE_URL at http://HOST:PORT/v1 (or /s/SESSION/v1).
+    It serves four doors: OpenAI Chat Completions and Responses (http://HOST:PORT/v1, or /s/SESSION/v1),
+    Anthropic Messages (http://HOST:PORT/v1/messages) and the Gemini API (http://HOST:PORT/v1beta/models/...).
+    `ctxproxy run AGENT` points an agent at it for you.
 
     New here? `ctxproxy demo` shows a long run compacted, with no key and no network.
     """
 
 
 @main.command()
-@serve_options
-@click.option("--workers", envvar="CTXPROXY_WORKERS", type=click.IntRange(min=1), default=1, show_envvar=True,
-              show_default=True, help="Processes serving the port (SO_REUSEPORT); e.g. the number of cores")
+@option_groups(network=[click.option(
+    "--workers", envvar="CTXPROXY_WORKERS", type=click.IntRange(min=1), default=1, show_envvar=True,
+    show_default=True, help="Processes serving the port (SO_REUSEPORT); e.g. the number of cores")])
 def serve(workers: int, **options: Any) -> None:
     """Run the proxy."""
     settings = settings_from(options)

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging.config
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+import cloup
 
 from proxy.launch.agents import AGENTS
+from proxy.launch.programs import find_program, missing_line
 from proxy.launch.run import (
     Closing,
     Launch,
@@ -26,7 +27,7 @@ from proxy.launch.run import (
 )
 from proxy.logs import default_log_config
 from proxy.preflight import check_store, check_upstreams
-from proxy.serveflags import serve_options, settings_from
+from proxy.serveflags import option_groups, settings_from
 from proxy.sessions import valid_session
 from proxy.settings import Settings
 from proxy.store import sqlite_path
@@ -83,20 +84,23 @@ def _log_to(path: Path | None, level: str, fmt: str) -> Path | None:
     return path
 
 
-@click.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
-@serve_options
-@click.option("--proxy", "proxy_url", default=None, metavar="URL",
-              help="Use the proxy already serving at URL instead of starting one (the closing line's figures are "
-                   "read from --store when it is given)")
-@click.option("--session", default=None, help="Session name [default: AGENT-YYYYMMDD-HHMMSS-xxxx]")
-@click.option("--keep-agent-compaction", is_flag=True,
-              help="Leave the agent's own auto-compaction on (the proxy answers it from its checkpoint)")
-@click.option("--print-env", is_flag=True,
-              help="Print the variables (export lines) and arguments (an alias) the agent would run with, and "
-                   "exit; its files are kept")
-@click.option("--verbose", is_flag=True,
-              help="Log the embedded proxy to the terminal the agent draws on [default: to a file the closing line "
-                   "names]")
+@cloup.command(context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+@cloup.option_group(
+    "Run",
+    click.option("--proxy", "proxy_url", default=None, metavar="URL",
+                 help="Use the proxy already serving at URL instead of starting one (the closing line's figures "
+                      "are read from --store when it is given)"),
+    click.option("--session", default=None, help="Session name [default: AGENT-YYYYMMDD-HHMMSS-xxxx]"),
+    click.option("--keep-agent-compaction", is_flag=True,
+                 help="Leave the agent's own auto-compaction on (the proxy answers it from its checkpoint)"),
+    click.option("--print-env", is_flag=True,
+                 help="Print the variables (export lines) and arguments (an alias) the agent would run with, and "
+                      "exit; its files are kept"),
+    click.option("--verbose", is_flag=True,
+                 help="Log the embedded proxy to the terminal the agent draws on [default: to a file the closing "
+                      "line names]"),
+)
+@option_groups(embedded=True)
 @click.argument("agent", type=click.Choice(list(AGENTS)))
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str | None, keep_agent_compaction: bool,
@@ -117,9 +121,9 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     if proxy_url is None:
         _upstreams_from_the_environment(agent, options)
     settings = settings_from(options)
-    program = shutil.which(AGENTS[agent].command)
+    program = find_program(AGENTS[agent].command)
     if program is None:
-        raise click.ClickException(f"{AGENTS[agent].command} is not on PATH")
+        raise click.ClickException(missing_line(agent, AGENTS[agent].command))
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
     if reads_store:
         _writable_store(settings)
