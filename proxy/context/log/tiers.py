@@ -63,10 +63,6 @@ class TierCounts:
     def count(self, tier: Tier) -> int:
         return int(getattr(self, tier))
 
-    @property
-    def total(self) -> int:
-        return self.mask + self.summary + self.fallback
-
     def text(self) -> str:
         """``2 summaries, 5 masking batches, 1 model-free checkpoint`` (the tiers there were), or ``no
         compaction``."""
