@@ -297,7 +297,7 @@ async def test_a_background_summary_that_lands_after_a_masking_batch_keeps_what_
     await asyncio.wait_for(held.entered.wait(), 10)
     # A masking batch lands meanwhile (it takes no lock), masking all but the last two outputs.
     batch = masking_checkpoint(None, len(messages) - 4, hashes, system_end=1, model="m", created_at=1000.0)
-    await engine.history.append_proxy_facts(KEY, [checkpoint_fact(batch, tenant=None, made_from=None)])
+    await engine.history.append_proxy_facts(KEY, [checkpoint_fact(batch, tenant=None, made_from=None, tier="mask")])
     gate.set()
     result, state = await job
     assert result.outcome == "ok" and result.checkpoint is not None

@@ -28,8 +28,9 @@ from click.testing import CliRunner
 
 from proxy.cli import main
 from proxy.context.checkpoint import Checkpoint
+from proxy.context.log.tiers import tiers_in_log
 from proxy.launch.agents import AGENTS, Plan
-from proxy.launch.run import Closing, RunFigures, agent_argv, compactions_of, exit_line
+from proxy.launch.run import Closing, RunFigures, agent_argv, exit_line
 from proxy.savings import UsageTotals
 from proxy.store.base import FactLog, NewFact, SessionKey
 from tests.agents import codex_config
@@ -405,19 +406,20 @@ async def test_the_closing_line_tells_summaries_masking_batches_and_model_free_c
         store: FactLog) -> None:
     key = SessionKey("t", SESSION)
 
-    def checkpoint(elision: str = "") -> NewFact:
+    def checkpoint(tier: str, elision: str = "") -> NewFact:
         made = Checkpoint("", 1, "p", None, 100, 50, "gpt-4o", 0.0, elision=elision)
         return NewFact(kind="checkpoint", index=1, source="proxy",
-                       extra={"checkpoint": orjson.loads(made.to_json())})
+                       extra={"checkpoint": orjson.loads(made.to_json()), "made_from": None, "tier": tier})
 
     summary = NewFact(kind="summary", index=1, source="proxy", message={"role": "user", "content": "so far"})
-    facts = [summary, checkpoint(), checkpoint(), checkpoint(), summary, checkpoint("[messages 1-4 left out]")]
+    facts = [summary, checkpoint("summary"), checkpoint("mask"), checkpoint("mask"), summary,
+             checkpoint("fallback", "[messages 1-4 left out]")]
     await store.append(key, 0, facts, 1.0)
     [info] = [i async for i in store.sessions() if i.session == SESSION]
 
-    found = await compactions_of(store, info, page=2)
+    found = await tiers_in_log(store, key, page=2)
 
-    assert (found.summaries, found.masking, found.model_free) == (1, 2, 1)
+    assert (found.summary, found.mask, found.fallback) == (1, 2, 1)
     line = exit_line(Closing(SESSION, "http://127.0.0.1:8787"), RunFigures([info], UsageTotals(), found))
     assert ", 1 summary, 2 masking batches, 1 model-free checkpoint, " in line
     assert closing_figures(line)["compactions"] == "4"

@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, Literal
 
 from proxy.context.background import BackgroundCompactions
-from proxy.context.checkpoint import Checkpoint, CompactionResult, prefix_hash
+from proxy.context.checkpoint import Checkpoint, CompactionResult, Tier, prefix_hash
 from proxy.context.compactor import CompactionBackoff, ContextCompactor, retain_budget_for
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.keep.literals import LITERALS_SHARE, literal_maker
@@ -421,7 +421,7 @@ class ContextEngine:
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state, recorded = await self._record(key, result.checkpoint, dialect, (previous, made_from),
                                                          hashes, planned_at, requester,
-                                                         summarised=result.tier != "mask", usage=result.usage)
+                                                         tier=result.tier, usage=result.usage)
                     made = active_checkpoint(state, hashes, requester)
                     if not recorded:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
@@ -503,12 +503,13 @@ class ContextEngine:
 
     async def _record(self, key: SessionKey, checkpoint: Checkpoint, dialect: ItemModel,
                       previous: tuple[Checkpoint | None, int | None], hashes: Sequence[str], planned_at: int,
-                      requester: Requester, *, summarised: bool = True,
+                      requester: Requester, *, tier: Tier,
                       usage: CallUsage | None = None) -> tuple[ConversationState, bool]:
         """Append the checkpoint, after the summary item it shows when it has a new summary (a masking checkpoint
         has none to log); the state, and whether it was appended. ``previous``: the checkpoint the compaction
         started from, and its seq (what the new one is made from). The summary entry carries what its calls cost
-        (``usage``, as the upstream reported it): what the savings subtract (``proxy.savings``).
+        (``usage``, as the upstream reported it): what the savings subtract (``proxy.savings``). ``tier``: the tier
+        that made the checkpoint, which its entry records.
 
         Not when an undo (``proxy.context.log.undo``) was logged since the
         compaction read the log (``planned_at``): the undo is the newer
@@ -531,8 +532,8 @@ class ContextEngine:
                 final = replace(final, masked_until=current.masked_until,
                                 prefix_hash=prefix_hash(hashes, max(final.retain_start_idx, current.masked_until)))
                 made_from = state.checkpoint_seq_for(hashes, requester)  # it carries that batch's masking too
-            facts = [checkpoint_fact(final, tenant=requester.tenant, made_from=made_from)]
-            if summarised:
+            facts = [checkpoint_fact(final, tenant=requester.tenant, made_from=made_from, tier=tier)]
+            if tier != "mask":
                 facts.insert(0, NewFact(kind="summary", index=final.retain_start_idx, source="proxy",
                                         message=dialect.with_summary(None, summary_text(final)),
                                         extra={"dialect": dialect.name,

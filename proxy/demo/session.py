@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 import platformdirs
 
-from proxy.context.checkpoint import Checkpoint
+from proxy.context.log.tiers import TierCounts, plural, tiers_in_log
 from proxy.demo.agent import ScriptedAgent
 from proxy.demo.model import ScriptedModel
 from proxy.demo.script import CONSTRAINT, EDITED, EDITED_LINE
@@ -33,7 +33,7 @@ from proxy.launch.run import new_session
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.sessions import tenant_of
 from proxy.settings import Secret, Settings
-from proxy.store.base import FactLog, SessionKey
+from proxy.store.base import SessionKey
 from proxy.ui.signinlinks import SignInLinks
 
 #: The client key the scripted agent sends: it names the demo's tenant, and goes nowhere (the model takes any).
@@ -53,20 +53,11 @@ def demo_settings(upstream: str, store: str, admin_token: str) -> Settings:
 
 
 @dataclass
-class Tiers:
-    """The session's compactions, read from its checkpoint entries."""
-
-    masking: int = 0
-    summary: int = 0
-    model_free: int = 0
-
-
-@dataclass
 class Report:
     session: str
     tenant: str
     requests: int
-    tiers: Tiers
+    tiers: TierCounts
     totals: UsageTotals
     constraint_kept: bool
     edit_kept: bool
@@ -74,7 +65,7 @@ class Report:
 
     def to_json(self) -> dict[str, object]:
         return {"session": self.session, "tenant": self.tenant, "requests": self.requests,
-                "masking": self.tiers.masking, "summaries": self.tiers.summary, "model_free": self.tiers.model_free,
+                "masking": self.tiers.mask, "summaries": self.tiers.summary, "model_free": self.tiers.fallback,
                 "client_tokens": self.totals.client_tokens, "model_tokens": self.totals.prompt_tokens,
                 "constraint_kept": self.constraint_kept, "edit_kept": self.edit_kept}
 
@@ -83,36 +74,14 @@ class Report:
         return "\n".join([
             f"ctxproxy demo: session {self.session} (tenant {self.tenant})",
             f"  {self.requests} requests from the scripted agent, each with the whole conversation",
-            f"  compactions: {self.tiers.masking} masking batches (old tool outputs shortened, no model call), "
-            f"{self.tiers.summary} model summaries, {self.tiers.model_free} model-free checkpoints "
+            f"  compactions: {plural(self.tiers.mask, 'masking batch', 'masking batches')} (old tool outputs "
+            f"shortened, no model call), {plural(self.tiers.summary, 'model summary', 'model summaries')}, "
+            f"{plural(self.tiers.fallback, 'model-free checkpoint', 'model-free checkpoints')} "
             "(a summary call failed: the proxy kept going without one)",
             f"  tokens: {saved_text(t)}",
             f"  kept in the model's last prompt: the user's constraint verbatim: {yes[self.constraint_kept]}; "
             f"the current text of {EDITED}: {yes[self.edit_kept]}",
             f"  the agent's last word: {self.final}"])
-
-
-async def tiers_of(store: FactLog, key: SessionKey) -> Tiers:
-    """Each checkpoint's tier, from what it changed in the one it was made from: a new elision is the model-free
-    tier's, a new summary a model's, only more outputs masked a masking batch's."""
-    tiers = Tiers()
-    made: dict[int, Checkpoint] = {}
-    after = -1
-    while page := await store.read(key, after=after, limit=500):
-        after = page[-1].seq
-        for fact in page:
-            if fact.kind != "checkpoint":
-                continue
-            checkpoint = made[fact.seq] = Checkpoint.from_json(fact.extra["checkpoint"])
-            made_from = fact.extra.get("made_from")
-            previous = made.get(made_from) if isinstance(made_from, int) else None
-            if checkpoint.elision and checkpoint.elision != (previous.elision if previous else ""):
-                tiers.model_free += 1
-            elif checkpoint.summary != (previous.summary if previous else ""):
-                tiers.summary += 1
-            else:
-                tiers.masking += 1
-    return tiers
 
 
 async def _until_stopped() -> None:
@@ -148,7 +117,7 @@ async def run_demo(store: str, serve: bool, out: Callable[[str], None], as_json:
             key = SessionKey(tenant_of(KEY), session)
             log = app[store_key]
             shown = orjson.dumps(model.last_prompt).decode()
-            report = Report(session, key.tenant, len(agent.turns), await tiers_of(log, key),
+            report = Report(session, key.tenant, len(agent.turns), await tiers_in_log(log, key),
                             await SavingsCache().totals(log, key), orjson.dumps(CONSTRAINT).decode()[1:-1] in shown,
                             orjson.dumps(EDITED_LINE).decode()[1:-1] in shown, final)
             out(report.text())

@@ -56,13 +56,14 @@ import platformdirs
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from proxy.context.log.tiers import TierCounts, tiers_in_log
 from proxy.errors import ProxyError
 from proxy.launch.agents import AGENTS, Plan, Target, agent_environ, agent_plan
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.sessions import credential, tenant_of
 from proxy.settings import Settings
 from proxy.store import open_store
-from proxy.store.base import FactLog, SessionInfo, SessionKey
+from proxy.store.base import SessionInfo, SessionKey
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 #: The terminal sends these to the whole foreground group, the agent included: passed on only when it did not.
@@ -293,60 +294,12 @@ async def run_agent(argv: Sequence[str], env: Mapping[str, str], grace: float = 
 
 
 @dataclass
-class Compactions:
-    """A session's compactions by kind, told apart in its log: a summary or model-free checkpoint comes right
-    after the ``summary`` entry it shows; a masking batch has none (``ContextEngine._record``); a model-free
-    checkpoint leaves part of what it covers elided (``Checkpoint.elision``)."""
-
-    summaries: int = 0
-    masking: int = 0
-    model_free: int = 0
-
-    def add(self, checkpoint: Mapping[str, object], after_summary: bool) -> None:
-        if not after_summary:
-            self.masking += 1
-        elif checkpoint.get("elision"):
-            self.model_free += 1
-        else:
-            self.summaries += 1
-
-    def merge(self, other: Compactions) -> None:
-        self.summaries += other.summaries
-        self.masking += other.masking
-        self.model_free += other.model_free
-
-    def text(self) -> str:
-        """``2 summaries, 5 masking batches, 1 model-free checkpoint`` (the kinds there were), or ``no
-        compaction``."""
-        kinds = ((self.summaries, "summary", "summaries"), (self.masking, "masking batch", "masking batches"),
-                 (self.model_free, "model-free checkpoint", "model-free checkpoints"))
-        said = [f"{n:,} {one if n == 1 else many}" for n, one, many in kinds if n]
-        return ", ".join(said) or "no compaction"
-
-
-async def compactions_of(store: FactLog, info: SessionInfo, page: int = 500) -> Compactions:
-    """The session's compactions by kind, read from its log (the store's tally counts checkpoints alone)."""
-    found, previous, after = Compactions(), "", -1
-    key = SessionKey(info.tenant, info.session)
-    while facts := await store.read(key, after=after, limit=page):
-        for fact in facts:
-            if fact.kind == "checkpoint":
-                payload = fact.extra.get("checkpoint")
-                found.add(payload if isinstance(payload, Mapping) else {}, previous == "summary")
-            previous = fact.kind
-        after = facts[-1].seq
-        if len(facts) < page:
-            break
-    return found
-
-
-@dataclass
 class RunFigures:
     """A session's figures, summed over its sub-agents and the run's tenants."""
 
     infos: list[SessionInfo]
     totals: UsageTotals
-    compactions: Compactions = field(default_factory=Compactions)
+    compactions: TierCounts = field(default_factory=TierCounts)
 
 
 async def figures(settings: Settings, session: str, tenants: Collection[str] | None = None) -> RunFigures:
@@ -355,10 +308,10 @@ async def figures(settings: Settings, session: str, tenants: Collection[str] | N
     try:
         infos = [i async for i in store.sessions() if (i.session == session or i.session.startswith(session + "/"))
                  and (tenants is None or i.tenant in tenants)]
-        cache, totals, compactions = SavingsCache(), UsageTotals(), Compactions()
+        cache, totals, compactions = SavingsCache(), UsageTotals(), TierCounts()
         for info in infos:
             totals.merge(await cache.of(store, info))
-            compactions.merge(await compactions_of(store, info))
+            compactions.merge(await tiers_in_log(store, SessionKey(info.tenant, info.session)))
     finally:
         await store.aclose()
     return RunFigures(infos, totals, compactions)

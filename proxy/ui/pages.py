@@ -8,7 +8,6 @@ forbids both): behaviour is ``/ui/static/ui.js``, reading ``data-`` attributes.
 from __future__ import annotations
 
 import bisect
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlencode
@@ -18,6 +17,7 @@ import orjson
 from proxy.blocks import content_text
 from proxy.compactions import CompactionEvent
 from proxy.context.keep.literals import coverage
+from proxy.context.log.tiers import TierCounts
 from proxy.render import fact_line, iso_time
 from proxy.savings import UsageTotals, dialect_of, saved_text
 from proxy.store.base import SessionInfo, SessionKey, StoredFact
@@ -184,8 +184,10 @@ def mark_lines(timeline: Timeline, events: Iterable[CompactionEvent]) -> list[Ma
 
 def _by_tier(t: Timeline) -> str:
     """The checkpoints in the log by the tier that made them, in the legend's words."""
-    made = Counter(m.tier for m in t.marks)
-    return ", ".join(f"{tiers.LABELS[tier]}: {made[tier]:,}" for tier in tiers.LABELS)
+    made = TierCounts()
+    for m in t.marks:
+        made.add(m.tier)
+    return tiers.by_tier(made)
 
 
 def summary_html(key: SessionKey, t: Timeline, events: Sequence[CompactionEvent], window: int,

@@ -1,9 +1,7 @@
 """What a checkpoint did, in the inspector's words: which of the three tiers made it, and the messages it touched.
 
-The log's ``checkpoint`` entry holds the checkpoint, not the tier that made it;
-the tier is read off the change from the checkpoint it was made from: a masking
-batch keeps that one's summary and split and masks further, the model-free tier
-leaves an elided range (``Checkpoint.elision``), and anything else is a summary.
+The tier is the one the log's ``checkpoint`` entry records (``proxy.context.log.tiers``,
+which reads it the same way for the run's closing line and the demo's report).
 Each tier has its own label, colour (the stylesheet's ``tier-*`` classes) and
 legend entry, so a page never calls a masking batch a summary.
 """
@@ -11,6 +9,7 @@ legend entry, so a page never calls a masking batch a summary.
 from __future__ import annotations
 
 from proxy.context.checkpoint import Checkpoint, Tier
+from proxy.context.log.tiers import TierCounts
 
 #: Short names for the timeline's marks and its legend.
 LABELS: dict[Tier, str] = {"mask": "outputs shortened", "summary": "summarised", "fallback": "left out"}
@@ -22,15 +21,9 @@ LEGEND: dict[Tier, str] = {
 }
 
 
-def tier_of(checkpoint: Checkpoint, previous: Checkpoint | None) -> Tier:
-    """The tier that made ``checkpoint`` from ``previous`` (the one it was made from; None: the first)."""
-    summary, split, elision = ((previous.summary, previous.retain_start_idx, previous.elision) if previous is not None
-                               else ("", None, ""))
-    same = checkpoint.summary == summary and checkpoint.elision == elision and (
-        split is None or checkpoint.retain_start_idx == split)
-    if same and checkpoint.masked_until > (previous.masked_until if previous is not None else 0):
-        return "mask"
-    return "fallback" if checkpoint.elision else "summary"
+def by_tier(counts: TierCounts) -> str:
+    """``outputs shortened: 3, summarised: 2, left out: 0``: checkpoints by tier in the legend's words."""
+    return ", ".join(f"{LABELS[tier]}: {counts.count(tier):,}" for tier in LABELS)
 
 
 def span(first: int, last: int) -> str:

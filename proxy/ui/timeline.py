@@ -40,11 +40,12 @@ from proxy.context.checkpoint import Tier
 from proxy.context.compactor import Checkpoint
 from proxy.context.items import leading_system_count
 from proxy.context.log.lineage import common_prefix
+from proxy.context.log.tiers import tier_of_entry
 from proxy.context.view.projection import SUMMARY_END, summary_text
 from proxy.context.view.tokens import BUDGET_CHARS, TokenCounter
 from proxy.render import PAGE, Lineage
 from proxy.store.base import FactLog, SessionKey, StoredFact
-from proxy.ui.tiers import described, tier_of
+from proxy.ui.tiers import described
 
 #: Folds kept: each holds its session's lineage, so only a handful, and at most ``MAX_CACHED_BYTES`` of them.
 MAX_CACHED = 4
@@ -212,8 +213,9 @@ class Timeline:
                                checkpoint.retain_start_idx, checkpoint.tokens_before, checkpoint.tokens_after,
                                checkpoint.view_key,
                                checkpoint.summary_end if checkpoint.elision else None,
-                               literals=checkpoint.literal_receipt, tier=tier_of(checkpoint, previous),
-                               masked_from=masked_from, masked_until=checkpoint.masked_until))
+                               literals=checkpoint.literal_receipt,
+                               tier=tier_of_entry(fact.extra, checkpoint, previous), masked_from=masked_from,
+                               masked_until=checkpoint.masked_until))
 
     def _retire(self, fact: StoredFact) -> None:
         """Mark the compaction the entry undid, and the live ones made from it, as retired (as the engine's fold,

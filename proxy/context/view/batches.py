@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-from proxy.context.checkpoint import Checkpoint, CompactionResult, masking_checkpoint
+from proxy.context.checkpoint import Checkpoint, CompactionResult, Tier, masking_checkpoint
 from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.keep.workingset import WorkingSetMaker, refreshed
 from proxy.context.log.history import HistoryManager
@@ -79,10 +79,12 @@ class MaskingEngine(Protocol):
 BATCH_ROOM_DIVISOR = 4
 
 
-def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None) -> NewFact:
+def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None, tier: Tier) -> NewFact:
     """The log entry of a checkpoint (``index``: where its verbatim history resumes), naming the tenant that made
-    it (None: the session's owner) and the checkpoint it was made from (``proxy.context.view.applying``)."""
-    extra: dict[str, Any] = {"checkpoint": orjson.loads(checkpoint.to_json()), "made_from": made_from}
+    it (None: the session's owner), the checkpoint it was made from (``proxy.context.view.applying``) and the tier
+    that made it, which every count of compactions reads (``proxy.context.log.tiers``)."""
+    extra: dict[str, Any] = {"checkpoint": orjson.loads(checkpoint.to_json()), "made_from": made_from,
+                             "tier": tier}
     if tenant is not None:
         extra["tenant"] = tenant
     return NewFact(kind="checkpoint", index=checkpoint.retain_start_idx, source="proxy", extra=extra)
@@ -154,7 +156,7 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
             if _current(current, hashes, requester) != previous:
                 return []
             made_from = current.checkpoint_seq_for(hashes, requester) if previous is not None else None
-            return [checkpoint_fact(candidate, tenant=requester.tenant, made_from=made_from)]
+            return [checkpoint_fact(candidate, tenant=requester.tenant, made_from=made_from, tier="mask")]
 
         state = await engine.history.append_planned(key, plan)
     except StoreError:
