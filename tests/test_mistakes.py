@@ -87,6 +87,20 @@ def test_a_store_path_that_cannot_be_created_is_one_line_naming_it(tmp_path: Pat
     assert "name another with --store" in line
 
 
+def test_a_store_in_a_read_only_directory_is_one_line_naming_it(tmp_path: Path) -> None:
+    """A directory nobody may write, root included (the tests run as root, who ignores permission bits): made
+    immutable with chattr, as a read-only mount would be."""
+    directory = tmp_path / "readonly"
+    directory.mkdir()
+    subprocess.run(["chattr", "+i", str(directory)], check=True)
+    try:
+        url = f"sqlite:///{directory}/facts.db"
+        line = refused("--port", str(free_port()), "--store", url)
+    finally:
+        subprocess.run(["chattr", "-i", str(directory)], check=True)
+    assert line.startswith(f"Error: cannot open the store {url}") and "name another with --store" in line, line
+
+
 def test_a_redis_that_does_not_answer_refuses_the_start_unless_the_store_is_optional(tmp_path: Path) -> None:
     url = f"redis://:hunter2@127.0.0.1:{_closed_port()}/0"
     line = refused("--port", str(free_port()), "--store", url)
