@@ -22,6 +22,13 @@ Reported per run:
 
 ``--write`` replaces the section ``## Compactions that last (issue 19)`` of
 docs/BENCHMARKS.md.
+
+``--priced`` runs instead the fixed runs of issue 34 (``bench/lastingcost.py``):
+16k with 1k and 2.5k outputs (60 steps), 32k (150 steps) and 128k (300 steps)
+of the scripted run of bench/costrun.py, priced at Anthropic's rates on a
+simulated clock with idle gaps, beside the same runs sent directly; with
+``--write`` it replaces the section ``## Prefix changes and cost at Anthropic's
+prices (issue 34)``.
 """
 
 from __future__ import annotations
@@ -173,13 +180,20 @@ def main() -> None:
     parser.add_argument("--label", default="after")
     parser.add_argument("--before", type=Path, help="rows of a run of this file at the starting commit")
     parser.add_argument("--write", action="store_true", help="replace the section in docs/BENCHMARKS.md")
+    parser.add_argument("--priced", action="store_true", help="the priced runs of issue 34 (bench/lastingcost.py)")
     args = parser.parse_args()
     started = time.perf_counter()
-    rows = asyncio.run(main_async(args.write, args.label))
+    if args.priced:
+        from bench import lastingcost
+        rows = lastingcost.rows(asyncio.run(lastingcost.measure()), args.label)
+        render, heading = lastingcost.section, lastingcost.HEADING
+    else:
+        rows = asyncio.run(main_async(args.write, args.label))
+        render, heading = section, HEADING
     print(rows)
     if args.write:
         before = args.before.read_text().strip() if args.before is not None else ""
-        write_doc(section(before, rows), HEADING)
+        write_doc(render(before, rows), heading)
     print(f"{time.perf_counter() - started:.1f} s")
 
 

@@ -18,7 +18,7 @@ from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey
 from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
-from tests.test_engine import Summariser
+from tests.test_engine import Summariser, prepare
 from tests.test_workingset import numbered
 
 KEY = SessionKey("tenant", "batches")
@@ -130,3 +130,23 @@ async def test_a_batch_that_masks_a_read_carries_the_files_exact_text_into_the_v
     assert f"### /r/app.py (current as of log entry 3)\n```\n{text}```" in shown
     logged = [f.extra["checkpoint"] for f in await read_log(store, KEY) if f.kind == "checkpoint"]
     assert logged[-1]["working_set"] == [["/r/app.py", 3, 3, 1, text.count("\n")]]
+
+
+async def test_a_batch_lasts_several_steps_of_the_sessions_outputs(store: FactLog) -> None:
+    # A batch the size of an eighth of the window is two outputs of ~1,000 tokens: the prompt prefix changed every
+    # other step (18 times in 60 steps, bench.lasting). Waiting for five of the session's outputs, it holds longer.
+    engine = engine_over(store)
+    rng = random.Random(34)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    previous: list[Any] | None = None
+    changes = 0
+    for n in range(40):
+        prepared = await prepare(engine, messages, Summariser())
+        assert prepared.estimate.tokens <= WINDOW
+        view = list(prepared.messages)
+        changes += previous is not None and view[: len(previous)] != previous
+        previous = view
+        messages = [*messages, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function", "function": {"name": "run", "arguments": f'{{"n": {n}}}'}}]},
+                    {"role": "tool", "tool_call_id": f"c{n}", "content": prose(rng, 800)}]
+    assert 0 < changes <= 40 // 5, changes

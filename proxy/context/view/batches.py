@@ -3,7 +3,8 @@
 Masking at the threshold alone saves little: the view then still climbs to the
 threshold between reductions, as with summaries. Masking once the outputs it
 would free reach a batch (``mask_batch_share`` of the window, an eighth by
-default) keeps the view near the system prompt, the summary, the masked region
+default, or ``BATCH_STEPS`` of the session's typical outputs when more)
+keeps the view near the system prompt, the summary, the masked region
 and the last ``--keep-tool-outputs`` outputs, and each batch changes the prompt
 once: the system prompt, the summary and the region masked before stay a
 cached prefix, and from one batch to the next every view is a byte-identical
@@ -77,6 +78,22 @@ class MaskingEngine(Protocol):
 
 #: A batch frees at most this part of the room beside the tool definitions under the threshold.
 BATCH_ROOM_DIVISOR = 4
+#: Steps of the session's typical output a batch waits for, room allowing: a batch the size of one output changed
+#: the prompt prefix every step (16k window, 2.5k-token outputs: 58 changes in 60 steps).
+BATCH_STEPS = 5
+#: Recent tool outputs the typical output is the median of.
+TYPICAL_OF = 10
+
+
+def typical_output(dialect: ItemModel, messages: Sequence[Message], size: Callable[[int], int]) -> int:
+    """The median size of the last ``TYPICAL_OF`` items holding tool output (0: none yet)."""
+    sizes: list[int] = []
+    for index in range(len(messages) - 1, -1, -1):
+        if dialect.result_paths(messages[index]):
+            sizes.append(size(index))
+            if len(sizes) >= TYPICAL_OF:
+                break
+    return sorted(sizes)[len(sizes) // 2] if sizes else 0
 
 
 def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None, tier: Tier) -> NewFact:
@@ -133,6 +150,12 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
     # 9k of tools in 16k, an eighth of the window was more than half that room, and summaries came before masking.
     room = prepared.threshold - prepared.unfreed
     batch = max(1, min(int(window * share), room // BATCH_ROOM_DIVISOR))
+    # Hysteresis: a batch lasts several steps of the session's typical output, as far as the room beside the kept
+    # outputs allows (past it the trigger comes first, and compacts as much).
+    count = engine.policy(window).counter_for(dialect)
+    typical = typical_output(dialect, messages, lambda index: count(messages[index], hashes[index]))
+    kept = engine.keep_tool_tokens(window, room) or 0
+    batch = max(batch, min(BATCH_STEPS * typical, room - kept - typical))
     if prepared.estimate.tokens <= batch:
         return None
     previous = prepared.checkpoint
