@@ -141,3 +141,21 @@ def test_a_session_whose_cache_writes_outweigh_what_it_saved_says_it_cost_more()
     assert price is not None and totals.cost_saved is not None and totals.cost_saved < 0
     assert "cache writes caused: 2,000 tokens" in saved_text(totals)
     assert "1 compaction" in saved_text(totals) and "cost more than it saved" in saved_text(totals)
+
+
+async def test_a_client_that_rewinds_its_history_broke_the_prefix_itself(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """A client that drops its last turn and asks again changed the prefix: ``client``, not the proxy's cost."""
+    fake = FakeMessages(Script(steps=20))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake)
+    client = Marking(proxy)
+    for _ in range(3):
+        await client.step()
+    del client.messages[-4:]  # two answers and their tool results: the client rewinds to before its last request
+    await client.step()
+    metrics = await figures(proxy)
+    assert metrics.get("ctxproxy_prefix_changes_total{cause=client}") == 1
+    assert all(metrics.get(f"ctxproxy_prefix_changes_total{{cause={cause}}}", 0.0) == 0
+               for cause in ("compaction", "masking", "ttl"))
+    totals = await totals_of(proxy, client.session)
+    assert totals.prefix_changes["client"] == 1 and totals.caused_write_tokens == 0
