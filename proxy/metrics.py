@@ -169,6 +169,9 @@ class Metrics:
         self.cache_writes = Counter("ctxproxy_cache_write_tokens", "Tokens written to the upstream's prompt cache: "
                                     "its cache_creation_input_tokens, else the view past the prefix it kept.",
                                     registry=r)
+        self.peak_tokens = Counter("ctxproxy_peak_context_tokens", "Each session's largest prompt, summed (as it "
+                                   "grows; per process): ctxproxy_cache_write_tokens_total over it is the re-write "
+                                   "factor, 1.0 when every token was written to the cache once.", registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -234,9 +237,12 @@ class Metrics:
         if dollars is not None and dollars > 0:
             self.cost_saved.inc(dollars)
 
-    def prefix_seen(self, cause: str | None, written: int | None, caused: bool, dollars: float | None) -> None:
-        """Count one request's prefix change (``cause`` None: unchanged) and cache writes; those the proxy
-        ``caused`` come off the savings, as they do in ``/admin/savings``."""
+    def prefix_seen(self, cause: str | None, written: int | None, caused: bool, dollars: float | None,
+                    peak_growth: int = 0) -> None:
+        """Count one request's prefix change (``cause`` None: unchanged), cache writes and how much it raised its
+        session's peak prompt; the writes the proxy ``caused`` come off the savings, as in ``/admin/savings``."""
+        if peak_growth > 0:
+            self.peak_tokens.inc(peak_growth)
         if cause is not None:
             self.prefix_changes.labels(cause=cause).inc()
         if written:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from proxy.context.checkpoint import Checkpoint
@@ -46,6 +46,8 @@ class _Seen:
     client: tuple[str, ...]
     checkpoint: Checkpoint | None
     at: float
+    #: The session's largest prompt so far (``grow``).
+    peak: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ class PrefixTracker:
         checkpoint the view stands on. Remembers this request as the session's last."""
         now = self.clock()
         last = self._seen.pop(key, None)
-        self._seen[key] = _Seen(tuple(view), tuple(client), checkpoint, now)
+        self._seen[key] = _Seen(tuple(view), tuple(client), checkpoint, now, last.peak if last is not None else 0)
         while len(self._seen) > self.size:
             self._seen.popitem(last=False)
         if last is None:
@@ -88,6 +90,15 @@ class PrefixTracker:
         if shared(last.client, client) < len(last.client):
             return PrefixChange(True, "client", kept)
         return PrefixChange(True, checkpoint_cause(checkpoint, last.checkpoint), kept)
+
+    def grow(self, key: SessionKey, prompt: int) -> int:
+        """By how much ``prompt`` tokens raise the session's peak (0: not past it): what ``/metrics`` sums so that
+        cache writes over it are the re-write factor of the sessions it served."""
+        seen = self._seen.get(key)
+        if seen is None or prompt <= seen.peak:
+            return 0
+        self._seen[key] = replace(seen, peak=prompt)
+        return prompt - seen.peak
 
 
 def checkpoint_cause(checkpoint: Checkpoint | None, previous: Checkpoint | None) -> Cause:

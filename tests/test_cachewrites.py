@@ -60,7 +60,7 @@ async def test_the_proxys_prefix_changes_are_counted_by_cause_and_their_billed_c
     cached prefix): the requests whose prompt (breakpoints aside) does not extend the previous one are the prefix
     changes the metric counts (all the proxy's: the client only appends), the cache writes they were billed are
     what the savings are net of, beside the summary calls' billed tokens, and /admin/savings shows the re-write
-    factor."""
+    factor (and /metrics the peak it is over)."""
     fake = FakeMessages(Script(steps=20))
     proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=3000, admin_token=TOKEN)
     client = Marking(proxy)
@@ -98,6 +98,7 @@ async def test_the_proxys_prefix_changes_are_counted_by_cause_and_their_billed_c
     peak = max(turn.tokens or 0 for turn in turns)
     assert row["cache_write_tokens"] == written and row["peak_tokens"] == peak
     assert row["rewrite_factor"] == pytest.approx(written / peak)
+    assert metrics["ctxproxy_peak_context_tokens_total"] == peak  # the factor in /metrics: writes over it
     assert row["prefix_changes"] == {cause: int(count) for cause, count in by_cause.items()}
     assert row["saved_tokens"] == totals.saved_tokens and row["caused_write_tokens"] == caused
 

@@ -197,9 +197,11 @@ class Turn:
                 self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
                 written = cache_writes(usage, tokens["view"], prefix["kept_tokens"])
                 price = cache_write_price(model)
+                prompt = dialect.prompt_tokens(usage) if usage is not None else None
+                growth = self.request.app[prefixes_key].grow(self.key, prompt if prompt is not None else tokens["view"])
                 self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, written,
                                          prefix["cause"] in PROXY_CAUSES,
-                                         written * price if written and price is not None else None)
+                                         written * price if written and price is not None else None, growth)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
