@@ -35,6 +35,7 @@ from proxy.keys import (
     history_key,
     links_key,
     metrics_key,
+    prefixes_key,
     savings_key,
     secret_key,
     settings_key,
@@ -44,6 +45,7 @@ from proxy.keys import (
     tracing_key,
 )
 from proxy.metrics import Metrics
+from proxy.prefixes import PrefixTracker
 from proxy.savings import SavingsCache
 from proxy.secret import ServerSecret
 from proxy.settings import Settings
@@ -129,6 +131,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None,
     app[timelines_key] = TimelineCache()
     app[throttle_key] = FailureThrottle()
     app[savings_key] = SavingsCache()
+    app[prefixes_key] = PrefixTracker()
     app.cleanup_ctx.append(_tracing)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from proxy.context.log.history import HistoryManager
     from proxy.http.continuity import Links
     from proxy.metrics import Metrics
+    from proxy.prefixes import PrefixTracker
     from proxy.savings import SavingsCache
     from proxy.secret import ServerSecret
     from proxy.settings import Settings
@@ -26,6 +27,7 @@ metrics_key: web.AppKey[Metrics] = web.AppKey("metrics")
 client_key: web.AppKey[ClientSession] = web.AppKey("client", ClientSession)
 store_key: web.AppKey[FactLog] = web.AppKey("store")
 history_key: web.AppKey[HistoryManager] = web.AppKey("history")
+prefixes_key: web.AppKey[PrefixTracker] = web.AppKey("prefixes")
 engine_key: web.AppKey[ContextEngine] = web.AppKey("engine")
 compactions_key: web.AppKey[RecentCompactions] = web.AppKey("compactions")
 timelines_key: web.AppKey[TimelineCache] = web.AppKey("timelines")

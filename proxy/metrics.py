@@ -36,6 +36,7 @@ from proxy.context.checkpoint import CompactionOutcome
 from proxy.context.compactor import CompactionResult
 from proxy.context.engine import Trigger
 from proxy.dialects import DIALECTS
+from proxy.prefixes import CAUSES
 from proxy.savings import summary_cost
 from proxy.store.base import Kind, SessionKey, StoredFact
 
@@ -161,6 +162,16 @@ class Metrics:
                                 "model's input price, summary calls at its input and output prices, from "
                                 "litellm's bundled map (models it prices only).", multiprocess_mode="sum",
                                 registry=r)
+        self.prefix_changes = Counter("ctxproxy_prefix_changes", "Requests whose prompt prefix differed from the "
+                                      "session's previous request's, by cause: "
+                                      f"{_values(CAUSES)} (ttl: the cache had lapsed, not the proxy's doing).",
+                                      ["cause"], registry=r)
+        self.cache_writes = Counter("ctxproxy_cache_write_tokens", "Tokens written to the upstream's prompt cache: "
+                                    "its cache_creation_input_tokens, else the view past the prefix it kept.",
+                                    registry=r)
+        self.peak_tokens = Counter("ctxproxy_peak_context_tokens", "Each session's largest prompt, summed (as it "
+                                   "grows; per process): ctxproxy_cache_write_tokens_total over it is the re-write "
+                                   "factor, 1.0 when every token was written to the cache once.", registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -225,6 +236,20 @@ class Metrics:
             self.tokens_saved.inc(tokens)
         if dollars is not None and dollars > 0:
             self.cost_saved.inc(dollars)
+
+    def prefix_seen(self, cause: str | None, written: int | None, caused: bool, dollars: float | None,
+                    peak_growth: int = 0) -> None:
+        """Count one request's prefix change (``cause`` None: unchanged), cache writes and how much it raised its
+        session's peak prompt; the writes the proxy ``caused`` come off the savings, as in ``/admin/savings``."""
+        if peak_growth > 0:
+            self.peak_tokens.inc(peak_growth)
+        if cause is not None:
+            self.prefix_changes.labels(cause=cause).inc()
+        if written:
+            self.cache_writes.inc(written)
+            if caused:
+                self.tokens_saved.dec(written)
+                self.cost_saved.dec(dollars or 0.0)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
         new = key not in self._seen

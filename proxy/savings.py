@@ -21,6 +21,21 @@ output list prices). What the proxy reports as saved (``saved_tokens``,
 summaries have not yet paid for themselves. A summary call whose answer was not
 kept leaves no entry, and is not counted.
 
+Nor is changing the prompt's prefix: each reply entry says how its view's prefix
+compared with the session's previous view (``prefix``: ``changed``, ``cause``,
+``kept_tokens``; ``proxy.prefixes``), and the tokens the request wrote to the
+prompt cache are the upstream's ``cache_creation_input_tokens`` (Anthropic) or,
+where the upstream reports none (OpenAI, Gemini), an estimate: the view's tokens
+past the prefix it kept. The writes of a request whose prefix the proxy changed
+(cause ``compaction`` or ``masking``; not ``client`` nor ``ttl``) are a cost of
+compacting too, at the model's cache-write price (the map's
+``cache_creation_input_token_cost``, else 1.25 times the input price for an
+Anthropic model), and come off the net figures. They include the new turn's own
+tokens, which an unchanged prefix would have written as well, so the cost is an
+upper bound by a turn's worth. The re-write factor is all the cache writes over
+the session's peak context (the largest prompt): 1.0 when every token was
+written once.
+
 The log is append-only, so ``SavingsCache`` folds a session once and then only
 what was appended since.
 """
@@ -32,8 +47,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.context.view.window import input_price_for, output_price_for
+from proxy.context.view.window import input_price_for, model_entry, output_price_for
 from proxy.dialects import CHAT, DIALECTS, Dialect
+from proxy.prefixes import CAUSES, PROXY_CAUSES
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
 
 #: Sessions whose folds ``SavingsCache`` keeps (a few hundred bytes each).
@@ -61,6 +77,41 @@ def dollars_saved(model: str | None, saved: int) -> float | None:
     return saved * price if price is not None else None
 
 
+#: Anthropic bills a cache write at 1.25 times the input price (used where the map names no write price).
+ANTHROPIC_WRITE_FACTOR = 1.25
+
+
+def cache_write_price(model: str | None) -> float | None:
+    """Dollars per token written to ``model``'s prompt cache, or None where unpriced."""
+    entry = model_entry(model) if model else None
+    if entry is None:
+        return None
+    price = entry.get("cache_creation_input_token_cost")
+    if isinstance(price, int | float):
+        return float(price)
+    base = input_price_for(model) if model else None
+    anthropic = entry.get("litellm_provider") == "anthropic" or "claude" in (model or "")
+    return base * ANTHROPIC_WRITE_FACTOR if base is not None and anthropic else None
+
+
+def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int] | None:
+    """(changed, cause, kept_tokens) of a reply entry's ``prefix``, or None for one logged without it."""
+    prefix = fact.extra.get("prefix")
+    if not isinstance(prefix, Mapping) or not isinstance(kept := prefix.get("kept_tokens"), int):
+        return None
+    cause = prefix.get("cause")
+    return bool(prefix.get("changed")), cause if isinstance(cause, str) else None, kept
+
+
+def cache_writes(usage: Mapping[str, Any] | None, view_tokens: int, kept_tokens: int | None) -> int | None:
+    """Tokens one request wrote to the prompt cache: the upstream's ``cache_creation_input_tokens`` where it reports
+    them, else the view past the prefix it kept (None where neither is known)."""
+    reported = usage.get("cache_creation_input_tokens") if usage is not None else None
+    if isinstance(reported, int):
+        return reported
+    return max(0, view_tokens - kept_tokens) if kept_tokens is not None else None
+
+
 @dataclass(frozen=True)
 class SummaryCost:
     """What one ``summary`` entry's calls cost: their tokens in and out, and the dollars (None: unpriced)."""
@@ -74,8 +125,8 @@ def summary_cost(fact: StoredFact) -> SummaryCost | None:
     """The cost a ``summary`` entry records (``proxy.context.summary.callusage``), or None for any other entry and for a
     summary logged without one (before summaries carried it, or a client compaction's answer, which made no call).
 
-    The cache writes a summary induces (the next request's prefix is new to the prompt cache) belong here too,
-    once they are measured (#34).
+    The cache writes a summary induces (the next request's prefix is new to the prompt cache) are counted with
+    that request (``cache_writes``, cause ``compaction``).
     """
     if fact.kind != "summary" or not isinstance(calls := fact.extra.get("calls"), int):
         return None
@@ -112,20 +163,34 @@ class UsageTotals:
     summary_tokens: int = 0
     #: None while no summary was made by a model the bundled map prices.
     summary_cost: float | None = None
+    #: Tokens written to the prompt cache (reported or estimated), and the largest prompt: the re-write factor.
+    cache_write_tokens: int = 0
+    peak_tokens: int = 0
+    #: Prefix changes by cause (``proxy.prefixes.CAUSES``), and the cache writes of those the proxy caused.
+    prefix_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
+    caused_write_tokens: int = 0
+    #: None while no caused write was of a model the bundled map prices.
+    caused_write_cost: float | None = None
     #: The seq and the figures of the last entry counted: every item of one reply carries its reply's figures.
     _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
 
     @property
     def saved_tokens(self) -> int:
-        """Net: what compaction took out of the requests less what its summary calls cost."""
-        return self.gross_saved_tokens - self.summary_tokens
+        """Net: what compaction took out of the requests less its summary calls and the cache writes it caused."""
+        return self.gross_saved_tokens - self.summary_tokens - self.caused_write_tokens
 
     @property
     def cost_saved(self) -> float | None:
-        """Net dollars: the gross less the priced summary calls (None while neither is priced)."""
-        if self.gross_cost_saved is None and self.summary_cost is None:
+        """Net dollars: the gross less the priced summary calls and caused cache writes (None while none is priced)."""
+        if self.gross_cost_saved is None and self.summary_cost is None and self.caused_write_cost is None:
             return None
-        return (self.gross_cost_saved or 0.0) - (self.summary_cost or 0.0)
+        return (self.gross_cost_saved or 0.0) - (self.summary_cost or 0.0) - (self.caused_write_cost or 0.0)
+
+    @property
+    def rewrite_factor(self) -> float | None:
+        """Cache writes over the peak context: 1.0 when each token was written once (None while no write is known:
+        replies logged before the prefix was recorded, by an upstream that reports none)."""
+        return self.cache_write_tokens / self.peak_tokens if self.peak_tokens and self.cache_write_tokens else None
 
     def add(self, fact: StoredFact) -> None:
         if (cost := summary_cost(fact)) is not None:
@@ -152,6 +217,8 @@ class UsageTotals:
         if tokens is None:  # logged before the proxy recorded its counts: the upstream's figures only
             self.model_tokens += prompt or 0
             self.client_tokens += prompt or 0
+            self.peak_tokens = max(self.peak_tokens, prompt or 0)
+            self.cache_write_tokens += cache_writes(usage, 0, None) or 0
             return
         client, view = tokens
         saved = max(0, client - view)
@@ -159,17 +226,33 @@ class UsageTotals:
         self.model_tokens += seen
         self.client_tokens += seen + saved
         self.gross_saved_tokens += saved
+        self.peak_tokens = max(self.peak_tokens, seen)
         model = fact.extra.get("model")
-        self.gross_cost_saved = _add(self.gross_cost_saved,
-                                     dollars_saved(model if isinstance(model, str) else None, saved))
+        model = model if isinstance(model, str) else None
+        self.gross_cost_saved = _add(self.gross_cost_saved, dollars_saved(model, saved))
+        prefix = prefix_of(fact)
+        written = cache_writes(usage, view, prefix[2] if prefix is not None else None) or 0
+        self.cache_write_tokens += written
+        if prefix is None or not prefix[0] or prefix[1] not in self.prefix_changes:
+            return
+        cause = prefix[1]
+        self.prefix_changes[cause] += 1
+        if cause in PROXY_CAUSES:
+            self.caused_write_tokens += written
+            price = cache_write_price(model)
+            self.caused_write_cost = _add(self.caused_write_cost, written * price if price is not None else None)
 
     def merge(self, other: UsageTotals) -> None:
         """Add another session's totals (for a total over sessions)."""
         for name in ("replies", "prompt_tokens", "cached_tokens", "client_tokens", "model_tokens",
-                     "gross_saved_tokens", "summary_calls", "summary_tokens"):
+                     "gross_saved_tokens", "summary_calls", "summary_tokens", "cache_write_tokens", "peak_tokens",
+                     "caused_write_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for cause, count in other.prefix_changes.items():
+            self.prefix_changes[cause] = self.prefix_changes.get(cause, 0) + count
         self.gross_cost_saved = _add(self.gross_cost_saved, other.gross_cost_saved)
         self.summary_cost = _add(self.summary_cost, other.summary_cost)
+        self.caused_write_cost = _add(self.caused_write_cost, other.caused_write_cost)
 
     def to_json(self) -> dict[str, Any]:
         """The figures: ``saved_tokens`` and ``cost_saved`` net, the gross and the summary calls' costs beside."""
@@ -178,12 +261,16 @@ class UsageTotals:
                 "saved_tokens": self.saved_tokens, "cost_saved": self.cost_saved,
                 "gross_saved_tokens": self.gross_saved_tokens, "gross_cost_saved": self.gross_cost_saved,
                 "summary_calls": self.summary_calls, "summary_tokens": self.summary_tokens,
-                "summary_cost": self.summary_cost}
+                "summary_cost": self.summary_cost, "cache_write_tokens": self.cache_write_tokens,
+                "peak_tokens": self.peak_tokens, "rewrite_factor": self.rewrite_factor,
+                "prefix_changes": dict(self.prefix_changes), "caused_write_tokens": self.caused_write_tokens,
+                "caused_write_cost": self.caused_write_cost}
 
 
 def saved_text(totals: UsageTotals) -> str:
     """One line for people: sent against seen, cached, saved net and its price (tokens only for an unpriced
-    model), and the summary calls it is net of."""
+    model), the summary calls and cache writes it is net of, and the prefix changes by cause; a session where the
+    proxy cost more than it saved says so."""
     text = (f"{totals.client_tokens:,} tokens sent by the client, {totals.model_tokens:,} seen by the model "
             f"({totals.cached_tokens:,} cached), {totals.saved_tokens:,} saved")
     text += f", about ${totals.cost_saved:,.2f}" if totals.cost_saved is not None else ""
@@ -191,6 +278,16 @@ def saved_text(totals: UsageTotals) -> str:
         plural = "s" if totals.summary_calls != 1 else ""
         text += (f" (net: {totals.gross_saved_tokens:,} taken out of requests, {totals.summary_tokens:,} spent "
                  f"on {totals.summary_calls:,} summary call{plural})")
+    if totals.caused_write_tokens:
+        text += f"; cache writes caused: {totals.caused_write_tokens:,} tokens"
+        text += f", ${totals.caused_write_cost:,.2f}" if totals.caused_write_cost is not None else ""
+    if changes := ", ".join(f"{count} {cause}" for cause, count in totals.prefix_changes.items() if count):
+        text += f"; prefix changes: {changes}"
+    if totals.rewrite_factor is not None:
+        text += f"; re-write factor {totals.rewrite_factor:.2f}"
+    net = totals.cost_saved if totals.cost_saved is not None else totals.saved_tokens
+    if net < 0 and (totals.summary_calls or totals.caused_write_tokens):
+        text += "; the proxy cost more than it saved"
     return text
 
 

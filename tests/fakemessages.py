@@ -25,6 +25,10 @@ in ``context_management.applied_edits``, a compaction's cost in ``usage.iteratio
 from the last compaction block on, and one carrying a compaction block the fake did not issue, byte for byte,
 is refused. The tokens recorded (and held against ``window``) are the prompt as the model reads it after the
 edits.
+Its prompt cache holds every prompt of the session (``cache_control`` markers aside): the longest shared prefix
+is billed as ``cache_read_input_tokens``, and what lies past it up to the request's last breakpoint as
+``cache_creation_input_tokens``, as the API bills a changed prefix; each request's billed usage is kept in its
+record (``Recorded.usage``).
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
 ``system`` is the proxy's summariser prompt gets a summary, and so does one
 whose last user message starts with it (a summary call shaped like the client's
@@ -86,7 +90,8 @@ class FakeMessages(Recorder):
         self._ids = itertools.count(1)
         #: (thinking, signature) of every thinking block handed out, so one sent back can be checked.
         self._issued: set[tuple[str, str]] = set()
-        self._last_prompt: dict[str, list[Any]] = {}
+        #: Every prompt of each session (by Claude Code's session header), for the longest cached prefix.
+        self._prompts: dict[str, list[list[Any]]] = {}
         self.require_claude_code = False
         #: The content of every compaction block handed out, so one sent back can be checked.
         self._compactions: set[str] = set()
@@ -162,15 +167,18 @@ class FakeMessages(Recorder):
         kind = "client_compaction" if CLIENT_COMPACTION in _last_user_text(messages) else "turn"
         self._record(request, body, kind, tokens=tokens)
         session = request.headers.get("X-Claude-Code-Session-Id", "")
-        cached = cached_prefix(self._last_prompt.get(session, []), prompt, counts)
-        self._last_prompt[session] = prompt
+        plain = uncontrolled(prompt)  # the cache holds content: moving a breakpoint keeps what it marked cached
+        seen = self._prompts.setdefault(session, [])
+        cached = max((cached_prefix(earlier, plain, counts) for earlier in seen), default=0)
+        seen.append(plain)
+        written = cache_written(prompt, counts, cached)
         if kind != "turn":
             return await self._answer(request, body, [{"type": "text", "text": "<summary>None</summary>"}],
-                                      "end_turn", tokens, cached)
+                                      "end_turn", tokens, cached, written=written)
         blocks, stop = self._turn_output(body, messages)
         compaction = edited.compaction(tokens)
         if compaction is None:
-            return await self._answer(request, body, blocks, stop, tokens, cached, edited.applied)
+            return await self._answer(request, body, blocks, stop, tokens, cached, edited.applied, written=written)
         block = {"type": "compaction", "content": summary_text(orjson.dumps(edited.messages).decode())}
         self._compactions.add(block["content"])
         after = sum(self.prompt_counts({**body, "messages": [{"role": "assistant", "content": [block]}]})[1])
@@ -253,11 +261,15 @@ class FakeMessages(Recorder):
 
     async def _answer(self, request: web.Request, body: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
                       tokens: int, cached: int, applied: list[dict[str, Any]] | None = None,
-                      iterations: list[dict[str, Any]] | None = None) -> web.StreamResponse:
+                      iterations: list[dict[str, Any]] | None = None, written: int = 0) -> web.StreamResponse:
         """The answer; with ``context_management`` in the request, the edits it applied, and the iterations'
-        usage after a compaction (top-level usage is the message iteration's, as the API reports it)."""
-        usage: dict[str, Any] = {"input_tokens": tokens - cached, "cache_creation_input_tokens": 0,
+        usage after a compaction (top-level usage is the message iteration's, as the API reports it). ``written``:
+        the tokens the prompt cache took (``cache_written``), billed as cache creation rather than input; the usage is
+        kept with the request's record."""
+        usage: dict[str, Any] = {"input_tokens": tokens - cached - written, "cache_creation_input_tokens": written,
                                  "cache_read_input_tokens": cached, "output_tokens": 11}
+        if self.requests:
+            self.requests[-1].usage = usage
         managed = {"context_management": {"applied_edits": applied or []}} if edits_of(body) else {}
         message = {"id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
                    "model": body.get("model"), "content": blocks, "stop_reason": stop, "stop_sequence": None,
@@ -269,12 +281,26 @@ class FakeMessages(Recorder):
         events: list[dict[str, Any]] = [{"type": "message_start", "message": start}, {"type": "ping"}]
         for index, block in enumerate(blocks):
             events.extend(_block_events(index, block))
-        final = {"output_tokens": usage["output_tokens"], **({"input_tokens": tokens - cached,
+        final = {"output_tokens": usage["output_tokens"], **({"input_tokens": tokens - cached - written,
                                                                 "iterations": iterations} if iterations else {})}
         events.append({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
                        "usage": final, **managed})
         events.append({"type": "message_stop"})
         return await _stream(request, events)
+
+
+def uncontrolled(value: Any) -> Any:
+    """``value`` without its ``cache_control`` markers, at any depth."""
+    if isinstance(value, dict):
+        return {key: uncontrolled(item) for key, item in value.items() if key != "cache_control"}
+    return [uncontrolled(item) for item in value] if isinstance(value, list) else value
+
+
+def cache_written(prompt: list[Any], counts: list[int], cached: int) -> int:
+    """What the API writes to its prompt cache for a prompt (tools, system, messages): the tokens past the cached
+    prefix up to the last part carrying a ``cache_control`` breakpoint (none: nothing is written)."""
+    marked = [index for index, part in enumerate(prompt) if b'"cache_control"' in orjson.dumps(part)]
+    return max(0, sum(counts[:marked[-1] + 1]) - cached) if marked else 0
 
 
 def edits_of(body: dict[str, Any]) -> list[dict[str, Any]]:

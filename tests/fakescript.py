@@ -101,6 +101,8 @@ class Recorded:
     kind: str
     tokens: int | None = None
     status: int = 200
+    #: The usage the fake billed for it (tests/fakemessages.py records it).
+    usage: dict[str, Any] | None = None
 
 
 def content_text(value: Any) -> str:

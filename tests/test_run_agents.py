@@ -66,6 +66,8 @@ EXIT_LINE = re.compile(
     r"(?P<cause>.+?)\))?, (?P<kinds>.+?), (?P<client>[\d,]+) tokens sent by the client, (?P<model>[\d,]+) seen by "
     r"the model \((?P<cached>[\d,]+) cached\), (?P<saved>-?[\d,]+) saved(?:, about \$(?P<dollars>-?[\d,.]+))?"
     r"(?: \(net: (?P<gross>[\d,]+) taken out of requests, (?P<costs>[\d,]+) spent on [\d,]+ summary calls?\))?"
+    r"(?:; cache writes caused: (?P<writes>[\d,]+) tokens(?:, \$[\d,.]+)?)?(?:; prefix changes: [^;]+)?"
+    r"(?:; re-write factor [\d.]+)?(?:; the proxy cost more than it saved)?"
     r"(?:; log (?P<log>\S+))?; inspector(?:: (?P<command>ctxproxy serve .+?), then)? (?P<inspector>\S+)")
 KIND = re.compile(r"(?P<n>[\d,]+) (?P<kind>summar(?:y|ies)|masking batch(?:es)?|model-free checkpoints?)")
 KINDS = {"summar": "summaries", "maskin": "masking", "model-": "model_free"}
@@ -143,7 +145,8 @@ def check_figures(figures: dict[str, Any], totals: UsageTotals, checkpoints: int
         totals.client_tokens, totals.model_tokens, totals.cached_tokens, totals.saved_tokens)
     assert totals.model_tokens == sum(t.tokens for t in turns), "usage as the upstream reported it"
     assert totals.gross_saved_tokens > 0 and totals.client_tokens == totals.model_tokens + totals.gross_saved_tokens
-    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens
+    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens - totals.caused_write_tokens
+    assert int((figures["writes"] or "0").replace(",", "")) == totals.caused_write_tokens
     assert totals.gross_cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model))
     assert figures["dollars"] == f"{totals.cost_saved:,.2f}".replace(",", "")
 

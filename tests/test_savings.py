@@ -84,7 +84,10 @@ def test_usage_where_reported_the_view_where_not_and_the_saved_part_at_the_model
                                 "model_tokens": 1_100 + 2_200 + 2_500, "saved_tokens": saved,
                                 "client_tokens": 1_100 + 2_200 + 2_500 + saved, "cost_saved": dollars,
                                 "gross_saved_tokens": saved, "gross_cost_saved": dollars,
-                                "summary_calls": 0, "summary_tokens": 0, "summary_cost": None}
+                                "summary_calls": 0, "summary_tokens": 0, "summary_cost": None,
+                                "cache_write_tokens": 0, "peak_tokens": 2_500, "rewrite_factor": None,
+                                "prefix_changes": {"compaction": 0, "masking": 0, "client": 0, "ttl": 0},
+                                "caused_write_tokens": 0, "caused_write_cost": None}
     assert saved_text(totals) == ("12,300 tokens sent by the client, 5,800 seen by the model (1,024 cached), "
                                   f"6,500 saved, about ${saved * litellm_price('gpt-4o'):,.2f}")
 
@@ -250,10 +253,11 @@ async def test_each_summary_entry_carries_its_calls_usage_and_every_surface_subt
 
     totals = fold_stored(facts)
     assert totals.summary_tokens == sum(p + c for p, c in billed) > 0
-    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens
+    assert totals.saved_tokens == totals.gross_saved_tokens - totals.summary_tokens - totals.caused_write_tokens
     model = "gpt-4o-2024-08-06"
     summary_dollars = sum(p * litellm_price(model) + c * output_price(model) for p, c in billed)
-    assert totals.cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model) - summary_dollars)
+    assert totals.cost_saved == pytest.approx(totals.gross_saved_tokens * litellm_price(model) - summary_dollars
+                                              - (totals.caused_write_cost or 0.0))
 
     admin = {"Authorization": f"Bearer {TOKEN}"}
     listed = await (await proxy.get("/admin/savings", headers=admin)).json()

@@ -32,10 +32,11 @@ from proxy.http.relay import (
     RelayTiming,
     ReplySink,
 )
-from proxy.keys import client_key, history_key, tracing_key
+from proxy.keys import client_key, history_key, prefixes_key, tracing_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow
-from proxy.savings import dollars_saved
+from proxy.prefixes import PROXY_CAUSES
+from proxy.savings import cache_write_price, cache_writes, dollars_saved
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
@@ -174,7 +175,9 @@ class Turn:
             if self.settings.shadow:  # what went upstream is what the client sent: nothing was saved
                 tokens = {"client": tokens["client"], "view": tokens["client"], "shadow_view": tokens["view"]}
             model = answered or self.parsed.model  # what the upstream bills; the client's name where it gave none
-            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens, "model": model}
+            prefix = self.prefix(view)
+            extra: dict[str, Any] = {"dialect": dialect.name, "view": view_info, "tokens": tokens, "model": model,
+                                     "prefix": prefix}
             if usage is not None:
                 extra["usage"] = usage
             if not complete:
@@ -192,11 +195,38 @@ class Turn:
                                    extra_opening={"opening": subagents.opening(dialect, self.parsed)})
                 saved = max(0, tokens["client"] - tokens["view"])
                 self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
+                written = cache_writes(usage, tokens["view"], prefix["kept_tokens"])
+                price = cache_write_price(model)
+                prompt = dialect.prompt_tokens(usage) if usage is not None else None
+                growth = self.request.app[prefixes_key].grow(self.key, prompt if prompt is not None else tokens["view"])
+                self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, written,
+                                         prefix["cause"] in PROXY_CAUSES,
+                                         written * price if written and price is not None else None, growth)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
 
         return sink
+
+    def prefix(self, view: PreparedView) -> dict[str, Any]:
+        """How what went upstream compares with the session's previous request (``proxy.prefixes``): the reply
+        entry's ``prefix``. ``kept_tokens``: the proxy's count of the part shared (0 when the cache had lapsed)."""
+        dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
+        if self.settings.shadow:  # what went upstream is the client's conversation
+            sent, digests, checkpoint = items, list(hashes), None
+        else:
+            known = {id(item): digest for item, digest in zip(items, hashes, strict=True)}
+            sent = view.messages
+            digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
+            checkpoint = view.checkpoint
+        change = self.request.app[prefixes_key].compare(self.key, digests, hashes, checkpoint)
+        if change.cause == "ttl":
+            return change.entry(0)
+        counter = self.engine.counter
+        past = sum(counter.message_tokens(dialect, message, digest)
+                   for message, digest in zip(sent[change.kept:], digests[change.kept:], strict=True))
+        total = view.estimate.local if not self.settings.shadow else (self.tokens or {}).get("client", 0)
+        return change.entry(max(0, total - past))
 
     def request_tokens(self, view: PreparedView) -> dict[str, int]:
         """The proxy's count of what the client sent and of the view sent instead (``proxy.savings``); the

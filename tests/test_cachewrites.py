@@ -1,0 +1,162 @@
+"""Who broke the prompt cache, and what it cost: prefix changes by cause, the cache writes they billed, the
+re-write factor, and savings net of the writes the proxy's own changes caused (proxy.prefixes, proxy.savings)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.keys import prefixes_key, store_key
+from proxy.savings import UsageTotals, cache_write_price, saved_text
+from proxy.sessions import tenant_of
+from proxy.store.base import SessionKey
+from tests.fakemessages import FakeMessages, uncontrolled
+from tests.fakescript import Recorded, Script
+from tests.proxyfixtures import read_log
+from tests.scripted import KEY, Claude, rig
+from tests.test_savings import fold, question, reply
+from tests.test_savings import summary as summary_entry
+
+TOKEN = "admin-secret"
+
+
+class Marking(Claude):
+    """Claude Code's caching: content as blocks, a ``cache_control`` breakpoint on the last block of the last message,
+    moved each turn."""
+
+    def body(self, **extra: Any) -> dict[str, Any]:
+        body = super().body(**extra)
+        *earlier, last = [{**m, "content": m["content"] if isinstance(m["content"], list) else [
+            {"type": "text", "text": m["content"]}]} for m in body["messages"]]
+        marked = [*last["content"][:-1], {**last["content"][-1], "cache_control": {"type": "ephemeral"}}]
+        return {**body, "messages": [*earlier, {**last, "content": marked}]}
+
+
+async def figures(proxy: Any) -> dict[str, float]:
+    """``/metrics`` as ``name{labels}`` → value."""
+    text = await (await proxy.get("/metrics")).text()
+    return {sample.name + "".join(f"{{{k}={v}}}" for k, v in sample.labels.items()): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+async def totals_of(proxy: Any, session: str) -> UsageTotals:
+    totals = UsageTotals()
+    for fact in await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), session)):
+        totals.add(fact)
+    return totals
+
+
+def billed(record: Recorded, *parts: str) -> int:
+    assert record.usage is not None
+    return sum(int(record.usage.get(part) or 0) for part in parts)
+
+
+async def test_the_proxys_prefix_changes_are_counted_by_cause_and_their_billed_cache_writes_come_off_the_savings(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Through the Messages door, against a fake that bills cache creation as Anthropic does (tokens past the longest
+    cached prefix): the requests whose prompt (breakpoints aside) does not extend the previous one are the prefix
+    changes the metric counts (all the proxy's: the client only appends), the cache writes they were billed are
+    what the savings are net of, beside the summary calls' billed tokens, and /admin/savings shows the re-write
+    factor (and /metrics the peak it is over)."""
+    fake = FakeMessages(Script(steps=20))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=3000, admin_token=TOKEN)
+    client = Marking(proxy)
+    for _ in range(12):
+        await client.step()
+    turns = fake.turns()
+    assert len(turns) == 12
+    prompts = [uncontrolled(fake.prompt_counts(turn.body)[0]) for turn in turns]
+    changed = [turn for previous, prompt, turn in zip(prompts, prompts[1:], turns[1:], strict=False)
+               if prompt[:len(previous)] != previous]
+    caused = sum(billed(turn, "cache_creation_input_tokens") for turn in changed)
+    summaries = [r for r in fake.requests if r.kind == "summary"]
+    assert changed and caused > 0 and summaries
+
+    metrics = await figures(proxy)
+    by_cause = {cause: metrics.get(f"ctxproxy_prefix_changes_total{{cause={cause}}}", 0.0)
+                for cause in ("compaction", "masking", "client", "ttl")}
+    assert sum(by_cause.values()) == len(changed) and by_cause["compaction"] >= 1
+    assert by_cause["client"] == by_cause["ttl"] == 0
+    written = sum(billed(turn, "cache_creation_input_tokens") for turn in turns)
+    assert metrics["ctxproxy_cache_write_tokens_total"] == written
+
+    totals = await totals_of(proxy, client.session)
+    assert totals.caused_write_tokens == caused
+    summary_tokens = sum(billed(r, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
+                                "output_tokens") for r in summaries)
+    assert totals.summary_tokens == summary_tokens
+    assert totals.saved_tokens == totals.gross_saved_tokens - summary_tokens - caused
+    assert metrics["ctxproxy_tokens_saved_total"] == totals.saved_tokens
+    price = cache_write_price("claude-opus-5-5")
+    assert price is not None and totals.caused_write_cost == pytest.approx(caused * price)
+
+    listed = await (await proxy.get("/admin/savings", headers={"Authorization": f"Bearer {TOKEN}"})).json()
+    row = listed["sessions"][0]
+    peak = max(turn.tokens or 0 for turn in turns)
+    assert row["cache_write_tokens"] == written and row["peak_tokens"] == peak
+    assert row["rewrite_factor"] == pytest.approx(written / peak)
+    assert metrics["ctxproxy_peak_context_tokens_total"] == peak  # the factor in /metrics: writes over it
+    assert row["prefix_changes"] == {cause: int(count) for cause, count in by_cause.items()}
+    assert row["saved_tokens"] == totals.saved_tokens and row["caused_write_tokens"] == caused
+
+
+async def test_a_prefix_whose_cache_lapsed_counts_as_ttl_not_as_the_proxys(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """With the clock moved past the cache's five minutes between two requests (an injected clock, no sleep), the
+    second one's rewrite is the TTL's: counted as ``ttl`` and not subtracted from what was saved."""
+    fake = FakeMessages(Script(steps=20))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake)
+    now = [1_000.0]
+    proxy.server.app[prefixes_key].clock = lambda: now[0]
+    client = Marking(proxy)
+    await client.step()
+    now[0] += 60
+    await client.step()
+    now[0] += 301
+    await client.step()
+    metrics = await figures(proxy)
+    assert metrics.get("ctxproxy_prefix_changes_total{cause=ttl}") == 1
+    assert all(metrics.get(f"ctxproxy_prefix_changes_total{{cause={cause}}}", 0.0) == 0
+               for cause in ("compaction", "masking", "client"))
+    replies = [f for f in await read_log(proxy.server.app[store_key], SessionKey(tenant_of(KEY), client.session))
+               if f.source == "upstream"]
+    assert [f.extra["prefix"]["cause"] for f in replies] == [None, None, "ttl"]
+    totals = await totals_of(proxy, client.session)
+    assert totals.prefix_changes["ttl"] == 1 and totals.caused_write_tokens == 0
+
+
+def test_a_session_whose_cache_writes_outweigh_what_it_saved_says_it_cost_more() -> None:
+    """A compaction that took 100 tokens out of a request but made it rewrite 2,000 to the cache: net below 0, in
+    dollars at the model's cache-write price, and the line for people says the proxy cost more than it saved."""
+    usage = {"input_tokens": 10, "cache_creation_input_tokens": 2_000, "cache_read_input_tokens": 0,
+             "output_tokens": 5}
+    prefix = {"changed": True, "cause": "compaction", "kept_tokens": 0}
+    answered = reply(1, 2_110, 2_010, usage, model="claude-opus-5-5", dialect="messages")
+    answered.extra["prefix"] = prefix
+    totals = fold(question(0), answered, summary_entry(2, None, model="claude-opus-5-5", calls=0))
+    assert totals.caused_write_tokens == 2_000 and totals.saved_tokens == 100 - 2_000
+    price = cache_write_price("claude-opus-5-5")
+    assert price is not None and totals.cost_saved is not None and totals.cost_saved < 0
+    assert "cache writes caused: 2,000 tokens" in saved_text(totals)
+    assert "1 compaction" in saved_text(totals) and "cost more than it saved" in saved_text(totals)
+
+
+async def test_a_client_that_rewinds_its_history_broke_the_prefix_itself(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """A client that drops its last turn and asks again changed the prefix: ``client``, not the proxy's cost."""
+    fake = FakeMessages(Script(steps=20))
+    proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake)
+    client = Marking(proxy)
+    for _ in range(3):
+        await client.step()
+    del client.messages[-4:]  # two answers and their tool results: the client rewinds to before its last request
+    await client.step()
+    metrics = await figures(proxy)
+    assert metrics.get("ctxproxy_prefix_changes_total{cause=client}") == 1
+    assert all(metrics.get(f"ctxproxy_prefix_changes_total{{cause={cause}}}", 0.0) == 0
+               for cause in ("compaction", "masking", "ttl"))
+    totals = await totals_of(proxy, client.session)
+    assert totals.prefix_changes["client"] == 1 and totals.caused_write_tokens == 0
