@@ -215,8 +215,12 @@ class Turn:
         if self.settings.shadow:  # what went upstream is the client's conversation
             sent, digests, checkpoint = items, list(hashes), None
         else:
-            known = {id(item): digest for item, digest in zip(items, hashes, strict=True)}
             sent = view.messages
+            # The client's items a view holds are its leading system items and a tail no longer than the view:
+            # looked up there, so the work grows with the view, not with the whole history.
+            reach = len(sent)
+            known = {id(item): digest for item, digest in zip(items[:reach], hashes[:reach], strict=True)}
+            known.update((id(item), digest) for item, digest in zip(items[-reach:], hashes[-reach:], strict=True))
             digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
             checkpoint = view.checkpoint
         change = self.request.app[prefixes_key].compare(self.key, digests, hashes, checkpoint)
