@@ -188,7 +188,8 @@ async def test_view_is_what_the_next_request_sends_upstream(make_proxy, fake: Fa
     assert {k: usage[k] for k in ("replies", "cached_tokens", "prompt_tokens", "model_tokens")} == {
         "replies": len(replies), "cached_tokens": 0, "prompt_tokens": prompt, "model_tokens": prompt}
     assert usage["gross_saved_tokens"] > 0 and usage["client_tokens"] == prompt + usage["gross_saved_tokens"]
-    assert usage["saved_tokens"] == usage["gross_saved_tokens"] - usage["summary_tokens"]
+    assert usage["saved_tokens"] == (usage["gross_saved_tokens"] - usage["summary_tokens"]
+                                    - usage["caused_write_tokens"])
     assert "FACT-Kestrel5" in orjson.dumps(view["messages"]).decode()
 
     resp = await chat(proxy, replay(facts), "viewed")  # the client resends exactly what the log holds
@@ -208,7 +209,13 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
                     "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": prompt, "cached_tokens": 0,
                                                   "client_tokens": prompt, "model_tokens": prompt, "saved_tokens": 0,
                                                   "cost_saved": 0.0, "gross_saved_tokens": 0, "gross_cost_saved": 0.0,
-                                                  "summary_calls": 0, "summary_tokens": 0, "summary_cost": None}}
+                                                  "summary_calls": 0, "summary_tokens": 0, "summary_cost": None,
+                                                  # a first request writes its whole prompt to the cache
+                                                  "cache_write_tokens": prompt, "peak_tokens": prompt,
+                                                  "rewrite_factor": 1.0,
+                                                  "prefix_changes": {"compaction": 0, "masking": 0, "client": 0,
+                                                                     "ttl": 0},
+                                                  "caused_write_tokens": 0, "caused_write_cost": None}}
     assert view["estimate"] > 0
 
 
