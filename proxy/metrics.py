@@ -237,19 +237,19 @@ class Metrics:
         if dollars is not None and dollars > 0:
             self.cost_saved.inc(dollars)
 
-    def prefix_seen(self, cause: str | None, written: int | None, caused: bool, dollars: float | None,
+    def prefix_seen(self, cause: str | None, written: int | None, caused: int, dollars: float | None,
                     peak_growth: int = 0) -> None:
         """Count one request's prefix change (``cause`` None: unchanged), cache writes and how much it raised its
-        session's peak prompt; the writes the proxy ``caused`` come off the savings, as in ``/admin/savings``."""
+        session's peak prompt; the ``caused`` writes (``dollars``) come off the savings, as in ``/admin/savings``."""
         if peak_growth > 0:
             self.peak_tokens.inc(peak_growth)
         if cause is not None:
             self.prefix_changes.labels(cause=cause).inc()
         if written:
             self.cache_writes.inc(written)
-            if caused:
-                self.tokens_saved.dec(written)
-                self.cost_saved.dec(dollars or 0.0)
+        if caused:
+            self.tokens_saved.dec(caused)
+            self.cost_saved.dec(dollars or 0.0)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:
         new = key not in self._seen

@@ -52,15 +52,19 @@ class _Seen:
 
 @dataclass(frozen=True)
 class PrefixChange:
-    """One request's prefix against the previous: ``kept`` items (``kept_tokens`` tokens) shared with it."""
+    """One request's prefix against the previous: ``kept`` items (``kept_tokens`` tokens) shared with it; the
+    client's items from ``added`` on are new since (the previous reply and the client's new messages: what an
+    unchanged prompt would have written to the cache too)."""
 
     changed: bool
     cause: Cause | None
     kept: int
+    added: int = 0
 
-    def entry(self, kept_tokens: int) -> dict[str, Any]:
+    def entry(self, kept_tokens: int, added_tokens: int) -> dict[str, Any]:
         """The reply entry's ``prefix`` field."""
-        return {"changed": self.changed, "cause": self.cause, "kept_tokens": kept_tokens}
+        return {"changed": self.changed, "cause": self.cause, "kept_tokens": kept_tokens,
+                "added_tokens": added_tokens}
 
 
 class PrefixTracker:
@@ -82,14 +86,14 @@ class PrefixTracker:
             self._seen.popitem(last=False)
         if last is None:
             return PrefixChange(False, None, 0)
-        kept = shared(last.view, view)
+        kept, added = shared(last.view, view), len(last.client)
         if now - last.at > self.ttl:
-            return PrefixChange(True, "ttl", 0)
+            return PrefixChange(True, "ttl", 0, added)
         if kept == len(last.view):
-            return PrefixChange(False, None, kept)
+            return PrefixChange(False, None, kept, added)
         if shared(last.client, client) < len(last.client):
-            return PrefixChange(True, "client", kept)
-        return PrefixChange(True, checkpoint_cause(checkpoint, last.checkpoint), kept)
+            return PrefixChange(True, "client", kept, len(client))
+        return PrefixChange(True, checkpoint_cause(checkpoint, last.checkpoint), kept, added)
 
     def grow(self, key: SessionKey, prompt: int) -> int:
         """By how much ``prompt`` tokens raise the session's peak (0: not past it): what ``/metrics`` sums so that

@@ -30,9 +30,11 @@ past the prefix it kept. The writes of a request whose prefix the proxy changed
 (cause ``compaction`` or ``masking``; not ``client`` nor ``ttl``) are a cost of
 compacting too, at the model's cache-write price (the map's
 ``cache_creation_input_token_cost``, else 1.25 times the input price for an
-Anthropic model), and come off the net figures. They include the new turn's own
-tokens, which an unchanged prefix would have written as well, so the cost is an
-upper bound by a turn's worth. The re-write factor is all the cache writes over
+Anthropic model), and come off the net figures: those writes less the request's
+new items (``prefix.added_tokens``: the previous reply and the client's new
+messages, which an unchanged prefix would have written as well; scaled to the
+upstream's tokenizer by its prompt count over the proxy's), never below 0.
+The re-write factor is all the cache writes over
 the session's peak context (the largest prompt): 1.0 when every token was
 written once.
 
@@ -94,13 +96,15 @@ def cache_write_price(model: str | None) -> float | None:
     return base * ANTHROPIC_WRITE_FACTOR if base is not None and anthropic else None
 
 
-def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int] | None:
-    """(changed, cause, kept_tokens) of a reply entry's ``prefix``, or None for one logged without it."""
+def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int, int] | None:
+    """(changed, cause, kept_tokens, added_tokens) of a reply entry's ``prefix``, or None for one logged without
+    it (``added_tokens`` 0 where an entry predates it: its caused writes are then an upper bound)."""
     prefix = fact.extra.get("prefix")
     if not isinstance(prefix, Mapping) or not isinstance(kept := prefix.get("kept_tokens"), int):
         return None
-    cause = prefix.get("cause")
-    return bool(prefix.get("changed")), cause if isinstance(cause, str) else None, kept
+    cause, added = prefix.get("cause"), prefix.get("added_tokens")
+    return (bool(prefix.get("changed")), cause if isinstance(cause, str) else None, kept,
+            added if isinstance(added, int) else 0)
 
 
 def cache_writes(usage: Mapping[str, Any] | None, view_tokens: int, kept_tokens: int | None) -> int | None:
@@ -110,6 +114,18 @@ def cache_writes(usage: Mapping[str, Any] | None, view_tokens: int, kept_tokens:
     if isinstance(reported, int):
         return reported
     return max(0, view_tokens - kept_tokens) if kept_tokens is not None else None
+
+
+def caused_writes(usage: Mapping[str, Any] | None, written: int | None, added_tokens: int, prompt: int | None,
+                  view_tokens: int) -> int:
+    """The cache writes a prefix change the proxy made is charged for: those beyond what the unchanged prompt would
+    have written anyway, its new items (the previous reply and the client's new messages, ``added_tokens``).
+    ``added_tokens`` is the proxy's count: where the upstream reported the writes, it is scaled to the upstream's
+    tokenizer by the request's ``prompt`` (reported) over ``view_tokens`` (the proxy's count of the same prompt)."""
+    reported = usage is not None and isinstance(usage.get("cache_creation_input_tokens"), int)
+    if reported and prompt and view_tokens:
+        added_tokens = round(added_tokens * prompt / view_tokens)
+    return max(0, (written or 0) - added_tokens)
 
 
 @dataclass(frozen=True)
@@ -238,9 +254,10 @@ class UsageTotals:
         cause = prefix[1]
         self.prefix_changes[cause] += 1
         if cause in PROXY_CAUSES:
-            self.caused_write_tokens += written
+            caused = caused_writes(usage, written, prefix[3], prompt, view)
+            self.caused_write_tokens += caused
             price = cache_write_price(model)
-            self.caused_write_cost = _add(self.caused_write_cost, written * price if price is not None else None)
+            self.caused_write_cost = _add(self.caused_write_cost, caused * price if price is not None else None)
 
     def merge(self, other: UsageTotals) -> None:
         """Add another session's totals (for a total over sessions)."""

@@ -36,7 +36,7 @@ from proxy.keys import client_key, history_key, prefixes_key, tracing_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow
 from proxy.prefixes import PROXY_CAUSES
-from proxy.savings import cache_write_price, cache_writes, dollars_saved
+from proxy.savings import cache_write_price, cache_writes, caused_writes, dollars_saved
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
@@ -199,9 +199,10 @@ class Turn:
                 price = cache_write_price(model)
                 prompt = dialect.prompt_tokens(usage) if usage is not None else None
                 growth = self.request.app[prefixes_key].grow(self.key, prompt if prompt is not None else tokens["view"])
-                self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, written,
-                                         prefix["cause"] in PROXY_CAUSES,
-                                         written * price if written and price is not None else None, growth)
+                caused = (caused_writes(usage, written, prefix["added_tokens"], prompt, tokens["view"])
+                          if prefix["cause"] in PROXY_CAUSES else 0)
+                self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, written, caused,
+                                         caused * price if caused and price is not None else None, growth)
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
@@ -224,13 +225,15 @@ class Turn:
             digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
             checkpoint = view.checkpoint
         change = self.request.app[prefixes_key].compare(self.key, digests, hashes, checkpoint)
-        if change.cause == "ttl":
-            return change.entry(0)
         counter = self.engine.counter
+        added = sum(counter.message_tokens(dialect, message, digest)
+                    for message, digest in zip(items[change.added:], hashes[change.added:], strict=True))
+        if change.cause == "ttl":
+            return change.entry(0, added)
         past = sum(counter.message_tokens(dialect, message, digest)
                    for message, digest in zip(sent[change.kept:], digests[change.kept:], strict=True))
         total = view.estimate.local if not self.settings.shadow else (self.tokens or {}).get("client", 0)
-        return change.entry(max(0, total - past))
+        return change.entry(max(0, total - past), added)
 
     def request_tokens(self, view: PreparedView) -> dict[str, int]:
         """The proxy's count of what the client sent and of the view sent instead (``proxy.savings``); the
