@@ -88,7 +88,8 @@ async def test_the_demo_compacts_with_every_tier_offline_and_reports_it(tmp_path
     assert figures["client_tokens"] > 2 * figures["model_tokens"] > 0, figures
     assert figures["constraint_kept"] is True and figures["edit_kept"] is True
     free = figures["model_free"]
-    assert f"{figures['masking']} masking batches" in stdout
+    batches = figures["masking"]
+    assert f"{batches} masking batch{'' if batches == 1 else 'es'} (" in stdout
     assert f"{free} model-free checkpoint{'' if free == 1 else 's'} (" in stdout
     assert "the user's constraint verbatim: yes" in stdout and "the current text of app/cli.py: yes" in stdout
     # The demo's own store in the user's state dir, never the one serve and run use.
