@@ -39,9 +39,9 @@ def derived(facts: list[StoredFact]) -> list[str]:
 
 
 async def test_the_engine_records_the_tier_of_every_checkpoint_it_writes(make_proxy: Any, fake: FakeUpstream) -> None:
-    # Masking batches and summaries in 4,000 tokens (tests/test_ui.py); the model-free tier when every summary
-    # fails in 3,000, where each view past the threshold is past the hard limit.
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    # Masking batches and summaries in 4,000 tokens with the last output kept whole (tests/test_ui.py); the
+    # model-free tier when every summary fails in 3,000, where each view past the threshold is past the hard limit.
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2, keep_tool_outputs=1)
     await agent_session(proxy, fake, "s1", 10)
     fake.summary_mode = "fail"
     failing = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2, keep_tool_output_share=1.0)

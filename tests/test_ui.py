@@ -247,7 +247,7 @@ async def test_the_log_is_escaped_everywhere(make_proxy, fake) -> None:
 
 
 async def test_one_point_per_upstream_request_and_one_mark_per_checkpoint(make_proxy, fake) -> None:
-    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2)
+    proxy = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2, keep_tool_outputs=1)
     await sign_in(proxy)
     await agent_session(proxy, fake, "s1", 10)
     facts = await read_log(proxy.app[store_key], SessionKey(TENANT, "s1"))

@@ -350,10 +350,10 @@ async def tier_colours(browser: Browser) -> dict[str, tuple[str, str]]:
 
 
 async def test_each_compaction_tier_has_its_own_words_colour_and_legend(make_proxy, fake, browser: Browser) -> None:
-    # In 3,000 two masking batches come before a summary (see above); with every summary failing and masking off,
-    # the model-free tier stands in (tests/test_ui.py).
-    made = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2)
-    await agent_session(made, fake, "tiers", 8)
+    # In 4,000 with the last output kept whole, masking batches and a summary in 10 rounds (tests/test_ui.py); with
+    # every summary failing and masking off, the model-free tier stands in.
+    made = await ui_proxy(make_proxy, context_window=4000, min_retain_rounds=2, keep_tool_outputs=1)
+    await agent_session(made, fake, "tiers", 10)
     failing = await ui_proxy(make_proxy, context_window=3000, min_retain_rounds=2, keep_tool_output_share=1.0)
     fake.summary_mode = "fail"
     await agent_session(failing, fake, "left", 6)
@@ -381,8 +381,9 @@ async def test_a_codex_session_has_one_bar_per_upstream_request(aiohttp_server, 
     """Codex's replies are a reasoning item and a message (or call) each, logged as two entries with one usage:
     one request, one bar. Its instructions are no message, so masking starts at message 0: no range "0 to -1"."""
     fake = FakeResponses(Script(steps=12))
+    # In 8,000 masking batches alone carry the 13 steps (in 6,000, where a batch waits for five outputs, a summary).
     proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, admin_token=Secret(TOKEN),
-                      context_window=6000)
+                      context_window=8000)
     codex = Codex(proxy, session="codex-ui", output=lambda command: command + "\n" + " ".join(
         f"line {i} of {command}" for i in range(200)))
     for _ in range(13):
