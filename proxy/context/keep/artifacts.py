@@ -33,8 +33,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from proxy.context.items import ItemModel, get_path
-from proxy.context.keep.artifactparse import NAME_CHARS, clip, command_text, outcome, patch_files, patch_in_command
-from proxy.context.keep.artifactparse import parsed_arguments as parsed_arguments  # read here by the working set
+from proxy.context.keep.artifactparse import (
+    NAME_CHARS,
+    clip,
+    command_text,
+    outcome,
+    parsed_arguments,
+    patch_files,
+    patch_in_command,
+)
 from proxy.context.view.masking import output_text
 from proxy.types import Message
 

@@ -56,7 +56,7 @@ from typing import Any
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel
-from proxy.context.keep.artifactparse import patch_files, patch_in_command
+from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patch_in_command
 from proxy.context.keep.artifacts import (
     DESTINATION_KEYS,
     EDITOR_COMMANDS,
@@ -67,7 +67,6 @@ from proxy.context.keep.artifacts import (
     calls_in,
     command_of,
     failed,
-    parsed_arguments,
     patch_of,
     results_of,
 )
