@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from bench.workingset import strings
+from proxy.context.keep.literals import strings
 from proxy.sessions import credential, tenant_of
 from proxy.store.base import FactLog, SessionKey
 from tests.agents import AgentRun, run_claude, run_codex
@@ -84,7 +84,7 @@ def expected(edits: list[tuple[str, str]], second: str) -> tuple[str, str]:
 def sections(body: Any) -> dict[str, tuple[int, str]]:
     """The working set's whole-file sections in a request: path -> (log entry, text)."""
     found: dict[str, tuple[int, str]] = {}
-    for string in strings(body):
+    for string in strings(body, []):
         for match in SECTION.finditer(string):
             text = match.group("text")
             if match.group("bare"):  # the line before the fence ends with a newline that is not the file's
