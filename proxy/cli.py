@@ -23,11 +23,10 @@ from proxy import preflight, render
 from proxy.demo.command import demo
 from proxy.errors import StoreError
 from proxy.launch.command import run
-from proxy.launch.run import redacted
 from proxy.logs import default_log_config
 from proxy.savings import SavingsCache, saved_text
 from proxy.serveflags import option_groups, serve_options, settings_from, store_option
-from proxy.settings import Settings, default_store_url
+from proxy.settings import Settings, default_store_url, redacted
 from proxy.store import FactLog, SessionKey, open_store
 from proxy.store.base import MAX_SEQ
 

@@ -26,8 +26,7 @@ from urllib.parse import urlsplit
 import click
 
 from proxy.errors import StoreError
-from proxy.launch.run import redacted
-from proxy.settings import Settings
+from proxy.settings import Settings, redacted
 from proxy.store import open_store, sqlite_path
 from proxy.upstream import os_error_words
 

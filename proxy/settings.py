@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import platformdirs
 
@@ -211,3 +211,12 @@ def _coerce(name: str, raw: str) -> Any:
     except ValueError:
         raise ValueError(f"CTXPROXY_{name.upper()} must be a number, got {raw!r}") from None
     return raw
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))

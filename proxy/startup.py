@@ -12,8 +12,7 @@ import os
 from collections.abc import Mapping
 
 from proxy import tracing
-from proxy.launch.run import redacted
-from proxy.settings import Settings
+from proxy.settings import Settings, redacted
 
 
 def root_url(settings: Settings) -> str:

@@ -49,7 +49,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import platformdirs
@@ -61,7 +61,7 @@ from proxy.errors import ProxyError
 from proxy.launch.agents import AGENTS, Plan, Target, agent_environ, agent_plan
 from proxy.savings import SavingsCache, UsageTotals, saved_text
 from proxy.sessions import credential, tenant_of
-from proxy.settings import Settings
+from proxy.settings import Settings, redacted
 from proxy.store import open_store
 from proxy.store.base import SessionInfo, SessionKey
 
@@ -106,15 +106,6 @@ def new_session(agent: str, clock: float | None = None) -> str:
 def served_root(settings: Settings, proxy: str | None) -> str:
     """The proxy the agent talks to: ``--proxy``, else where ``serve`` with the same flags listens."""
     return (proxy or f"http://{settings.host}:{settings.port}").rstrip("/")
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, fit to print."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class MemoryFiles:
