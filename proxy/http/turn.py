@@ -192,7 +192,7 @@ class Turn:
                                    upstream_from=len(items), extra_upstream=extra,
                                    extra_client={"dialect": dialect.name}, extra_rewind=self.rewind_extra,
                                    after_response=previous if isinstance(previous, str) else None,
-                                   extra_opening={"opening": subagents.opening(dialect, self.parsed)})
+                                   extra_opening=lambda: {"opening": subagents.opening(dialect, self.parsed)})
                 saved = max(0, tokens["client"] - tokens["view"])
                 self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
                 written = cache_writes(usage, tokens["view"], prefix["kept_tokens"])

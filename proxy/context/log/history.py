@@ -312,11 +312,11 @@ class HistoryManager:
         extra_client: Mapping[str, Any] | None = None,
         extra_rewind: Mapping[str, Any] | None = None,
         after_response: str | None = None,
-        extra_opening: Mapping[str, Any] | None = None,
+        extra_opening: Callable[[], Mapping[str, Any]] | None = None,
     ) -> ConversationState:
         """Make the log's head ``messages`` and return the state. With ``after_response``, ``messages`` follow that
         upstream reply (``previous_response_id``) and continue its lineage, when the log has it (else they are
-        taken as a whole conversation). ``extra_opening`` goes with a conversation's first message.
+        taken as a whole conversation). ``extra_opening()`` goes with a conversation's first message.
 
         Raises ``StoreError`` when the store fails; replies from the upstream in
         ``messages`` are then kept in memory and retried in the background.

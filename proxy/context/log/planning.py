@@ -7,7 +7,7 @@ length, so a plan is always made against the log it extends.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from proxy.context.log.lineage import ROOT, ConversationState
@@ -32,7 +32,7 @@ def plan_sync(
     extra_client: Mapping[str, Any] | None = None,
     extra_rewind: Mapping[str, Any] | None = None,
     after: int | None = None,
-    extra_opening: Mapping[str, Any] | None = None,
+    extra_opening: Callable[[], Mapping[str, Any]] | None = None,
 ) -> list[NewFact]:
     """The facts that make the log's head ``messages``: maybe a rewind, then only what the log lacks.
 
@@ -43,7 +43,8 @@ def plan_sync(
     client message whose hash matches a reply kept in ``pending`` is logged as
     that reply, with its upstream source. ``extra_client`` goes with the client's own messages (their
     dialect), ``extra_rewind`` with a rewind (what the client did: e.g. compact its history itself),
-    ``extra_opening`` with a conversation's first message (what it opens with: ``ConversationState.openings``).
+    ``extra_opening()`` with a conversation's first message (what it opens with: ``ConversationState.openings``;
+    called only then, since a request that continues its conversation, nearly every one, needs none).
 
     ``after``: ``messages`` are not a whole conversation but what follows message ``after`` (a Responses
     request with ``previous_response_id`` sends only what is new): they continue the lineage that ends there,
@@ -68,8 +69,8 @@ def plan_sync(
             source, extra = "upstream", extra_upstream
         elif digest in pending:
             source, message, extra = "upstream", pending[digest].message, pending[digest].extra
-        elif offset + i == 0 and extra_opening:
-            extra = {**extra, **extra_opening}
+        elif offset + i == 0 and extra_opening is not None:
+            extra = {**extra, **extra_opening()}
         facts.append(NewFact(kind="message", index=offset + i, source=source, message=message, hash=digest,
                              extra=extra))
     return facts
