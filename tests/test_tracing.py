@@ -39,16 +39,19 @@ from proxy import tracing
 from proxy.app import create_app
 from proxy.cli import main
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION
+from proxy.keys import store_key
 from proxy.otel import OtelTracing
+from proxy.savings import dialect_of
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
+from proxy.store.base import SessionKey
 from tests.fakechat import SHELL as CHAT_SHELL
 from tests.fakechat import FakeChat
 from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
-from tests.proxyfixtures import MASKING_OFF
+from tests.proxyfixtures import MASKING_OFF, read_log
 from tests.proxyproc import ProxyProcess
 from tests.redisproc import free_port
 from tests.scripted import KEY, Claude, Codex, echo
@@ -192,7 +195,10 @@ async def test_a_compacting_request_is_a_span_with_its_compaction_summary_and_up
         "gen_ai.request.model": model}
     assert 0 < attributes["ctxproxy.view_tokens"] < attributes["ctxproxy.client_tokens"]  # type: ignore[operator]
     assert attributes["gen_ai.usage.input_tokens"] > 0 and attributes["gen_ai.usage.output_tokens"] > 0  # type: ignore[operator]
-    assert attributes["gen_ai.usage.cache_read.input_tokens"] >= 0  # type: ignore[operator]
+    facts = await read_log(proxy.server.app[store_key], SessionKey(tenant_of(key), session))
+    reply = [f for f in facts if f.kind == "message" and f.source == "upstream"][-1]  # the log's own figure
+    cached = dialect_of(reply).cached_tokens(reply.extra["usage"]) or 0
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == cached
     if door == "chat":  # the client's trace goes on through the proxy
         assert request.parent is not None and f"{request.parent.span_id:016x}" == PARENT_ID
         assert f"{request.context.trace_id:032x}" == TRACE_ID
