@@ -116,8 +116,8 @@ def checkpoint_cause(checkpoint: Checkpoint | None, previous: Checkpoint | None)
     return "compaction"
 
 
-def shared(old: Sequence[str], new: Sequence[str]) -> int:
-    """How many leading digests ``old`` and ``new`` share (one comparison in C when one extends the other, the
+def shared(old: Sequence[object], new: Sequence[object]) -> int:
+    """How many leading items (digests) ``old`` and ``new`` share (one comparison in C when one extends the other, the
     usual case: a request that changed nothing adds to the end)."""
     length = min(len(old), len(new))
     if tuple(old[:length]) == tuple(new[:length]):

@@ -53,10 +53,6 @@ class Upstream:
     #: Anthropic and Gemini upstreams are given without the version: the request's path carries it.
     versioned_by_path: bool
 
-    @property
-    def host(self) -> str:
-        return urlsplit(self.url).netloc.rpartition("@")[2]
-
 
 def upstreams(settings: Settings) -> list[Upstream]:
     return [Upstream("--upstream", settings.upstream, False),

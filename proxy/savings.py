@@ -49,6 +49,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.context.log.tiers import plural
 from proxy.context.view.window import input_price_for, model_entry, output_price_for
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.prefixes import CAUSES, PROXY_CAUSES
@@ -292,9 +293,9 @@ def saved_text(totals: UsageTotals) -> str:
             f"({totals.cached_tokens:,} cached), {totals.saved_tokens:,} saved")
     text += f", about ${totals.cost_saved:,.2f}" if totals.cost_saved is not None else ""
     if totals.summary_calls:
-        plural = "s" if totals.summary_calls != 1 else ""
-        text += (f" (net: {totals.gross_saved_tokens:,} taken out of requests, {totals.summary_tokens:,} spent "
-                 f"on {totals.summary_calls:,} summary call{plural})")
+        calls = plural(totals.summary_calls, "summary call", "summary calls")
+        text += (f" (net: {totals.gross_saved_tokens:,} taken out of requests, {totals.summary_tokens:,} spent on "
+                 f"{calls})")
     if totals.caused_write_tokens:
         text += f"; cache writes caused: {totals.caused_write_tokens:,} tokens"
         text += f", ${totals.caused_write_cost:,.2f}" if totals.caused_write_cost is not None else ""

@@ -33,6 +33,7 @@ from proxy.context.summary.summarizer import SECTIONS, Complete, SummaryAnswer
 from proxy.context.view.pace import SessionPace
 from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import Dialect
+from proxy.prefixes import shared as common_prefix_length
 from proxy.replay import probes as probing
 from proxy.replay.cost import Prices, prices_for
 from proxy.replay.sources import Recording
@@ -192,7 +193,7 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
             await engine.background.join(KEY)
         view = prepared.messages
         current = [orjson.dumps(m) for m in view]
-        shared = _common(previous, current)
+        shared = common_prefix_length(previous, current)
         if previous and shared < len(previous):
             report.prefix_changes += 1
         cached = sum(engine.counter.message_tokens(dialect, m) for m in view[:shared])
@@ -235,15 +236,6 @@ def _measure(made: Compaction, report: Report, bill: Bill, probes: probing.Probe
     if made.outcome in ("ok", "fallback"):
         made.retention = probing.retention(probes, probing.text_of(view), probing.text_of(request))
     report.compactions.append(made)
-
-
-def _common(before: Sequence[bytes], after: Sequence[bytes]) -> int:
-    count = 0
-    for a, b in zip(before, after, strict=False):
-        if a != b:
-            break
-        count += 1
-    return count
 
 
 @dataclass

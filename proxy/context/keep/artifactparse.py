@@ -24,8 +24,8 @@ import orjson
 NAME_CHARS = 200
 LINE_CHARS = 160
 _SHELLS = frozenset({"bash", "sh", "zsh", "dash", "ksh", "fish", "pwsh", "powershell"})
-_CODEX_FILE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+?)\s*$")
-_CODEX_MOVE = re.compile(r"^\*\*\* Move to: (.+?)\s*$")
+CODEX_FILE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+?)\s*$")
+CODEX_MOVE = re.compile(r"^\*\*\* Move to: (.+?)\s*$")
 _DIFF_OLD = re.compile(r"^--- (?:a/)?(.+?)(?:\t.*)?\s*$")
 _DIFF_NEW = re.compile(r"^\+\+\+ (?:b/)?(.+?)(?:\t.*)?\s*$")
 _GIT_RENAME = re.compile(r"^rename (from|to) (.+?)\s*$")
@@ -64,19 +64,19 @@ def patch_files(patch: str) -> list[tuple[str, str]]:
 
 
 def _has_codex_header(patch: str) -> bool:
-    return any(_CODEX_FILE.match(line) for line in patch.splitlines())
+    return any(CODEX_FILE.match(line) for line in patch.splitlines())
 
 
 def _codex_files(patch: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     current: str | None = None
     for line in patch.splitlines():
-        header = _CODEX_FILE.match(line)
+        header = CODEX_FILE.match(line)
         if header is not None:
             verb, current = header.group(1), header.group(2)
             out.append((current, {"Add": "created", "Update": "edited", "Delete": "deleted"}[verb]))
             continue
-        move = _CODEX_MOVE.match(line)
+        move = CODEX_MOVE.match(line)
         if move is not None and current is not None:
             target = move.group(1)
             out[-1] = (current, f"moved to {target}")

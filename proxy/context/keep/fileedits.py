@@ -28,6 +28,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from proxy.context.keep.artifactparse import CODEX_FILE, CODEX_MOVE
+
 #: A numbered line of Claude Code's ``Read`` (or ``cat -n``): the number, then an arrow or a tab.
 _NUMBERED = re.compile(r" *(\d+)(?:→|\t)")
 #: Claude Code appends reminders to a read's output; they are not the file's.
@@ -101,8 +103,6 @@ class PatchedFile:
     region: tuple[int, int] | None = None
 
 
-_FILE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+?)\s*$")
-_MOVE = re.compile(r"^\*\*\* Move to: (.+?)\s*$")
 
 
 def codex_patch(patch: str, current: dict[str, str]) -> list[PatchedFile]:
@@ -114,7 +114,7 @@ def codex_patch(patch: str, current: dict[str, str]) -> list[PatchedFile]:
     out: list[PatchedFile] = []
     blocks: list[tuple[str, str, list[str]]] = []
     for line in patch.split("\n"):
-        header = _FILE.match(line)
+        header = CODEX_FILE.match(line)
         if header is not None:
             blocks.append((header.group(1), header.group(2), []))
         elif line.startswith("*** End Patch"):
@@ -129,8 +129,8 @@ def codex_patch(patch: str, current: dict[str, str]) -> list[PatchedFile]:
             out.append(PatchedFile(path, "created", "\n".join(lines) + "\n" if lines else "",
                                    region=(1, max(1, len(lines)))))
         else:
-            moved = next((m.group(1) for line in body if (m := _MOVE.match(line))), None)
-            hunks = [line for line in body if not _MOVE.match(line)]
+            moved = next((m.group(1) for line in body if (m := CODEX_MOVE.match(line))), None)
+            hunks = [line for line in body if not CODEX_MOVE.match(line)]
             base = current.get(path)
             applied = _apply_hunks(base, hunks) if base is not None else None
             text, region = applied if applied is not None else (None, None)
