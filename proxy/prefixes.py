@@ -21,6 +21,7 @@ into the reply's log entry (``prefix``), which ``proxy.savings`` folds.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -43,7 +44,10 @@ MAX_SESSIONS = 10_000
 @dataclass(frozen=True)
 class _Seen:
     view: tuple[str, ...]
-    client: tuple[str, ...]
+    #: How many items the client sent, and a digest of them all: enough to tell whether the next request extends
+    #: them, without keeping every digest of a long history.
+    client: int
+    client_digest: bytes
     checkpoint: Checkpoint | None
     at: float
     #: The session's largest prompt so far (``grow``).
@@ -81,17 +85,18 @@ class PrefixTracker:
         checkpoint the view stands on. Remembers this request as the session's last."""
         now = self.clock()
         last = self._seen.pop(key, None)
-        self._seen[key] = _Seen(tuple(view), tuple(client), checkpoint, now, last.peak if last is not None else 0)
+        self._seen[key] = _Seen(tuple(view), len(client), joined(client), checkpoint, now,
+                                last.peak if last is not None else 0)
         while len(self._seen) > self.size:
             self._seen.popitem(last=False)
         if last is None:
             return PrefixChange(False, None, 0)
-        kept, added = shared(last.view, view), len(last.client)
+        kept, added = shared(last.view, view), last.client
         if now - last.at > self.ttl:
             return PrefixChange(True, "ttl", 0, added)
         if kept == len(last.view):
             return PrefixChange(False, None, kept, added)
-        if shared(last.client, client) < len(last.client):
+        if len(client) < last.client or joined(client[:last.client]) != last.client_digest:
             return PrefixChange(True, "client", kept, len(client))
         return PrefixChange(True, checkpoint_cause(checkpoint, last.checkpoint), kept, added)
 
@@ -114,6 +119,11 @@ def checkpoint_cause(checkpoint: Checkpoint | None, previous: Checkpoint | None)
     if checkpoint is not None and derived_tier(checkpoint, previous) == "mask":
         return "masking"
     return "compaction"
+
+
+def joined(digests: Sequence[str]) -> bytes:
+    """One digest of a run of item digests (they are hex or base64: a NUL parts them unambiguously)."""
+    return hashlib.blake2b("\0".join(digests).encode(), digest_size=16).digest()
 
 
 def shared(old: Sequence[object], new: Sequence[object]) -> int:
