@@ -323,16 +323,7 @@ def check(**options: Any) -> None:
 
     settings = settings_from(options)
     url = settings.store
-
-    async def work() -> str | None:
-        try:
-            async with _opened(url) as log:
-                await log.ping()
-        except (StoreError, OSError) as exc:
-            return str(exc) or type(exc).__name__
-        return None
-
-    problem = _run(work)
+    problem = asyncio.run(preflight.store_problem(url))  # as serve's start-up judges it: opened, answering, writable
     if problem is not None:
         click.echo(f"store {redacted(url)}: failed: {problem}", err=True)
     else:

@@ -266,7 +266,7 @@ def test_check_fails_when_the_store_does_not_answer() -> None:
 
 def test_check_refuses_an_unknown_scheme() -> None:
     result = run("check", "--store", "mysql://nope")
-    assert result.exit_code == 2 and "unsupported store URL" in result.output
+    assert result.exit_code == 2 and "--store 'mysql://nope' is not a store URL" in result.output  # as serve says it
 
 
 @pytest.mark.parametrize(("flag", "field", "raw", "value"), [

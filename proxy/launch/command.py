@@ -29,14 +29,6 @@ from proxy.logs import default_log_config
 from proxy.preflight import check_store, check_upstreams
 from proxy.serveflags import option_groups, settings_from
 from proxy.sessions import valid_session
-from proxy.settings import Settings
-from proxy.store import sqlite_path
-
-
-class UnwritableStore(click.ClickException):
-    """The store the flags name cannot be written: a usage error (click's status 2), not a failure."""
-
-    exit_code = 2
 
 
 def _session(value: str | None) -> str | None:
@@ -51,20 +43,6 @@ def _upstreams_from_the_environment(agent: str, options: dict[str, Any]) -> None
     for door, url in AGENTS[agent].endpoints(os.environ).items():
         if options.get(door) is None:
             options[door] = url
-
-
-def _writable_store(settings: Settings) -> None:
-    """A one-line error (exit status 2) when the SQLite store cannot be written where the flags put it."""
-    if not settings.store.startswith("sqlite:"):
-        return
-    path = sqlite_path(settings.store)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise PermissionError("not writable")
-    except OSError as exc:
-        raise UnwritableStore(f"cannot write the store {path} ({exc.strerror or exc}): name another with --store "
-                              "(or CTXPROXY_STORE), e.g. --store sqlite:///tmp/ctxproxy.db") from None
 
 
 def _log_to(path: Path | None, level: str, fmt: str) -> Path | None:
@@ -125,8 +103,7 @@ def run(agent: str, args: tuple[str, ...], proxy_url: str | None, session: str |
     if program is None:
         raise click.ClickException(missing_line(agent, AGENTS[agent].command))
     reads_store = proxy_url is None or store_named  # --proxy: a store of our own only when one is named
-    if reads_store:
-        _writable_store(settings)
+    if reads_store:  # one line (exit 2) for a store that cannot be opened or written
         check_store(settings)
     if proxy_url is None:
         check_upstreams(settings)
