@@ -473,11 +473,15 @@ def render(files: Sequence[FileText], budget: int, count: Callable[[str], int]) 
 
 
 def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int]) -> WorkingSetMaker:
-    """The compactor's ``working_set_of`` for one API, with ``budget`` tokens for the section."""
+    """The compactor's ``working_set_of`` for one API, with ``budget`` tokens for the section. The conversation is
+    tracked once for the messages a compaction holds, though it asks twice (its masking, then its summary)."""
+    tracked: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
 
     def make(messages: Sequence[Message], start: int, masked_until: int,
              seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
-        files = ranked(lost(track(dialect, messages, len(messages), seqs), start, masked_until))
+        if not tracked or tracked[0][0] is not messages or tracked[0][1] is not seqs:
+            tracked[:] = [(messages, seqs, track(dialect, messages, len(messages), seqs))]
+        files = ranked(lost(tracked[0][2], start, masked_until))
         rows, text = render(files, max(0, budget), count)
         return tuple(tuple(row) for row in rows), text
 
