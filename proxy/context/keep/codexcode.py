@@ -38,6 +38,14 @@ _OUTPUT = re.compile(rf"(?:if\s*\(\s*!?{_VALUE}\s*\)\s*)?(?:text|image)\(\s*(?:{
 _SCALAR = re.compile(r"-?\d[\d_]*(?:\.\d+)?|true|false|null")
 
 
+def cell_source(name: str, args: Any) -> str | None:
+    """The JavaScript a Codex code-mode cell runs (an ``exec`` call with a string ``input``), or None for any other
+    call: the one test of what a cell is, for the working set and the literals alike."""
+    if name.lower() != "exec" or not isinstance(args, dict) or not isinstance(args.get("input"), str):
+        return None
+    return str(args["input"])
+
+
 def cell_calls(source: str) -> list[tuple[str, Any]] | None:
     """The tool calls of a code-mode cell, in order (name, arguments), or None when it does anything else."""
     literals: list[Any] = []

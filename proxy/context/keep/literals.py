@@ -40,7 +40,7 @@ import orjson
 from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import clip, parsed_arguments, patch_files, status_line
 from proxy.context.keep.artifacts import answered_calls, collect, patch_of, shell_command
-from proxy.context.keep.codexcode import cell_calls
+from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.errorlines import call_errors
 from proxy.types import Message
 
@@ -227,10 +227,8 @@ def cell_of(name: str, arguments: Any) -> list[tuple[str, Any]] | None:
     """The tool calls a Codex code-mode cell (``exec`` with a JavaScript ``input``) makes, as
     ``proxy.context.keep.codexcode`` reads them (``[]`` for a cell it cannot read); None for any other call. The
     commands such a cell runs and the files its patches write are the agent's as much as a shell call's."""
-    args = parsed_arguments(arguments)
-    if name.lower() != "exec" or not isinstance(args, dict) or not isinstance(args.get("input"), str):
-        return None
-    return cell_calls(args["input"]) or []
+    source = cell_source(name, parsed_arguments(arguments))
+    return None if source is None else cell_calls(source) or []
 
 
 def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: int,

@@ -70,7 +70,7 @@ from proxy.context.keep.artifacts import (
     patch_of,
     results_of,
 )
-from proxy.context.keep.codexcode import cell_calls
+from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
 from proxy.context.keep.shellwrites import effect
 from proxy.types import Message
@@ -179,8 +179,8 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
     lowered = name.lower()
     if isinstance(args, dict) and any(key in args for key in REMOTE_KEYS):
         return
-    if lowered == "exec" and isinstance(args, dict) and isinstance(args.get("input"), str):
-        _cell(files, args["input"], result, index, seq)
+    if (source := cell_source(lowered, args)) is not None:
+        _cell(files, source, result, index, seq)
         return
     at = result.index
     patch = patch_of(args) if "patch" in lowered else None
