@@ -30,7 +30,8 @@ past the prefix it kept. The writes of a request whose prefix the proxy changed
 (cause ``compaction`` or ``masking``; not ``client`` nor ``ttl``) are a cost of
 compacting too, at the model's cache-write price (the map's
 ``cache_creation_input_token_cost``, else 1.25 times the input price for an
-Anthropic model), and come off the net figures: those writes less the request's
+Anthropic model, else the input price: a token the cache no longer serves is
+billed as plain input), and come off the net figures: those writes less the request's
 new items (``prefix.added_tokens``: the previous reply and the client's new
 messages, which an unchanged prefix would have written as well; scaled to the
 upstream's tokenizer by its prompt count over the proxy's), never below 0.
@@ -85,7 +86,9 @@ ANTHROPIC_WRITE_FACTOR = 1.25
 
 
 def cache_write_price(model: str | None) -> float | None:
-    """Dollars per token written to ``model``'s prompt cache, or None where unpriced."""
+    """Dollars per token written to ``model``'s prompt cache, or None where unpriced: the map's write price, else
+    1.25 times the input price for an Anthropic model, else the input price (OpenAI's and Gemini's implicit caches
+    charge no write premium, but a token no longer read from the cache is billed as plain input)."""
     entry = model_entry(model) if model else None
     if entry is None:
         return None
@@ -94,7 +97,7 @@ def cache_write_price(model: str | None) -> float | None:
         return float(price)
     base = input_price_for(model) if model else None
     anthropic = entry.get("litellm_provider") == "anthropic" or "claude" in (model or "")
-    return base * ANTHROPIC_WRITE_FACTOR if base is not None and anthropic else None
+    return base * ANTHROPIC_WRITE_FACTOR if base is not None and anthropic else base
 
 
 def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int, int] | None:

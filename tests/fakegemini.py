@@ -5,15 +5,16 @@ array of the same chunks) and ``:generateContent`` answer each turn of ``script`
 a ``run_shell_command`` ``functionCall`` whose ``command`` runs the step (its part signed with a
 ``thoughtSignature`` the fake issued, and with an ``id`` unless ``call_ids`` is off), or the final text. The text
 of a reply arrives in several chunks, and the last chunk carries ``finishReason`` and ``usageMetadata``
-(``promptTokenCount`` counted with the proxy's tokenizer; ``cachedContentTokenCount``: the prefix shared with the
-previous turn). It checks what Gemini 3 checks: the first function call of each model turn since the last user
-text carries a signature it issued (older turns are not checked), and refuses a prompt over ``window`` with the
-API's 400 "The input token count (N) exceeds the maximum number of tokens allowed (M).". ``:countTokens``
-answers ``{"totalTokens": N}``. A request whose ``systemInstruction`` is the proxy's summariser prompt, or whose
-last user turn starts with it, gets a summary (``summary_style`` as the other fakes); Gemini CLI's own compression
-(``STATE_SNAPSHOT_SYSTEM``) gets a ``<state_snapshot>`` and is recorded as ``client_compaction``; a helper call
-asking for JSON (its next-speaker check) gets ``{"reasoning": …, "next_speaker": "user"}``. Everything it
-receives is in ``requests``.
+(``promptTokenCount`` counted with the proxy's tokenizer, ``candidatesTokenCount`` and ``thoughtsTokenCount`` what
+the model wrote, its thoughts apart; ``cachedContentTokenCount``: the prefix shared with the previous turn); every
+answer, summaries and helper calls included, is billed so, its usage kept with its record (``Recorded.usage``). It
+checks what Gemini 3 checks: the first function call of each model turn since the last user text carries a signature
+it issued (older turns are not checked), and refuses a prompt over ``window`` with the API's 400 "The input token
+count (N) exceeds the maximum number of tokens allowed (M).". ``:countTokens`` answers ``{"totalTokens": N}``. A
+request whose ``systemInstruction`` is the proxy's summariser prompt, or whose last user turn starts with it, gets a
+summary (``summary_style`` as the other fakes); Gemini CLI's own compression (``STATE_SNAPSHOT_SYSTEM``) gets a
+``<state_snapshot>`` and is recorded as ``client_compaction``; a helper call asking for JSON (its next-speaker check)
+gets ``{"reasoning": …, "next_speaker": "user"}``. Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tests.fakescript import Recorder, Script, cached_prefix, is_summary_prompt, pieces
+from tests.fakescript import Recorded, Recorder, Script, Window, cached_prefix, is_summary_prompt, pieces
 from tests.fakeupstream import PREAMBLE, PREAMBLE_CALL, overflow_body
 
 #: How Gemini CLI's compression prompt starts (its ``systemInstruction``).
@@ -99,29 +100,32 @@ class FakeGemini(Recorder):
             self._record(request, body, "count_tokens", tokens=tokens)
             return web.json_response({"totalTokens": tokens})
         system = first_text(body.get("systemInstruction"))
+        prompt, counts = self.count(body)
+        cached = cached_prefix(self._last_prompt, prompt, counts)  # what the cache serves (it keeps turns' prompts)
         if is_summary_prompt(system) or is_summary_prompt(first_text(contents[-1] if contents else None)):
-            self._record(request, body, "summary")
+            record = self._record(request, body, "summary")
             if self.summary_style == PREAMBLE_CALL:
                 name = body["tools"][0]["functionDeclarations"][0]["name"]
-                return await self._answer(request, body, [{"text": PREAMBLE}, {"functionCall": {"name": name,
-                                                                                                "args": {}}}], 0, 0)
+                return await self._answer(request, body, record, [{"text": PREAMBLE}, {"functionCall": {
+                    "name": name, "args": {}}}], sum(counts), cached)
             text = await self.summary(contents)
             if isinstance(text, web.Response):
                 return text
-            return await self._answer(request, body, [{"text": text}], 0, 0)
+            return await self._answer(request, body, record, [{"text": text}], sum(counts), cached)
         if system.startswith(STATE_SNAPSHOT_SYSTEM):
-            self._record(request, body, "client_compaction")
-            return await self._answer(request, body, [{"text": "<state_snapshot></state_snapshot>"}], 0, 0)
+            record = self._record(request, body, "client_compaction")
+            return await self._answer(request, body, record, [{"text": "<state_snapshot></state_snapshot>"}],
+                                      sum(counts), cached)
         config = body.get("generationConfig") or {}
         if "responseJsonSchema" in config or "responseSchema" in config:
-            self._record(request, body, "helper")
+            record = self._record(request, body, "helper")
             answer = {"reasoning": "The model's last turn was complete.", "next_speaker": "user"}
-            return await self._answer(request, body, [{"text": orjson.dumps(answer).decode()}], 0, 0)
-        return await self._turn(request, body, contents)
+            return await self._answer(request, body, record, [{"text": orjson.dumps(answer).decode()}], sum(counts),
+                                      cached)
+        return await self._turn(request, body, contents, prompt, counts)
 
-    async def _turn(self, request: web.Request, body: dict[str, Any],
-                    contents: list[dict[str, Any]]) -> web.StreamResponse:
-        prompt, counts = self.count(body)
+    async def _turn(self, request: web.Request, body: dict[str, Any], contents: list[dict[str, Any]],
+                    prompt: list[Any], counts: list[int]) -> web.StreamResponse:
         tokens = sum(counts)
         if self.window.refuses(tokens):
             assert self.window.limit is not None
@@ -132,10 +136,10 @@ class FakeGemini(Recorder):
         if problem is not None:
             self._record(request, body, "turn", tokens=tokens, status=400)
             return error(400, problem, "INVALID_ARGUMENT")
-        self._record(request, body, "turn", tokens=tokens)
+        record = self._record(request, body, "turn", tokens=tokens)
         cached = cached_prefix(self._last_prompt, prompt, counts)
         self._last_prompt = prompt
-        return await self._answer(request, body, self._turn_output(body, contents), tokens, cached)
+        return await self._answer(request, body, record, self._turn_output(body, contents), tokens, cached)
 
     # -- the script -----------------------------------------------------------------------------
 
@@ -173,10 +177,17 @@ class FakeGemini(Recorder):
 
     # -- the wire -------------------------------------------------------------------------------
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], parts: list[dict[str, Any]], tokens: int,
-                      cached: int) -> web.StreamResponse:
-        usage: dict[str, Any] = {"promptTokenCount": tokens, "candidatesTokenCount": 11,
-                                 "totalTokenCount": tokens + 11, "cachedContentTokenCount": cached}
+    async def _answer(self, request: web.Request, body: dict[str, Any], record: Recorded,
+                      parts: list[dict[str, Any]], tokens: int, cached: int) -> web.StreamResponse:
+        """The answer ``parts`` to a prompt of ``tokens`` (``cached`` of them served by the cache), billed as the
+        tokenizer counts what the model wrote, its thoughts apart (``written``); the usage is kept with ``record``."""
+        thoughts = sum(written(self.window, part) for part in parts if part.get("thought"))
+        candidates = sum(written(self.window, part) for part in parts if not part.get("thought"))
+        usage: dict[str, Any] = {"promptTokenCount": tokens, "candidatesTokenCount": candidates,
+                                 "totalTokenCount": tokens + candidates + thoughts, "cachedContentTokenCount": cached}
+        if thoughts:
+            usage["thoughtsTokenCount"] = thoughts
+        record.usage = usage
         model = request.match_info["model"]
         response_id = f"resp{next(self._ids):06d}"
         last = {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}],
@@ -201,6 +212,13 @@ class FakeGemini(Recorder):
             await resp.write(b"]")
         await resp.write_eof()
         return resp
+
+
+def written(window: Window, part: dict[str, Any]) -> int:
+    """The tokens the model wrote in one part: its text, or its call (name and arguments) as JSON."""
+    if isinstance(part.get("text"), str):
+        return window.counter.text_tokens(part["text"])
+    return window.count(part.get("functionCall"))
 
 
 def kept_reply(chunks: list[dict[str, Any]]) -> dict[str, Any]:

@@ -27,7 +27,9 @@ carrying a compaction item the fake did not issue, byte for byte, is refused;
 with ``truncation: "auto"`` a prompt over ``window`` loses its oldest items
 (those that lost their partner too) until it fits, instead of being refused
 (``truncated`` counts them). The tokens recorded are the prompt as the model
-reads it. Everything it receives is in ``requests``.
+reads it. Every answer, summaries on either route included, is billed as the
+tokenizer counts its prompt and what the model wrote (``written``), its usage kept
+with its record (``Recorded.usage``). Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import orjson
 from aiohttp import web
 
 from tests.fakescript import (
+    Recorded,
     Recorder,
     Script,
     cached_prefix,
@@ -117,19 +120,24 @@ class FakeResponses(Recorder):
             self._record(request, body, "other", status=404)
             return web.json_response({"error": {"type": "invalid_request_error", "message": "summaries only"}},
                                      status=404)
-        self._record(request, body, "summary")
+        record = self._record(request, body, "summary")
         text = await self.summary(messages[1:])
         if isinstance(text, web.Response):
             return text
+        prompt = self.window.count(body.get("tools")) + sum(self.window.count(m) for m in messages)
+        completion = self.window.counter.text_tokens(text)
+        record.usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return web.json_response({"id": "chatcmpl-summary", "object": "chat.completion", "model": body.get("model"),
                                   "choices": [{"index": 0, "finish_reason": "stop",
                                                "message": {"role": "assistant", "content": text}}],
-                                  "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                                  "usage": record.usage})
 
     async def compact(self, request: web.Request) -> web.Response:
         body = await request.json(loads=orjson.loads)
-        self._record(request, body, "compact")
-        return web.json_response({"output": [self._compaction_item()]})
+        record = self._record(request, body, "compact")
+        output = [self._compaction_item()]
+        prompt = [body.get("tools"), body.get("instructions"), *(body.get("input") or [])]
+        return web.json_response({"output": output, "usage": self._usage(record, output, self.window.count(*prompt))})
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
@@ -143,24 +151,26 @@ class FakeResponses(Recorder):
         if refused is not None:
             self._record(request, body, "summary" if summary else "turn", status=400)
             return web.json_response(refused, status=400)
+        prompt, counts = self.prompt_counts(body)
+        tokens = sum(counts)
+        key = str(body.get("prompt_cache_key"))
         if summary:
-            self._record(request, body, "summary")
+            record = self._record(request, body, "summary")
             if self.summary_style == PREAMBLE_CALL:
                 n = next(self._ids)
                 call = {"type": "function_call", "id": f"fc_{n}", "call_id": f"call_{n}", "status": "completed",
                         "name": body["tools"][0]["name"], "arguments": "{}"}
-                return await self._answer(request, body, [self._message(PREAMBLE), call], 0)
+                return await self._answer(request, body, record, [self._message(PREAMBLE), call], tokens,
+                                          self._cached(key, prompt, counts))
             text = await self.summary(items)
             if isinstance(text, web.Response):
                 return text
-            return await self._answer(request, body, [self._message(text)], 0)
+            return await self._answer(request, body, record, [self._message(text)], tokens,
+                                      self._cached(key, prompt, counts))
         if items and items[-1].get("type") == "compaction_trigger":
-            self._record(request, body, "compact")
-            return await self._answer(request, body, [self._compaction_item()], 0)
-        seen = self._as_read(body, items)
-        prompt = [body.get("tools"), body.get("instructions"), *seen]
-        counts = [self.window.count(part) for part in prompt]
-        tokens = sum(counts)
+            record = self._record(request, body, "compact")
+            return await self._answer(request, body, record, [self._compaction_item()], tokens,
+                                      self._cached(key, prompt, counts))
         if self.window.refuses(tokens):
             in_stream = self.overflow != "http" and bool(body.get("stream"))
             self._record(request, body, "turn", tokens=tokens, status=200 if in_stream else 400)
@@ -176,9 +186,8 @@ class FakeResponses(Recorder):
             return web.json_response({"error": {"type": "invalid_request_error", "code": None, "param": "input",
                                                 "message": problem}}, status=400)
         kind = "client_compaction" if _last_user_text(items).startswith(CLIENT_COMPACTION) else "turn"
-        self._record(request, body, kind, tokens=tokens)
-        key = str(body.get("prompt_cache_key"))
-        cached = cached_prefix(self._last_input.get(key, []), prompt, counts)
+        record = self._record(request, body, kind, tokens=tokens)
+        cached = self._cached(key, prompt, counts)
         self._last_input[key] = prompt
         output = [self._message("Checkpoint written.")] if kind != "turn" else self._turn_output(body, items)
         threshold = compact_threshold(body)
@@ -186,7 +195,18 @@ class FakeResponses(Recorder):
             compaction = self._compaction_item()
             self._compactions.add(compaction["encrypted_content"])
             output = [compaction, *output]
-        return await self._answer(request, body, output, tokens, cached // 128 * 128 if cached >= 1024 else 0)
+        return await self._answer(request, body, record, output, tokens, cached)
+
+    def prompt_counts(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+        """The prompt as the model reads it (tools, instructions, input from ``_as_read``) and each part's tokens."""
+        prompt = [body.get("tools"), body.get("instructions"), *self._as_read(body, body.get("input") or [])]
+        return prompt, [self.window.count(part) for part in prompt]
+
+    def _cached(self, key: str, prompt: list[Any], counts: list[int]) -> int:
+        """What the prompt cache serves of ``prompt``: the prefix it shares with the last turn under ``key``, in
+        128-token blocks from 1,024 tokens on, as OpenAI bills it."""
+        cached = cached_prefix(self._last_input.get(key, []), prompt, counts)
+        return cached // 128 * 128 if cached >= 1024 else 0
 
     # -- the script -----------------------------------------------------------------------------
 
@@ -261,10 +281,18 @@ class FakeResponses(Recorder):
                 "model": body.get("model"), "output": output, "error": None, "incomplete_details": None,
                 "store": body.get("store", True), **extra}
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], output: list[dict[str, Any]],
-                      tokens: int, cached: int = 0) -> web.StreamResponse:
-        usage = {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": 9,
-                 "output_tokens_details": {"reasoning_tokens": 3}, "total_tokens": tokens + 9}
+    def _usage(self, record: Recorded, output: list[dict[str, Any]], tokens: int, cached: int = 0) -> dict[str, Any]:
+        """What the answer ``output`` to a prompt of ``tokens`` is billed, as the tokenizer counts what the model
+        wrote (``written``); kept with the request's record."""
+        reasoning = sum(self.window.counter.text_tokens(written(i)) for i in output if i["type"] == "reasoning")
+        out = reasoning + sum(self.window.counter.text_tokens(written(i)) for i in output if i["type"] != "reasoning")
+        record.usage = {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
+                        "output_tokens_details": {"reasoning_tokens": reasoning}, "total_tokens": tokens + out}
+        return record.usage
+
+    async def _answer(self, request: web.Request, body: dict[str, Any], record: Recorded,
+                      output: list[dict[str, Any]], tokens: int, cached: int) -> web.StreamResponse:
+        usage = self._usage(record, output, tokens, cached)
         rid = f"resp_{next(self._ids)}"
         done = self._response(body, rid, "completed", output, usage=usage)
         if not body.get("stream"):
@@ -350,6 +378,18 @@ def _shell_call(tools: list[dict[str, Any]], command: str) -> dict[str, str] | N
     if "bash" in names:  # pi's
         return {"name": "bash", "arguments": orjson.dumps({"command": command}).decode()}
     return None
+
+
+def written(item: dict[str, Any]) -> str:
+    """What the model wrote of an output item: a message's text, a reasoning item's summary, a call's name and
+    arguments, a compaction item's (encrypted) summary."""
+    if item["type"] == "message":
+        return content_text(item["content"])
+    if item["type"] == "reasoning":
+        return content_text(item["summary"])
+    if item["type"] == "function_call":
+        return f"{item['name']}{item['arguments']}"
+    return str(item.get("encrypted_content") or "")
 
 
 def _last_call(items: list[dict[str, Any]]) -> tuple[str | None, str | None]:

@@ -101,7 +101,7 @@ class Recorded:
     kind: str
     tokens: int | None = None
     status: int = 200
-    #: The usage the fake billed for it (tests/fakemessages.py records it).
+    #: The usage the fake billed for it, for every request it answered.
     usage: dict[str, Any] | None = None
 
 

@@ -41,12 +41,13 @@ TASK = "Run the scripted shell steps one at a time, then say that you are done."
 
 async def rig(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path, openai: FakeResponses | FakeMessages,
               anthropic: FakeResponses | FakeMessages | None = None, **overrides: Any) -> TestClient[Any, Any]:
-    """The proxy over ``openai`` (``--upstream``) and ``anthropic`` (``--anthropic-upstream``, default the same)."""
+    """The proxy over ``openai`` (``--upstream``) and ``anthropic`` (``--anthropic-upstream``, default the same), on
+    a SQLite file in ``tmp_path`` unless ``overrides`` name a ``store``."""
     first: TestServer = await aiohttp_server(openai.app())
     second: TestServer = first if anthropic is None else await aiohttp_server(anthropic.app())
     # Background compaction off unless a test turns it on, as in tests/proxyfixtures.py's make_proxy.
     settings = Settings(upstream=str(first.make_url("/v1")), anthropic_upstream=str(second.make_url("")).rstrip("/"),
-                        store=f"sqlite:///{tmp_path}/facts.db", **{"precompact_threshold": 1.0, **overrides})
+                        **{"store": f"sqlite:///{tmp_path}/facts.db", "precompact_threshold": 1.0, **overrides})
     client: TestClient[Any, Any] = await aiohttp_client(create_app(settings))
     return client
 

@@ -48,9 +48,10 @@ class Rig:
 
 
 async def rig(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path, fake: FakeGemini, **settings: Any) -> Rig:
+    """The proxy over ``fake``, on a SQLite file in ``tmp_path`` unless ``settings`` name a ``store``."""
     upstream: TestServer = await aiohttp_server(fake.app())
     app = create_app(Settings(gemini_upstream=str(upstream.make_url("")).rstrip("/"),
-                              store=f"sqlite:///{tmp_path}/facts.db", precompact_threshold=1.0, **settings))
+                              **{"store": f"sqlite:///{tmp_path}/facts.db", "precompact_threshold": 1.0, **settings}))
     client: TestClient[Any, Any] = await aiohttp_client(app)
     return Rig(fake, client, app[store_key])
 
@@ -78,10 +79,12 @@ class GeminiClient:
     padding: str = ""
     contents: list[dict[str, Any]] = field(default_factory=list)
     answers: list[Any] = field(default_factory=list)
+    model: str = MODEL
 
     async def turn(self) -> Any:
         query = "?alt=sse" if self.sse else ""
-        resp = await self.client.post(self.prefix + STREAM + query, headers={"x-goog-api-key": KEY},
+        resp = await self.client.post(f"{self.prefix}/v1beta/models/{self.model}:streamGenerateContent{query}",
+                                      headers={"x-goog-api-key": KEY},
                                       json={"contents": self.contents, "systemInstruction": SYSTEM, "tools": TOOLS,
                                             "generationConfig": {"temperature": 0}})
         assert resp.status == 200, await resp.text()
