@@ -27,8 +27,9 @@ is refused. The tokens recorded (and held against ``window``) are the prompt as 
 edits.
 Its prompt cache holds every prompt of the session (``cache_control`` markers aside): the longest shared prefix
 is billed as ``cache_read_input_tokens``, and what lies past it up to the request's last breakpoint as
-``cache_creation_input_tokens``, as the API bills a changed prefix; each request's billed usage is kept in its
-record (``Recorded.usage``).
+``cache_creation_input_tokens``, as the API bills a changed prefix, summary calls' prompts included; the output
+as the tokenizer counts what the model wrote (``written``). Each request's billed usage is kept in its record
+(``Recorded.usage``).
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
 ``system`` is the proxy's summariser prompt gets a summary, and so does one
 whose last user message starts with it (a summary call shaped like the client's
@@ -48,6 +49,7 @@ import orjson
 from aiohttp import web
 
 from tests.fakescript import (
+    Recorded,
     Recorder,
     Script,
     cached_prefix,
@@ -130,15 +132,19 @@ class FakeMessages(Recorder):
             self._record(request, body, "summary" if summary else "turn", status=400)
             return web.json_response(OAUTH_REFUSED, status=400)
         if summary:
-            self._record(request, body, "summary")
+            record = self._record(request, body, "summary")
+            prompt, counts = self.prompt_counts(body)
+            cached, written = self._cache(request, prompt, counts)
             if self.summary_style == PREAMBLE_CALL:
                 call = {"type": "tool_use", "id": f"toolu_{next(self._ids):06d}", "name": body["tools"][0]["name"],
                         "input": {}}
-                return await self._answer(request, body, [{"type": "text", "text": PREAMBLE}, call], "tool_use", 0, 0)
+                return await self._answer(request, body, record, [{"type": "text", "text": PREAMBLE}, call],
+                                          "tool_use", sum(counts), cached, written=written)
             text = await self.summary(messages)
             if isinstance(text, web.Response):
                 return text
-            return await self._answer(request, body, [{"type": "text", "text": text}], "end_turn", 0, 0)
+            return await self._answer(request, body, record, [{"type": "text", "text": text}], "end_turn",
+                                      sum(counts), cached, written=written)
         refusal = self._edit_refusal(request, body)
         if refusal is not None:
             self._record(request, body, "turn", status=400)
@@ -165,30 +171,42 @@ class FakeMessages(Recorder):
             return web.json_response({"type": "error", "error": {"type": "invalid_request_error", "message": problem}},
                                      status=400)
         kind = "client_compaction" if CLIENT_COMPACTION in _last_user_text(messages) else "turn"
-        self._record(request, body, kind, tokens=tokens)
-        session = request.headers.get("X-Claude-Code-Session-Id", "")
-        plain = uncontrolled(prompt)  # the cache holds content: moving a breakpoint keeps what it marked cached
-        seen = self._prompts.setdefault(session, [])
-        cached = max((cached_prefix(earlier, plain, counts) for earlier in seen), default=0)
-        seen.append(plain)
-        written = cache_written(prompt, counts, cached)
+        record = self._record(request, body, kind, tokens=tokens)
+        cached, written = self._cache(request, prompt, counts)
         if kind != "turn":
-            return await self._answer(request, body, [{"type": "text", "text": "<summary>None</summary>"}],
+            return await self._answer(request, body, record, [{"type": "text", "text": "<summary>None</summary>"}],
                                       "end_turn", tokens, cached, written=written)
         blocks, stop = self._turn_output(body, messages)
         compaction = edited.compaction(tokens)
         if compaction is None:
-            return await self._answer(request, body, blocks, stop, tokens, cached, edited.applied, written=written)
+            return await self._answer(request, body, record, blocks, stop, tokens, cached, edited.applied,
+                                      written=written)
         block = {"type": "compaction", "content": summary_text(orjson.dumps(edited.messages).decode())}
         self._compactions.add(block["content"])
         after = sum(self.prompt_counts({**body, "messages": [{"role": "assistant", "content": [block]}]})[1])
-        iterations = [{"type": "compaction", "input_tokens": tokens, "output_tokens": 40,
+        iterations = [{"type": "compaction", "input_tokens": tokens, "output_tokens": self.written([block]),
                        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-                      {"type": "message", "input_tokens": after, "output_tokens": 11,
+                      {"type": "message", "input_tokens": after, "output_tokens": self.written(blocks),
                        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}]
         if compaction.get("pause_after_compaction") is True:
             blocks, stop = [], "compaction"
-        return await self._answer(request, body, [block, *blocks], stop, after, 0, edited.applied, iterations)
+        return await self._answer(request, body, record, [block, *blocks], stop, after, 0, edited.applied, iterations)
+
+    def _cache(self, request: web.Request, prompt: list[Any], counts: list[int]) -> tuple[int, int]:
+        """(read, written): what the session's prompt cache serves of ``prompt`` (the longest prefix it shares with
+        an earlier prompt) and what the prompt writes to it (``cache_written``); the prompt is cached from now on."""
+        plain = uncontrolled(prompt)  # the cache holds content: moving a breakpoint keeps what it marked cached
+        seen = self._prompts.setdefault(request.headers.get("X-Claude-Code-Session-Id", ""), [])
+        cached = max((cached_prefix(earlier, plain, counts) for earlier in seen), default=0)
+        seen.append(plain)
+        return cached, cache_written(prompt, counts, cached)
+
+    def written(self, blocks: list[dict[str, Any]]) -> int:
+        """The tokens the model wrote in ``blocks``: texts, thinking, a call's name and input, a compaction's
+        summary."""
+        texts = [f"{b['name']}{orjson.dumps(b['input']).decode()}" if b["type"] == "tool_use" else
+                 str(b.get("text") or b.get("thinking") or b.get("content") or "") for b in blocks]
+        return sum(self.window.counter.text_tokens(text) for text in texts)
 
     def _edit_refusal(self, request: web.Request, body: dict[str, Any]) -> str | None:
         """The API's words for an edit it does not take here: its beta missing, or thinking off for clear_thinking."""
@@ -259,17 +277,18 @@ class FakeMessages(Recorder):
 
     # -- the wire -------------------------------------------------------------------------------
 
-    async def _answer(self, request: web.Request, body: dict[str, Any], blocks: list[dict[str, Any]], stop: str,
-                      tokens: int, cached: int, applied: list[dict[str, Any]] | None = None,
-                      iterations: list[dict[str, Any]] | None = None, written: int = 0) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, body: dict[str, Any], record: Recorded,
+                      blocks: list[dict[str, Any]], stop: str, tokens: int, cached: int,
+                      applied: list[dict[str, Any]] | None = None, iterations: list[dict[str, Any]] | None = None,
+                      written: int = 0) -> web.StreamResponse:
         """The answer; with ``context_management`` in the request, the edits it applied, and the iterations'
         usage after a compaction (top-level usage is the message iteration's, as the API reports it). ``written``:
         the tokens the prompt cache took (``cache_written``), billed as cache creation rather than input; the usage is
         kept with the request's record."""
         usage: dict[str, Any] = {"input_tokens": tokens - cached - written, "cache_creation_input_tokens": written,
-                                 "cache_read_input_tokens": cached, "output_tokens": 11}
-        if self.requests:
-            self.requests[-1].usage = usage
+                                 "cache_read_input_tokens": cached,
+                                 "output_tokens": self.written([b for b in blocks if b["type"] != "compaction"])}
+        record.usage = usage
         managed = {"context_management": {"applied_edits": applied or []}} if edits_of(body) else {}
         message = {"id": f"msg_{next(self._ids):06d}", "type": "message", "role": "assistant",
                    "model": body.get("model"), "content": blocks, "stop_reason": stop, "stop_sequence": None,

@@ -99,8 +99,9 @@ async def test_the_proxys_prefix_changes_are_counted_by_cause_and_their_billed_c
     # estimate of the fake's count (9% over it here; charging the whole writes, as before, is 45% over)
     caused_by = totals.caused_write_tokens
     assert caused <= caused_by <= caused * 1.15
-    summary_tokens = sum(billed(r, "input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens",
-                                "output_tokens") for r in summaries)
+    prompts = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    assert all(billed(r, *prompts) == sum(fake.prompt_counts(r.body)[1]) > 0 for r in summaries), "billed as counted"
+    summary_tokens = sum(billed(r, *prompts, "output_tokens") for r in summaries)
     assert totals.summary_tokens == summary_tokens
     assert totals.saved_tokens == totals.gross_saved_tokens - summary_tokens - caused_by
     assert metrics["ctxproxy_tokens_saved_total"] == totals.saved_tokens
