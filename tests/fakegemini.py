@@ -78,7 +78,7 @@ class FakeGemini(Recorder):
         app.router.add_route("*", "/{tail:.*}", self.other)
         return app
 
-    def count(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
+    def prompt_counts(self, body: dict[str, Any]) -> tuple[list[Any], list[int]]:
         """The prompt as the model reads it (tools, system instruction, contents) and each part's tokens."""
         prompt = [body.get("tools"), body.get("systemInstruction"), *(body.get("contents") or [])]
         return prompt, [self.window.count(part) for part in prompt]
@@ -96,11 +96,11 @@ class FakeGemini(Recorder):
         body = await request.json(loads=orjson.loads)
         contents: list[dict[str, Any]] = body.get("contents") or []
         if method == "countTokens":
-            tokens = sum(self.count(body)[1])
+            tokens = sum(self.prompt_counts(body)[1])
             self._record(request, body, "count_tokens", tokens=tokens)
             return web.json_response({"totalTokens": tokens})
         system = first_text(body.get("systemInstruction"))
-        prompt, counts = self.count(body)
+        prompt, counts = self.prompt_counts(body)
         cached = cached_prefix(self._last_prompt, prompt, counts)  # what the cache serves (it keeps turns' prompts)
         if is_summary_prompt(system) or is_summary_prompt(first_text(contents[-1] if contents else None)):
             record = self._record(request, body, "summary")

@@ -62,9 +62,7 @@ class Run:
 
     def prompt_tokens(self, record: Recorded) -> int:
         """The fake's tokenizer count of a request's prompt as its model reads it."""
-        counts = self.fake.prompt_counts(record.body)[1] if isinstance(self.fake, FakeResponses) else \
-            self.fake.count(record.body)[1]
-        return sum(counts)
+        return sum(self.fake.prompt_counts(record.body)[1])
 
 
 def responses_usage(usage: Mapping[str, Any]) -> tuple[int, int]:
