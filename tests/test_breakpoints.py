@@ -14,16 +14,25 @@ from aiohttp.test_utils import TestClient
 
 from proxy.context.view.projection import SUMMARY_HEADER, FrozenEnds
 from proxy.dialects import MESSAGES
-from proxy.dialects.breakpoints import breakpoints, marks, with_breakpoints
+from proxy.dialects.breakpoints import (
+    OPENAI_FIELD,
+    breakpoints,
+    marks,
+    takes_explicit_breakpoints,
+    with_breakpoints,
+)
 from tests.fakemessages import FakeMessages
+from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
+from tests.fakeupstream import FakeUpstream
 from tests.proxyfixtures import MASKING_OFF
-from tests.test_compaction_e2e import prose
+from tests.test_compaction_e2e import HEADERS, TOOLS, prose, tool_call
 from tests.test_prompt_cache import AUTH, proxy_for
 
 EPHEMERAL = {"type": "ephemeral"}
 HOUR = {"type": "ephemeral", "ttl": "1h"}
 PLACEHOLDER = re.compile(r"^\[output of .* elided: ")
+RESPONSES_TOOLS = [{"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {}}}]
 
 
 @dataclass(frozen=True)
@@ -168,7 +177,8 @@ def test_every_breakpoint_counts_wherever_it_sits() -> None:
     payload = {"cache_control": EPHEMERAL, "system": [{"type": "text", "text": "s", "cache_control": EPHEMERAL}],
                "tools": [{"name": "Bash", "input_schema": {}, "cache_control": EPHEMERAL}], "messages": []}
     assert breakpoints(payload, [nested]) == 4
-    assert MESSAGES.cache_hints(payload, [SUMMARY, nested], FrozenEnds(summary=0)) == [SUMMARY, nested], "no room"
+    assert MESSAGES.cache_hints(payload, [SUMMARY, nested], FrozenEnds(summary=0), adds_fields=True) == [
+        SUMMARY, nested], "no room"
 
 
 def test_the_summary_block_comes_first_and_the_masked_end_takes_what_room_is_left() -> None:
@@ -187,3 +197,80 @@ def test_none_goes_where_the_clients_own_already_sits() -> None:
     assert with_breakpoints({}, [own, RESULT], FrozenEnds(masked=0)) == [own, RESULT]
     thinking_only = {"role": "assistant", "content": [THOUGHT]}
     assert with_breakpoints({}, [thinking_only], FrozenEnds(masked=0)) == [thinking_only], "no block takes one"
+
+
+def openai_marks(body: dict[str, Any]) -> list[tuple[int, int]]:
+    """Where a Chat or Responses body carries ``prompt_cache_breakpoint``: (item, part) positions."""
+    items = body.get("messages") or body.get("input") or []
+    return [(i, p) for i, item in enumerate(items) if isinstance(item.get("content"), list)
+            for p, part in enumerate(item["content"]) if isinstance(part, dict) and OPENAI_FIELD in part]
+
+
+def holds_summary(item: dict[str, Any]) -> bool:
+    return SUMMARY_HEADER in orjson.dumps(item.get("content")).decode()
+
+
+@pytest.mark.parametrize(("model", "placement", "own", "taken"), [
+    ("gpt-5.6", "user", {}, True), ("gpt-5.6", "system", {}, True),
+    ("gpt-5.5", "user", {}, False),  # writes are not billed before GPT-5.6: no explicit breakpoints
+    ("gpt-5.6", "user", {"prompt_cache_options": {"mode": "implicit"}}, False),  # the client manages its own
+])
+async def test_a_summarised_chat_view_gets_openais_breakpoint_on_the_models_that_take_it(
+        make_proxy: Any, fake: FakeUpstream, model: str, placement: str, own: dict[str, Any], taken: bool) -> None:
+    proxy = await make_proxy(context_window=16_000, summary_placement=placement, add_fields="always", **MASKING_OFF)
+    fake.window = 16_000
+    rng = random.Random(5)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You code."}, {"role": "user", "content": "Go."}]
+    for step in range(30):
+        fake.script.append(tool_call(step))
+        body = {"model": model, "messages": messages, "tools": TOOLS, **own}
+        resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
+                                headers={**HEADERS, "X-Session-Id": f"bp-{model}-{placement}"})
+        assert resp.status == 200
+        reply = (await resp.json())["choices"][0]["message"]
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"], "content": prose(rng, 450)}]
+    turns = [body for body in fake.requests if body not in fake.summary_requests]
+    summarised = [body for body in turns if any(holds_summary(m) for m in body["messages"])]
+    assert summarised, "the run was summarised"
+    for body in turns:
+        at = [i for i, m in enumerate(body["messages"]) if holds_summary(m)]
+        if taken and at:
+            summary = body["messages"][at[0]]
+            assert openai_marks(body) == [(at[0], len(summary["content"]) - 1)]
+            assert summary["content"][-1][OPENAI_FIELD] == {"mode": "explicit"}
+            assert summary["role"] == placement
+        else:
+            assert openai_marks(body) == []
+
+
+async def test_a_summarised_responses_view_gets_openais_breakpoint_only_where_fields_may_be_added(
+        aiohttp_server: Any, aiohttp_client: Any, store_url: str) -> None:
+    for add_fields, taken in (("always", True), ("never", False)):
+        fake = FakeResponses(Script(steps=40), window=16_000)
+        proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, context_window=16_000,
+                                add_fields=add_fields, **MASKING_OFF)
+        rng = random.Random(2)
+        items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": "Go."}]
+        for _ in range(24):
+            body = {"model": "gpt-5.6", "input": items, "tools": RESPONSES_TOOLS, "store": False}
+            resp = await proxy.post("/v1/responses", data=orjson.dumps(body), headers={**AUTH, "X-Session-Id": "r"})
+            raw = await resp.read()
+            assert resp.status == 200, raw[:300]
+            output = orjson.loads(raw)["output"]
+            step = STEP.search(output[-1]["arguments"]).group(1)  # type: ignore[union-attr]
+            items += [*output, {"type": "function_call_output", "call_id": output[-1]["call_id"],
+                                "output": f"step-{step}\n" + prose(rng, 700)}]
+        turns = [turn.body for turn in fake.turns()]
+        summarised = [body for body in turns if any(holds_summary(item) for item in body["input"])]
+        assert summarised, "the run was summarised"
+        for body in turns:
+            at = [i for i, item in enumerate(body["input"]) if holds_summary(item)]
+            want = [(at[0], len(body["input"][at[0]]["content"]) - 1)] if taken and at else []
+            assert openai_marks(body) == want
+            assert all(part["type"] == "input_text" for i, _ in want for part in body["input"][i]["content"])
+
+
+def test_only_the_openai_families_that_bill_writes_take_explicit_breakpoints() -> None:
+    assert takes_explicit_breakpoints("gpt-5.6") and takes_explicit_breakpoints("openai/gpt-5.6-terra")
+    for model in ("gpt-5.5", "gpt-4o", "ft:gpt-4o-2024-11-20", "claude-sonnet-4-5", "my-model", ""):
+        assert not takes_explicit_breakpoints(model), model

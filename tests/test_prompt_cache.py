@@ -81,7 +81,7 @@ SUMMARY_ITEM = {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_
 
 def test_a_breakpoint_goes_on_the_summary_block_while_the_request_has_room() -> None:
     marked = MESSAGES.cache_hints({"system": [{"type": "text", "text": "s", "cache_control": EPHEMERAL}]},
-                                  [SUMMARY_ITEM], FrozenEnds(summary=0))
+                                  [SUMMARY_ITEM], FrozenEnds(summary=0), adds_fields=False)
     assert marked == [{"role": "user", "content": [{**SUMMARY_ITEM["content"][0], "cache_control": EPHEMERAL},
                                                    SUMMARY_ITEM["content"][1]]}]
     assert SUMMARY_ITEM["content"][0].get("cache_control") is None, "the view's items are not changed in place"
@@ -89,10 +89,13 @@ def test_a_breakpoint_goes_on_the_summary_block_while_the_request_has_room() -> 
             "tools": [{"name": "t", "input_schema": {}, "cache_control": EPHEMERAL}]}
     last = {"role": "assistant", "content": [{"type": "text", "text": "x", "cache_control": EPHEMERAL}]}
     assert breakpoints(full, [SUMMARY_ITEM, last]) == 4
-    assert MESSAGES.cache_hints(full, [SUMMARY_ITEM, last], FrozenEnds(summary=0)) == [SUMMARY_ITEM, last], \
+    assert MESSAGES.cache_hints(full, [SUMMARY_ITEM, last], FrozenEnds(summary=0), adds_fields=False) == [
+        SUMMARY_ITEM, last], \
         "four already: no room"
-    assert MESSAGES.cache_hints({}, [SUMMARY_ITEM], FrozenEnds()) == [SUMMARY_ITEM], "no summary in the view"
-    assert CHAT.cache_hints({}, [SUMMARY_ITEM], FrozenEnds(summary=0)) == [SUMMARY_ITEM]
+    assert MESSAGES.cache_hints({}, [SUMMARY_ITEM], FrozenEnds(), adds_fields=False) == [SUMMARY_ITEM], \
+        "no summary in the view"
+    unknown = {"model": "m"}  # a model that takes no explicit breakpoint
+    assert CHAT.cache_hints(unknown, [SUMMARY_ITEM], FrozenEnds(summary=0), adds_fields=True) == [SUMMARY_ITEM]
 
 
 async def proxy_for(aiohttp_server: Any, aiohttp_client: Any, fake: Any, store_url: str,

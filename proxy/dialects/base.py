@@ -289,8 +289,11 @@ class Dialect(ItemModel):
         """Request fields that keep the provider's prompt cache warm for ``session``, where the client set none."""
         return {}
 
-    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds) -> list[Item]:
-        """``items`` (a view whose frozen prefix ends at ``frozen``) with the cache hints the API takes inline."""
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
+        """``items`` (a view whose frozen prefix ends at ``frozen``) with the cache hints the API takes inline
+        (``proxy.dialects.breakpoints``); ``adds_fields``: whether the upstream is known to take fields beyond the
+        client's (``--add-fields``)."""
         return items
 
     @abc.abstractmethod

@@ -1,6 +1,7 @@
-"""Anthropic's ``cache_control`` breakpoints: the client's counted, the proxy's placed at the frozen boundary.
+"""Explicit prompt-cache breakpoints at the frozen boundary: Anthropic's ``cache_control``, OpenAI's
+``prompt_cache_breakpoint``.
 
-The API takes at most four breakpoints in one request and refuses a fifth ("A maximum of 4 blocks with
+Anthropic's API takes at most four breakpoints in one request and refuses a fifth ("A maximum of 4 blocks with
 cache_control may be provided"): on tool definitions, system blocks and message content blocks (the blocks
 inside a ``tool_result`` too), and a top-level ``cache_control`` (automatic caching, put on the last cacheable
 block) takes a slot as well. It writes a cache entry at each breakpoint; a request reads the longest entry it
@@ -33,6 +34,23 @@ breakpoint put it there. The summary block is the proxy's own text: no client br
 
 The proxy's breakpoint takes a one-hour TTL when a breakpoint of the client's after it has one (the API wants
 longer TTLs before shorter ones), the default five minutes otherwise.
+
+OpenAI takes an explicit breakpoint on GPT-5.6 and later, ``prompt_cache_breakpoint: {"mode": "explicit"}`` on a
+text part of a Chat message or a Responses ``input_text`` (openai-python's ``ChatCompletionContentPartTextParam``,
+``ResponseInputTextParam``). OpenAI's prompt-caching guide: these models bill cache writes (1.25 times); its
+GPT-5.6 upgrade guide (quoted in openai/codex#35300): their implicit breakpoint sits near the latest message, so a
+stable prefix under a changed suffix can lose its hits unless an explicit breakpoint marks the stable boundary. The
+proxy puts one on the summary item's last text part, only where ``--add-fields`` allows (a field a strict
+OpenAI-compatible server does not know is refused), only for a model litellm's map prices as such, and never when
+the client set a breakpoint or ``prompt_cache_options`` of its own (it manages its prefixes itself): one explicit
+breakpoint beside the implicit one, within the four cache writes a request may make. Not on the masked end:
+masked outputs are strings (a tool message's content, a ``function_call_output``'s ``output``) that a breakpoint
+would turn into parts, and assistant turns take none.
+
+No ``cache_control`` on Chat requests, though OpenRouter and LiteLLM take it on content parts for Anthropic models:
+the Chat door cannot tell such a gateway from an upstream that refuses the field. A client's own rides in its
+content parts, whose keys masking and clipping keep. Gemini takes no inline breakpoint (its explicit cache is a
+separate ``cachedContents`` resource).
 """
 
 from __future__ import annotations
@@ -42,25 +60,30 @@ from typing import Any
 
 from proxy.context.items import Item
 from proxy.context.view.projection import FrozenEnds
+from proxy.context.view.window import model_entry
 
 #: Anthropic takes at most this many ``cache_control`` breakpoints in one request.
 MAX_BREAKPOINTS = 4
 #: Content blocks that take a ``cache_control`` (thinking blocks refuse one).
 MARKABLE = frozenset({"text", "image", "document", "search_result", "tool_use", "tool_result"})
 LONG_TTL = "1h"
+#: OpenAI's explicit breakpoint, on a text part (openai-python's ``ChatCompletionContentPartTextParam`` and
+#: ``ResponseInputTextParam``): ``{"mode": "explicit"}``.
+OPENAI_FIELD = "prompt_cache_breakpoint"
 
 
-def marks(value: Any) -> list[Any]:
-    """Every ``cache_control`` inside ``value``, at any depth. Counting one the API would not (a tool's argument
-    named so) only costs a breakpoint the proxy then does not add; missing one would cost a refused request."""
+def marks(value: Any, field: str = "cache_control") -> list[Any]:
+    """Every ``field`` (a breakpoint) inside ``value``, at any depth. Counting one the API would not (a tool's
+    argument named so) only costs a breakpoint the proxy then does not add; missing one would cost a refused
+    request."""
     if isinstance(value, dict):
-        found = [value["cache_control"]] if "cache_control" in value else []
+        found = [value[field]] if field in value else []
         for key, inner in value.items():
-            if key != "cache_control" and isinstance(inner, dict | list):
-                found += marks(inner)
+            if key != field and isinstance(inner, dict | list):
+                found += marks(inner, field)
         return found
     if isinstance(value, list):
-        return [mark for inner in value if isinstance(inner, dict | list) for mark in marks(inner)]
+        return [mark for inner in value if isinstance(inner, dict | list) for mark in marks(inner, field)]
     return []
 
 
@@ -117,3 +140,34 @@ def _last_markable(items: Sequence[Item], index: int | None) -> tuple[int, int] 
         if isinstance(block, dict) and block.get("type") in MARKABLE and (block["type"] != "text" or block.get("text")):
             return None if marks(block) else (index, at)
     return None
+
+
+def takes_explicit_breakpoints(model: str) -> bool:
+    """Whether an OpenAI model takes ``prompt_cache_breakpoint``: the families that bill cache writes (GPT-5.6 and
+    later; OpenAI's prompt-caching guide), which litellm's map prices above uncached input (1.25 times). A model it
+    does not know, or one of another provider, takes none."""
+    entry = model_entry(model) or {}
+    write, read = entry.get("cache_creation_input_token_cost"), entry.get("input_cost_per_token")
+    return (entry.get("litellm_provider") == "openai" and isinstance(write, int | float)
+            and isinstance(read, int | float) and write > read)
+
+
+def with_openai_breakpoint(payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, part: str,
+                           *, adds_fields: bool) -> list[Item]:
+    """``items`` (a view) with OpenAI's breakpoint at the end of its summary item (text parts of type ``part``),
+    where fields may be added (``--add-fields``) and the model takes one, unless the client set breakpoints or
+    ``prompt_cache_options`` of its own: it then manages its prefixes itself. It goes on the item's last text part
+    (the whole item is frozen: the summary and the user message it leads); a string content becomes one part."""
+    index = frozen.summary
+    if not adds_fields or index is None or index >= len(items) or "prompt_cache_options" in payload \
+            or not takes_explicit_breakpoints(str(payload.get("model") or "")) or marks(payload, OPENAI_FIELD):
+        return items
+    item, mark = items[index], {"mode": "explicit"}
+    content = item.get("content")
+    parts: list[Any] = content if isinstance(content, list) else [{"type": part, "text": content}] \
+        if isinstance(content, str) else []
+    texts = [at for at, block in enumerate(parts) if isinstance(block, dict) and block.get("type") == part]
+    if not texts:
+        return items
+    parts = [*parts[:texts[-1]], {**parts[texts[-1]], OPENAI_FIELD: mark}, *parts[texts[-1] + 1:]]
+    return [*items[:index], {**item, "content": parts}, *items[index + 1:]]

@@ -247,9 +247,10 @@ class MessagesDialect(Dialect):
         edits = management.get("edits") if isinstance(management, Mapping) else None
         return isinstance(edits, list) and any(_rewrites(edit) for edit in edits)
 
-    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds) -> list[Item]:
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
         """``cache_control`` breakpoints at the view's frozen ends while the request leaves room
-        (``proxy.dialects.breakpoints``)."""
+        (``proxy.dialects.breakpoints``): the API's own field, sent whatever ``--add-fields`` says."""
         return with_breakpoints(payload, items, frozen)
 
     def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:

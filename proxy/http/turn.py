@@ -132,7 +132,8 @@ class Turn:
         extra = {**self.added_fields(), **(offered or {})}
         if not view.changed and not any(name in payload for name in extra):
             return with_fields(self.parsed.raw, extra)
-        return dialect.render(self.parsed, dialect.cache_hints(payload, view.messages, view.frozen), extra)
+        hinted = dialect.cache_hints(payload, view.messages, view.frozen, adds_fields=self.settings.adds_fields)
+        return dialect.render(self.parsed, hinted, extra)
 
     def view_info(self, view: PreparedView) -> dict[str, Any]:
         """What each reply's log entry says of the view it answered (``view``): the inspector reads it."""
