@@ -274,3 +274,13 @@ def test_only_the_openai_families_that_bill_writes_take_explicit_breakpoints() -
     assert takes_explicit_breakpoints("gpt-5.6") and takes_explicit_breakpoints("openai/gpt-5.6-terra")
     for model in ("gpt-5.5", "gpt-4o", "ft:gpt-4o-2024-11-20", "claude-sonnet-4-5", "my-model", ""):
         assert not takes_explicit_breakpoints(model), model
+
+
+def test_the_proxys_breakpoint_lasts_an_hour_when_a_later_one_of_the_clients_does() -> None:
+    """Anthropic wants longer TTLs before shorter ones: after the proxy's, an hour's breakpoint of the client's (on a
+    later block, or the top-level one that goes on the last block) makes the proxy's an hour's too."""
+    later = {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": HOUR}]}
+    assert marks(with_breakpoints({}, [SUMMARY, later], FrozenEnds(summary=0))[0]) == [HOUR]
+    assert marks(with_breakpoints({"cache_control": HOUR}, [SUMMARY], FrozenEnds(summary=0))) == [HOUR]
+    earlier = {"system": [{"type": "text", "text": "s", "cache_control": HOUR}]}
+    assert marks(with_breakpoints(earlier, [SUMMARY], FrozenEnds(summary=0))) == [EPHEMERAL], "only later ones count"

@@ -106,7 +106,7 @@ def with_breakpoints(payload: Mapping[str, Any], items: list[Item], frozen: Froz
     for index, block in targets:
         content = out[index]["content"]
         later = [*marks(content[block + 1:]), *(mark for found in held[index + 1:] for mark in found),
-                 *marks([payload.get("cache_control")])]
+                 *([payload["cache_control"]] if "cache_control" in payload else [])]  # on the last block
         long = any(isinstance(mark, Mapping) and mark.get("ttl") == LONG_TTL for mark in later)
         control = {"type": "ephemeral", **({"ttl": LONG_TTL} if long else {})}
         out[index] = {**out[index], "content": [*content[:block], {**content[block], "cache_control": control},
@@ -137,9 +137,15 @@ def _last_markable(items: Sequence[Item], index: int | None) -> tuple[int, int] 
     blocks = content if isinstance(content, list) else []
     for at in range(len(blocks) - 1, -1, -1):
         block = blocks[at]
-        if isinstance(block, dict) and block.get("type") in MARKABLE and (block["type"] != "text" or block.get("text")):
+        if _markable(block):
             return None if marks(block) else (index, at)
     return None
+
+
+def _markable(block: Any) -> bool:
+    """Whether the API takes a breakpoint on ``block``: not on thinking, nor on an empty text."""
+    return isinstance(block, dict) and block.get("type") in MARKABLE and (
+        block["type"] != "text" or bool(str(block.get("text") or "").strip()))
 
 
 def takes_explicit_breakpoints(model: str) -> bool:
