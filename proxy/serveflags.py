@@ -82,7 +82,8 @@ _UPSTREAMS: list[Decorator] = [
     click.option("--add-fields", envvar="CTXPROXY_ADD_FIELDS", type=click.Choice(["auto", "always", "never"]),
                  default=None, show_envvar=True,
                  help="Add fields the client did not send (prompt_cache_key; stream_options.include_usage on streamed "
-                      "Chat requests): auto only when --upstream is api.openai.com, always, or never (Azure OpenAI "
+                      "Chat requests; prompt_cache_breakpoint on a summary for GPT-5.6 and later): auto only when "
+                      "--upstream is api.openai.com, always, or never (Azure OpenAI "
                       "refuses arguments it does not know) [default: auto]"),
 ]
 

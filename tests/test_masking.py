@@ -12,7 +12,7 @@ from proxy.context.keep.userwords import HEADING
 from proxy.context.log.lineage import ConversationState
 from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.context.view.masking import Masker, arguments_digest, mask_end
-from proxy.context.view.projection import SUMMARY_HEADER, ProjectionBuilder
+from proxy.context.view.projection import SUMMARY_HEADER, FrozenEnds, ProjectionBuilder
 from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
 from proxy.store.base import StoredFact
@@ -234,3 +234,19 @@ def test_the_kept_outputs_are_a_token_budget_as_well_as_a_count() -> None:
     assert end == len(CONVERSATION) - 4, "masking reaches just past the third last output"
     assert mask_end(CHAT, CONVERSATION, 2, 10, budget=10**6, size=size) == mask_end(CHAT, CONVERSATION, 2, 10)
     assert mask_end(CHAT, CONVERSATION, 2, 10, budget=1, size=size) == len(CONVERSATION) - 2, "the last stays"
+
+
+def test_the_layout_says_where_the_frozen_prefix_ends() -> None:
+    hashes = [CHAT.hash(m) for m in CONVERSATION]
+    keys = {"seqs": range(len(CONVERSATION)), "keys": hashes}
+    masking = masking_checkpoint(None, 11, hashes, system_end=1, model="m", created_at=1.0)
+    assert ProjectionBuilder(CHAT).layout(CONVERSATION, masking, **keys)[1] == FrozenEnds(masked=10)
+    summarised = Checkpoint("S", 4, prefix_hash(hashes, 4), None, 0, 0, "m", 0.0)
+    both = masking_checkpoint(summarised, 9, hashes, system_end=1, model="m", created_at=2.0)
+    view, frozen = ProjectionBuilder(CHAT).layout(CONVERSATION, both, **keys)
+    assert frozen == FrozenEnds(summary=1, masked=6), "the summary its own item, then the masked 4..8"
+    assert view[1]["content"].startswith(SUMMARY_HEADER) and view[7] is CONVERSATION[9]
+    view, frozen = ProjectionBuilder(CHAT, summary_placement="system").layout(CONVERSATION, both, **keys)
+    assert frozen == FrozenEnds(summary=0, masked=5) and SUMMARY_HEADER in view[0]["content"]
+    assert ProjectionBuilder(CHAT).layout(CONVERSATION, summarised)[1] == FrozenEnds(summary=1)
+    assert ProjectionBuilder(CHAT).layout(CONVERSATION, None) == (CONVERSATION, FrozenEnds())

@@ -11,10 +11,10 @@ from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.app import create_app
-from proxy.context.view.projection import SUMMARY_HEADER
+from proxy.context.view.projection import SUMMARY_HEADER, FrozenEnds
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.dialects.breakpoints import breakpoints
 from proxy.dialects.chat import prompt_cache_key
-from proxy.dialects.messages import breakpoints
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
@@ -23,7 +23,7 @@ from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
 from tests.fakescript import STEP, Script
 from tests.fakeupstream import FakeUpstream, Reply
-from tests.proxyfixtures import MASKING_OFF, read_log
+from tests.proxyfixtures import read_log
 from tests.test_compaction_e2e import prose
 
 KEY = "sk-cache"
@@ -81,17 +81,21 @@ SUMMARY_ITEM = {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_
 
 def test_a_breakpoint_goes_on_the_summary_block_while_the_request_has_room() -> None:
     marked = MESSAGES.cache_hints({"system": [{"type": "text", "text": "s", "cache_control": EPHEMERAL}]},
-                                  [SUMMARY_ITEM], 0)
+                                  [SUMMARY_ITEM], FrozenEnds(summary=0), adds_fields=False)
     assert marked == [{"role": "user", "content": [{**SUMMARY_ITEM["content"][0], "cache_control": EPHEMERAL},
                                                    SUMMARY_ITEM["content"][1]]}]
     assert SUMMARY_ITEM["content"][0].get("cache_control") is None, "the view's items are not changed in place"
     full = {"system": [{"type": "text", "text": str(i), "cache_control": EPHEMERAL} for i in range(2)],
             "tools": [{"name": "t", "input_schema": {}, "cache_control": EPHEMERAL}]}
     last = {"role": "assistant", "content": [{"type": "text", "text": "x", "cache_control": EPHEMERAL}]}
-    assert breakpoints(full["system"], full["tools"], [SUMMARY_ITEM, last]) == 4
-    assert MESSAGES.cache_hints(full, [SUMMARY_ITEM, last], 0) == [SUMMARY_ITEM, last], "four already: no room"
-    assert MESSAGES.cache_hints({}, [SUMMARY_ITEM], None) == [SUMMARY_ITEM], "no summary in the view"
-    assert CHAT.cache_hints({}, [SUMMARY_ITEM], 0) == [SUMMARY_ITEM]
+    assert breakpoints(full, [SUMMARY_ITEM, last]) == 4
+    assert MESSAGES.cache_hints(full, [SUMMARY_ITEM, last], FrozenEnds(summary=0), adds_fields=False) == [
+        SUMMARY_ITEM, last], \
+        "four already: no room"
+    assert MESSAGES.cache_hints({}, [SUMMARY_ITEM], FrozenEnds(), adds_fields=False) == [SUMMARY_ITEM], \
+        "no summary in the view"
+    unknown = {"model": "m"}  # a model that takes no explicit breakpoint
+    assert CHAT.cache_hints(unknown, [SUMMARY_ITEM], FrozenEnds(summary=0), adds_fields=True) == [SUMMARY_ITEM]
 
 
 async def proxy_for(aiohttp_server: Any, aiohttp_client: Any, fake: Any, store_url: str,
@@ -143,24 +147,6 @@ def stream_content(raw: bytes) -> list[dict[str, Any]]:
             block["input"] = orjson.loads(block.pop("_json"))
         out.append(block)
     return out
-
-
-@pytest.mark.parametrize("taken", [1, 4])
-async def test_an_anthropic_view_gets_a_breakpoint_on_its_summary_when_the_client_leaves_room(
-        aiohttp_server: Any, aiohttp_client: Any, store_url: str, taken: int) -> None:
-    fake = FakeMessages(Script(steps=40), window=16_000)
-    proxy = await proxy_for(aiohttp_server, aiohttp_client, fake, store_url, context_window=16_000,
-                            **MASKING_OFF)  # a summary gets it
-    system = [{"type": "text", "text": f"part {i}", "cache_control": EPHEMERAL} for i in range(taken)]
-    await claude_steps(proxy, 24, system)
-    turns = [r.body for r in fake.turns()]
-    summarised = [t for t in turns if t["messages"][0]["content"][0]["text"].startswith(SUMMARY_HEADER)]
-    assert summarised, "the run was summarised"
-    for body in summarised:
-        block = body["messages"][0]["content"][0]
-        assert block.get("cache_control") == (EPHEMERAL if taken < 4 else None)
-        assert breakpoints(body["system"], body.get("tools"), body["messages"]) <= 4
-    assert all("prompt_cache_key" not in body for body in turns)
 
 
 async def test_usage_metrics_count_anthropic_reads_from_the_cache(aiohttp_server: Any, aiohttp_client: Any,

@@ -229,7 +229,7 @@ class ContextEngine:
         checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes, requester)
         seqs, keys = (state.entries_for(hashes, checkpoint.covers) if state is not None and checkpoint is not None
                       and checkpoint.masks else ((), ()))
-        view = self.projection(dialect).build(messages, checkpoint, seqs=seqs, keys=keys)
+        view, frozen = self.projection(dialect).layout(messages, checkpoint, seqs=seqs, keys=keys)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
         estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state),
@@ -238,7 +238,7 @@ class ContextEngine:
                                    session=session)
         limit = policy.hard_limit(max_output) if limit is None else limit
         prepared = PreparedView(view, changed, estimate, checkpoint, compacted, policy.threshold(max_output), limit,
-                                unfreed=self.unfreed(window, dialect, messages, hashes, tools))
+                                unfreed=self.unfreed(window, dialect, messages, hashes, tools), frozen=frozen)
         if not fit or estimate.tokens <= limit:
             return prepared
         # Over the limit after compaction had its chance: rare, so whole-view work is fine here.

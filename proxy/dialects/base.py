@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, ItemModel
+from proxy.context.view.projection import FrozenEnds
 from proxy.errors import BadRequest, openai_error
 from proxy.settings import Settings
 
@@ -288,8 +289,11 @@ class Dialect(ItemModel):
         """Request fields that keep the provider's prompt cache warm for ``session``, where the client set none."""
         return {}
 
-    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
-        """``items`` (a view whose summary leads item ``summary_at``) with cache hints the API takes inline."""
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
+        """``items`` (a view whose frozen prefix ends at ``frozen``) with the cache hints the API takes inline
+        (``proxy.dialects.breakpoints``); ``adds_fields``: whether the upstream is known to take fields beyond the
+        client's (``--add-fields``)."""
         return items
 
     @abc.abstractmethod

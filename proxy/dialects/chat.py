@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from proxy.context.items import Item, Path, Role
+from proxy.context.view.projection import FrozenEnds
 from proxy.dialects.base import (
     Dialect,
     ParsedRequest,
@@ -34,6 +35,7 @@ from proxy.dialects.base import (
     role_problem,
     text_of,
 )
+from proxy.dialects.breakpoints import with_openai_breakpoint
 from proxy.sse import StreamAssembler, is_usage_only, message_from_completion
 
 #: Finish reasons of an answer that ended on its own: OpenAI's, and Anthropic's for its compatible endpoints.
@@ -263,6 +265,12 @@ class ChatDialect(Dialect):
 
     def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
         return {} if "prompt_cache_key" in payload else {"prompt_cache_key": prompt_cache_key(session)}
+
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
+        """OpenAI's ``prompt_cache_breakpoint`` at the end of the summary item, on the models that take it
+        (``proxy.dialects.breakpoints``)."""
+        return with_openai_breakpoint(payload, items, frozen, "text", adds_fields=adds_fields)
 
     def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}

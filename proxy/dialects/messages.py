@@ -12,7 +12,8 @@ message, so they are never separated from their tool use, and the kept tail is
 byte-identical, signatures included.
 
 Identity ignores ``cache_control``: Claude Code moves its breakpoints forward
-every turn, and a moved breakpoint is not an edit.
+every turn, and a moved breakpoint is not an edit. The proxy adds its own at the
+view's frozen ends where the request leaves room (``proxy.dialects.breakpoints``).
 
 The API's own context management (``context_management.edits``, beta
 ``context-management-2025-06-27`` and ``compact-2026-01-12``): a request whose
@@ -35,6 +36,7 @@ from typing import Any, ClassVar
 import orjson
 
 from proxy.context.items import Item, Path, Role
+from proxy.context.view.projection import FrozenEnds
 from proxy.dialects.base import (
     Dialect,
     Problem,
@@ -45,13 +47,12 @@ from proxy.dialects.base import (
     role_problem,
     text_of,
 )
+from proxy.dialects.breakpoints import with_breakpoints
 
 _TEXT = frozenset({"text"})
 #: Events before any content block: held back, so an error that follows can be retried unseen.
 PREAMBLE_EVENTS = frozenset({"message_start", "ping"})
 FINISHED = frozenset({"end_turn", "stop_sequence"})
-#: Anthropic takes at most this many ``cache_control`` breakpoints in one request.
-MAX_BREAKPOINTS = 4
 #: ``context_management`` edits that make the upstream rewrite the conversation (``compact_20260112``,
 #: ``clear_tool_uses_20250919`` and their later versions); ``clear_thinking_…`` only drops old thinking.
 UPSTREAM_EDITS = ("compact_", "clear_tool_uses_")
@@ -246,19 +247,11 @@ class MessagesDialect(Dialect):
         edits = management.get("edits") if isinstance(management, Mapping) else None
         return isinstance(edits, list) and any(_rewrites(edit) for edit in edits)
 
-    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], summary_at: int | None) -> list[Item]:
-        """A ``cache_control`` breakpoint on the summary block, if the request leaves room (4 per request): the
-        prompt up to the summary is the part that stays the same between reductions."""
-        if summary_at is None or summary_at >= len(items) or breakpoints(payload.get("system"), payload.get("tools"),
-                                                                         items) >= MAX_BREAKPOINTS:
-            return items
-        item = items[summary_at]
-        content = item.get("content")
-        if not isinstance(content, list) or not content or not isinstance(content[0], dict) \
-                or content[0].get("type") != "text":
-            return items
-        marked = {**item, "content": [{**content[0], "cache_control": {"type": "ephemeral"}}, *content[1:]]}
-        return [*items[:summary_at], marked, *items[summary_at + 1:]]
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
+        """``cache_control`` breakpoints at the view's frozen ends while the request leaves room
+        (``proxy.dialects.breakpoints``): the API's own field, sent whatever ``--add-fields`` says."""
+        return with_breakpoints(payload, items, frozen)
 
     def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"name": name, "description": description, "input_schema": parameters}
@@ -316,19 +309,6 @@ class MessagesDialect(Dialect):
             raise ValueError("the summary answer holds no text block")
         reason = body.get("stop_reason")
         return "".join(texts), reason in FINISHED, str(reason) if reason else "missing"
-
-
-def breakpoints(system: Any, tools: Any, items: Sequence[Item]) -> int:
-    """``cache_control`` breakpoints a request holds: on system blocks, tool definitions and content blocks."""
-    count = sum(1 for block in system if isinstance(block, dict) and "cache_control" in block) \
-        if isinstance(system, list) else 0
-    count += sum(1 for tool in tools if isinstance(tool, dict) and "cache_control" in tool) \
-        if isinstance(tools, list) else 0
-    for item in items:
-        content = item.get("content")
-        if isinstance(content, list):
-            count += sum(1 for block in content if isinstance(block, dict) and "cache_control" in block)
-    return count
 
 
 class MessagesReader(ReplyReader):

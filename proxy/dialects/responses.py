@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.context.items import Item, Path, Role
+from proxy.context.view.projection import FrozenEnds
 from proxy.dialects.base import (
     Dialect,
     ReplyReader,
@@ -30,6 +31,7 @@ from proxy.dialects.base import (
     require_items,
     text_of,
 )
+from proxy.dialects.breakpoints import with_openai_breakpoint
 from proxy.dialects.chat import canonical_arguments, prompt_cache_key
 
 CALL_TYPES = frozenset({"function_call", "custom_tool_call", "local_shell_call", "computer_call"})
@@ -218,6 +220,12 @@ class ResponsesDialect(Dialect):
 
     def cache_fields(self, payload: Mapping[str, Any], session: str) -> dict[str, Any]:
         return {} if "prompt_cache_key" in payload else {"prompt_cache_key": prompt_cache_key(session)}
+
+    def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
+                    adds_fields: bool) -> list[Item]:
+        """OpenAI's ``prompt_cache_breakpoint`` at the end of the summary item, on the models that take it
+        (``proxy.dialects.breakpoints``)."""
+        return with_openai_breakpoint(payload, items, frozen, "input_text", adds_fields=adds_fields)
 
     def tool_definition(self, name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"type": "function", "name": name, "description": description, "parameters": parameters,

@@ -19,7 +19,7 @@ from aiohttp import web
 from proxy import offload
 from proxy.constants import HEADER_COMPACTED, HEADER_OVERHEAD, HEADER_SESSION, HEADER_VIEW_TOKENS
 from proxy.context.engine import ContextEngine
-from proxy.context.items import Item, leading_system_count
+from proxy.context.items import Item
 from proxy.context.log.lineage import ConversationState
 from proxy.context.summary.summarizer import SummaryAnswer
 from proxy.context.view.applying import ANYONE, Requester
@@ -132,10 +132,8 @@ class Turn:
         extra = {**self.added_fields(), **(offered or {})}
         if not view.changed and not any(name in payload for name in extra):
             return with_fields(self.parsed.raw, extra)
-        checkpoint = view.checkpoint
-        summary_at = (leading_system_count(dialect, view.messages)
-                      if checkpoint is not None and checkpoint.summarises else None)
-        return dialect.render(self.parsed, dialect.cache_hints(payload, view.messages, summary_at), extra)
+        hinted = dialect.cache_hints(payload, view.messages, view.frozen, adds_fields=self.settings.adds_fields)
+        return dialect.render(self.parsed, hinted, extra)
 
     def view_info(self, view: PreparedView) -> dict[str, Any]:
         """What each reply's log entry says of the view it answered (``view``): the inspector reads it."""

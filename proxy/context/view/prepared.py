@@ -10,6 +10,7 @@ from typing import Literal
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.view.budget import Estimate
+from proxy.context.view.projection import NOTHING_FROZEN, FrozenEnds
 from proxy.types import Message
 
 #: ``X-Ctxproxy-Compacted``: how this request's view came to be.
@@ -35,6 +36,9 @@ class PreparedView:
     #: Tokens of what no compaction frees (``ContextEngine.unfreed``): the tool definitions and the leading system
     #: messages. Measured once with the view; the thresholds beside it (soft, batch room, kept outputs) read it.
     unfreed: int = 0
+    #: Where the view's frozen prefix ends (the summary item, the last masked item): a provider's explicit cache
+    #: breakpoints go there (``Dialect.cache_hints``). A recall round appends to the view and leaves them.
+    frozen: FrozenEnds = NOTHING_FROZEN
 
     @property
     def view_key(self) -> str:

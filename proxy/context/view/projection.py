@@ -35,6 +35,7 @@ when a view cannot fit the window they are clipped by ``proxy.context.view.clipp
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from proxy.context.checkpoint import Checkpoint
@@ -52,6 +53,22 @@ SUMMARY_HEADER = (
     "[ctxproxy] Summary of earlier work in this conversation. The messages it replaces were compacted "
     "to keep the conversation within the context window; the conversation continues after this summary."
 )
+
+
+@dataclass(frozen=True)
+class FrozenEnds:
+    """Where a view's frozen prefix ends, as positions in the view: the item holding the summary (``summary``; it
+    leads a user item, or ends the system item with placement ``system``) and the last item of the masked region
+    (``masked``); None where the view has none. Everything up to either is byte-identical from request to request
+    until the next reduction, so that is where a provider's explicit cache breakpoint pays
+    (``Dialect.cache_hints``)."""
+
+    summary: int | None = None
+    masked: int | None = None
+
+
+#: A view the client's conversation as sent, or one with neither a summary nor masked outputs.
+NOTHING_FROZEN = FrozenEnds()
 
 
 def summary_text(checkpoint: Checkpoint) -> str:
@@ -83,8 +100,13 @@ class ProjectionBuilder:
               keys: Sequence[str] = ()) -> list[Message]:
         """The view; ``seqs`` and ``keys`` (the log's seqs and prefix hashes of the logged prefix) name and key the
         masked outputs, and matter only to a checkpoint that masks."""
+        return self.layout(messages, checkpoint, seqs=seqs, keys=keys)[0]
+
+    def layout(self, messages: Sequence[Message], checkpoint: Checkpoint | None, *, seqs: Sequence[int] = (),
+               keys: Sequence[str] = ()) -> tuple[list[Message], FrozenEnds]:
+        """The view (``build``) and where its frozen prefix ends in it."""
         if checkpoint is None:
-            return list(messages)
+            return list(messages), NOTHING_FROZEN
         model = self.dialect
         system_end = leading_system_count(model, messages)
         text = summary_text(checkpoint)
@@ -93,23 +115,30 @@ class ProjectionBuilder:
         if round_start is not None and system_end <= round_start < checkpoint.retain_start_idx:
             body.append(messages[round_start])
         start = max(checkpoint.retain_start_idx, system_end)
+        masked: int | None = None  # the last masked item's place in ``body``
         if checkpoint.masked_until > start:
             body.extend(self.masker.region(model, messages, start, checkpoint.masked_until, seqs, keys,
                                            checkpoint.prefix_hash))
-            start = checkpoint.masked_until
+            masked, start = len(body) - 1, checkpoint.masked_until
         body.extend(messages[start:])
         head = list(messages[:system_end])
         if not text:
-            return [*head, *body]
+            return [*head, *body], FrozenEnds(masked=_shifted(masked, len(head)))
         if self.summary_placement == "system":
             merged = model.system_with_summary(head[-1] if head else None, text)
             if merged is not None:
-                return [*head[:-1], merged, *body]
+                at = max(len(head) - 1, 0)
+                return [*head[:-1], merged, *body], FrozenEnds(at, _shifted(masked, at + 1))
         if body and model.role(body[0]) == "user":
             body[0] = model.with_summary(body[0], text + SUMMARY_END)
         else:
             body.insert(0, model.with_summary(None, text))
-        return [*head, *body]
+            masked = _shifted(masked, 1)
+        return [*head, *body], FrozenEnds(len(head), _shifted(masked, len(head)))
+
+
+def _shifted(index: int | None, by: int) -> int | None:
+    return None if index is None else index + by
 
 
 def build_model_view(
