@@ -341,3 +341,18 @@ async def test_successive_compactions_carry_the_literals_and_one_after_an_older_
     third = await literal_compactor().compact(messages, hashes, older, budget=10_000, model="m")
     assert third.checkpoint is not None and ERROR in third.checkpoint.literals_text
     assert summary_text(third.checkpoint).endswith(third.checkpoint.literals_text)
+
+
+def test_a_long_heredoc_whose_file_a_later_one_wrote_again_comes_after_those_still_standing() -> None:
+    """A heredoc whose every file a later heredoc wrote whole again carries no file's text any more, only history:
+    it yields to older ones whose text may still be their file's."""
+    def heredoc(path: str, line: str) -> str:
+        return f"cat > {path} <<'EOF'\n" + f"{line}\n" * 200 + "EOF"
+
+    writes = [heredoc("b.py", "b = 1"), heredoc("a.py", "a = 1"), heredoc("a.py", "a = 2")]
+    literals = [Exact("command", text, "", n, n) for n, text in enumerate(writes)]
+    whole, _ = add_back(literals, "", 100_000, len)
+    full = next(room for room in range(len(whole) // 2, 2 * len(whole))
+                if add_back(literals, "", room, len)[1].dropped == 0)
+    text, _ = add_back(literals, "", full - 1, len)
+    assert writes[2] in text and writes[0] in text and writes[1] not in text

@@ -200,14 +200,32 @@ def writes_text(command: str) -> bool:
     return bool(opens) and bool(shell_writes(command))
 
 
-def _rank(literal: Exact) -> float:
+def _rank(literal: Exact, replaced: bool) -> float:
     """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
-    text just after the resolved errors (an error line and its call say more in fewer tokens), and one longer than
+    text just after the resolved errors (an error line and its call say more in fewer tokens), one longer than
     ``MAX_LITERAL_CHARS`` after every other literal, in the room they leave (one such command would take the
-    place of dozens of the others)."""
+    place of dozens of the others), and of those, one ``replaced`` (every file it wrote, a later one wrote again)
+    after those whose text may still be a file's."""
     if literal.kind == "command" and writes_text(literal.text):
-        return len(PRIORITY) if len(literal.text) > MAX_LITERAL_CHARS else PRIORITY.index("resolved") + 0.5
+        if len(literal.text) > MAX_LITERAL_CHARS:
+            return len(PRIORITY) + int(replaced)
+        return PRIORITY.index("resolved") + 0.5
     return PRIORITY.index(literal.kind)
+
+
+def rewritten(literals: Sequence[Exact]) -> set[int]:
+    """Indices (in ``literals``, oldest first) of the heredoc writes whose every file a later one wrote again: the
+    text they carry is no file's any more, only history."""
+    later: set[str] = set()
+    out: set[int] = set()
+    for at in range(len(literals) - 1, -1, -1):
+        literal = literals[at]
+        if literal.kind == "command" and writes_text(literal.text):
+            paths = set(shell_writes(literal.text))
+            if paths <= later:
+                out.add(at)
+            later |= paths
+    return out
 
 
 def _words(text: str) -> Iterable[tuple[str, str]]:
@@ -322,7 +340,8 @@ def add_back(literals: Sequence[Exact], shown: str, budget: int,
     by ``PRIORITY``, newest first within a kind; a literal that does not fit is dropped and smaller later ones
     still tried. ``""`` when nothing is added."""
     missing = [literal for literal in literals if literal.text not in shown]
-    ranked = sorted(missing, key=lambda literal: (_rank(literal), -literal.index))
+    replaced = {id(literals[at]) for at in rewritten(literals)}
+    ranked = sorted(missing, key=lambda literal: (_rank(literal, id(literal) in replaced), -literal.index))
     spent = count(LITERALS_HEADING) + 2 * len(PRIORITY)
     chosen: list[Exact] = []
     for literal in ranked:
