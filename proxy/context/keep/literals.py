@@ -215,7 +215,8 @@ def _rank(literal: Exact, replaced: bool) -> float:
 
 def rewritten(literals: Sequence[Exact]) -> set[int]:
     """Indices (in ``literals``, oldest first) of the heredoc writes whose every file a later one wrote again: the
-    text they carry is no file's any more, only history."""
+    text they carry is no file's any more, only history. A file edited since (a patch) is not counted so: most of
+    the text is still the file's, and the path literals do not tell a whole write from an edit."""
     later: set[str] = set()
     out: set[int] = set()
     for at in range(len(literals) - 1, -1, -1):
