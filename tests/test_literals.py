@@ -25,6 +25,7 @@ from proxy.context.keep.literals import (
     shown_text,
     to_json,
 )
+from proxy.context.keep.workingset import working_set_maker
 from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.projection import ProjectionBuilder, summary_text
 from proxy.dialects import CHAT
@@ -356,3 +357,18 @@ def test_a_long_heredoc_whose_file_a_later_one_wrote_again_comes_after_those_sti
                 if add_back(literals, "", room, len)[1].dropped == 0)
     text, _ = add_back(literals, "", full - 1, len)
     assert writes[2] in text and writes[0] in text and writes[1] not in text
+
+
+async def test_a_heredoc_the_files_in_hand_carry_as_its_command_is_not_added_back_again() -> None:
+    """The files in hand carry an unchanged heredoc write as its command: the literals see it in the view and do not
+    carry it a second time, and what the files' section leaves of its budget goes to the literals."""
+    write = "cat > src/app.py <<'EOF'\n" + "print('hello')\n" * 20 + "EOF"
+    messages = [*chat(1), *run(0, write, "Exit code: 0"), *chat(16)[1:]]
+    hashes = hashes_of(messages)
+    compactor = ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                                 projection=ProjectionBuilder(CHAT), min_retain_rounds=4,
+                                 working_set_of=working_set_maker(CHAT, 10_000, len),
+                                 literals_of=literal_maker(CHAT, 10_000, len, lent=10_000))
+    made = await compactor.compact(messages, hashes, None, budget=10_000, model="m")
+    assert made.checkpoint is not None and write in made.checkpoint.files
+    assert summary_text(made.checkpoint).count(write) == 1 and write not in made.checkpoint.literals_text
