@@ -15,6 +15,7 @@ from proxy.context.keep.literals import (
     LITERALS_HEADING,
     Exact,
     add_back,
+    bounded,
     call_source,
     extract,
     from_json,
@@ -24,6 +25,7 @@ from proxy.context.keep.literals import (
     shown_text,
     to_json,
 )
+from proxy.context.keep.workingset import working_set_maker
 from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.projection import ProjectionBuilder, summary_text
 from proxy.dialects import CHAT
@@ -201,13 +203,48 @@ def test_a_resolved_error_comes_before_a_command_that_writes_a_file_from_a_hered
     assert "Exit code: 124" in text and heredoc not in text and receipt.dropped == 2
 
 
-def test_a_long_command_is_a_literal_unless_it_carries_a_files_text() -> None:
+def test_a_long_command_is_a_literal_and_a_long_heredoc_write_comes_after_every_other_literal() -> None:
+    """A heredoc that writes a whole file is the command the agent ran (and the file): a literal of any length, but
+    the costliest, so it takes only the room every other literal leaves, where a short one would come before
+    them."""
     moves = "\n".join(f"mv public/assets/icons/4-{n}.svg public/assets/icons/icon-{n}.svg" for n in range(30))
     heredoc = "cat > src/big.py <<'EOF'\n" + "x = 1\n" * 300 + "EOF"
-    messages = [*run(0, moves, "Exit code: 0"), *run(1, heredoc, "Exit code: 0")]
+    messages = [*run(0, moves, "Exit code: 0"), *run(1, heredoc, "Exit code: 0"),
+                {"role": "user", "content": "Port 8080 is free"}]
     assert len(moves) > 1_000 and len(heredoc) > 1_000
     found, _ = extract(CHAT, messages, 0, len(messages))
-    assert [e.text for e in found if e.kind == "command"] == [moves]
+    assert [e.text for e in found if e.kind == "command"] == [moves, heredoc]
+    whole, _ = add_back(found, "", 100_000, len)
+    assert "- 8080" in whole and heredoc in whole
+    full = next(room for room in range(len(whole) // 2, 2 * len(whole))
+                if add_back(found, "", room, len)[1].dropped == 0)
+    text, receipt = add_back(found, "", full - 1, len)  # one literal short: the last in line gives way
+    assert "- 8080" in text and moves in text and heredoc not in text and receipt.dropped == 1
+
+
+def test_a_checkpoint_keeps_the_newest_long_heredocs_within_a_bound_of_characters() -> None:
+    short = Exact("command", "make", "", 0, 0)
+    long = [Exact("command", f"cat > f{n}.py <<'EOF'\n" + "y = 2\n" * 400 + "EOF", "", n, n) for n in range(1, 4)]
+    kept = bounded([short, *long], 2 * len(long[0].text))
+    assert kept == [short, long[1], long[2]], "the oldest long one goes, the short one stays"
+    assert bounded([short, *long], 0) == [short]
+
+
+def test_the_literals_take_what_the_files_in_hand_leave_of_their_budget() -> None:
+    """What the proxy carries exactly from the log fills the two shares whichever has more to carry: the files in
+    hand lend the literals the part of their budget their section leaves."""
+    commands = [f"pytest tests/test_{n}.py -k case_{n}" for n in range(40)]
+    messages = [{"role": "user", "content": "go"}, *(m for n, c in enumerate(commands) for m in run(n, c, "ok"))]
+    own = 400
+    alone = literal_maker(CHAT, own, len)
+    lending = literal_maker(CHAT, own, len, lent=1_200)
+    counted = [sum(c in text for c in commands) for _, text, _ in (
+        alone((), messages, 0, len(messages), [], "", ""),
+        lending((), messages, 0, len(messages), [], "", ""),
+        lending((), messages, 0, len(messages), [], "", "f" * 1_200))]
+    assert counted[0] < counted[1] and counted[2] == counted[0], counted
+    _, text, _ = lending((), messages, 0, len(messages), [], "", "f" * 600)
+    assert counted[0] < sum(c in text for c in commands) < counted[1] and len(text) <= own + 600
 
 
 def test_the_view_text_leaves_tool_outputs_out() -> None:
@@ -305,3 +342,33 @@ async def test_successive_compactions_carry_the_literals_and_one_after_an_older_
     third = await literal_compactor().compact(messages, hashes, older, budget=10_000, model="m")
     assert third.checkpoint is not None and ERROR in third.checkpoint.literals_text
     assert summary_text(third.checkpoint).endswith(third.checkpoint.literals_text)
+
+
+def test_a_long_heredoc_whose_file_a_later_one_wrote_again_comes_after_those_still_standing() -> None:
+    """A heredoc whose every file a later heredoc wrote whole again carries no file's text any more, only history:
+    it yields to older ones whose text may still be their file's."""
+    def heredoc(path: str, line: str) -> str:
+        return f"cat > {path} <<'EOF'\n" + f"{line}\n" * 200 + "EOF"
+
+    writes = [heredoc("b.py", "b = 1"), heredoc("a.py", "a = 1"), heredoc("a.py", "a = 2")]
+    literals = [Exact("command", text, "", n, n) for n, text in enumerate(writes)]
+    whole, _ = add_back(literals, "", 100_000, len)
+    full = next(room for room in range(len(whole) // 2, 2 * len(whole))
+                if add_back(literals, "", room, len)[1].dropped == 0)
+    text, _ = add_back(literals, "", full - 1, len)
+    assert writes[2] in text and writes[0] in text and writes[1] not in text
+
+
+async def test_a_heredoc_the_files_in_hand_carry_as_its_command_is_not_added_back_again() -> None:
+    """The files in hand carry an unchanged heredoc write as its command: the literals see it in the view and do not
+    carry it a second time, and what the files' section leaves of its budget goes to the literals."""
+    write = "cat > src/app.py <<'EOF'\n" + "print('hello')\n" * 20 + "EOF"
+    messages = [*chat(1), *run(0, write, "Exit code: 0"), *chat(16)[1:]]
+    hashes = hashes_of(messages)
+    compactor = ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                                 projection=ProjectionBuilder(CHAT), min_retain_rounds=4,
+                                 working_set_of=working_set_maker(CHAT, 10_000, len),
+                                 literals_of=literal_maker(CHAT, 10_000, len, lent=10_000))
+    made = await compactor.compact(messages, hashes, None, budget=10_000, model="m")
+    assert made.checkpoint is not None and write in made.checkpoint.files
+    assert summary_text(made.checkpoint).count(write) == 1 and write not in made.checkpoint.literals_text

@@ -193,6 +193,10 @@ def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> N
 @pytest.mark.parametrize(("command", "left"), [
     ("sed -i 's/hello/bye/' /r/app.py", {"/r/b.py"}),
     ("mv /r/app.py /r/old.py", {"/r/b.py"}),
+    ("mkdir -p /w/r && cp /r/*.py /w/r/", {"/r/app.py", "/r/b.py"}),  # a copy reads its sources, globs too
+    ("cp /r/b.py /r/app.py", {"/r/b.py"}),
+    ("cp -t /r /tmp/app.py", set()),
+    ("cp /tmp/*.py /r/*.py", set()),
     ("rm -rf /r", set()),
     ("git checkout -- .", set()),
     ("python3 -c \"open('x', 'w').write('y')\"", set()),
@@ -358,3 +362,24 @@ def test_the_maker_carries_the_current_text_into_the_checkpoint_and_the_summary_
     assert APP.replace("'hello'", "'bye'") in summary_text(checkpoint)
     assert "current as of log entry 14" in summary_text(checkpoint)
     assert working_set_maker(CHAT, 1000, words)(run.messages, 1, 0, seqs) == ((), ""), "the read is still in view"
+
+
+def test_a_file_a_heredoc_wrote_and_nothing_changed_is_carried_as_its_command() -> None:
+    """The command holds the file's text once: carried in its place, the file and the command the agent ran are
+    both in view at the cost of one. An edit since, or a command writing more than the file, shows the text."""
+    header = "Chunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\nOutput:\n"
+    write = "mkdir -p cfg && cat > cfg/a.yml <<'EOF'\nkey: 1\nname: app\nEOF"
+    both = "cat > b.txt <<'EOF'\nb\nEOF\ncat > c.txt <<'EOF'\nc\nEOF"
+    run = (Run().call("exec_command", {"cmd": write}, header).call("exec_command", {"cmd": both}, header)
+           .call("exec_command", {"cmd": "cat cfg/a.yml"}, header + "key: 1\nname: app\n"))
+    run.messages.append({"role": "user", "content": "next"})
+    seqs = list(range(10, 10 + len(run.messages)))
+    _, text = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, seqs)
+    heading = "### cfg/a.yml (current as of log entry 16: the text this command wrote, unchanged since)"
+    assert f"{heading}\n```\n{write}\n```" in text, "a whole read showing the same text keeps the command"
+    assert "### b.txt (current as of log entry 14)\n```\nb\n```" in text, "one of two files the command wrote"
+    run.messages.pop()
+    run.call("Edit", {"file_path": "cfg/a.yml", "old_string": "app", "new_string": "api"}, "updated")
+    run.messages.append({"role": "user", "content": "next"})
+    _, text = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, seqs)
+    assert write not in text and "```\nkey: 1\nname: api\n```" in text

@@ -365,7 +365,7 @@ class ContextCompactor:
         if previous is not None and not previous.literal_receipt:  # made before literals were read: read it all
             previous, split_from = None, leading_system_count(dialect, messages)
         rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
-                                               split_from, start, seqs, shown)
+                                               split_from, start, seqs, shown, checkpoint.files)
         return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())
 
     def _pins(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,

@@ -457,7 +457,8 @@ class ContextEngine:
                                                      policy.text_tokens),
                                 working_set_of=self.working_set_of(dialect, window),
                                 literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
-                                                          policy.text_tokens))
+                                                          policy.text_tokens,
+                                                          lent=int(window * self.settings.working_set_share)))
 
     def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
         """The files in hand a checkpoint carries (``proxy.context.keep.workingset``), in ``working_set_share`` of

@@ -20,9 +20,11 @@ of the same command stays, marked resolved. Each literal the view does not
 hold without help (the summary item, the verbatim tail) is added back in the
 summary item, one per line, within a token budget: unresolved errors first,
 then constraints, paths, commands, resolved errors, the commands that write a
-file's text from a heredoc, URLs, versions, identifiers, numbers, each kind
-newest first. What did not fit is counted as
-dropped for budget. The checkpoint keeps every live literal (``literals``, as
+file's text from a heredoc, URLs, versions, identifiers, numbers, and last the
+heredoc commands longer than a literal (a whole file each: what room is left),
+each kind newest first. The budget is the literals' share of the window and
+what the files in hand leave of theirs (``literal_maker``). What did not fit
+is counted as dropped for budget. The checkpoint keeps every live literal (``literals``, as
 JSON rows, bounded) so the next compaction checks them again against its own
 summary, its rendering (``literals_text``) and its receipt.
 """
@@ -53,14 +55,19 @@ TITLES = {"error": "Errors (unresolved):", "constraint": "The user's constraints
 #: Share of the window the literals added back may take, as much as the artifact trail's: an error line with its
 #: call is 30 to 60 tokens, a command 20 to 200. Replayed in a third of their size, the corpus's sessions fit every
 #: literal but one session's commands (215 of them, 10.5k tokens, in a 57k window); 15 % kept 31 more of those and
-#: cost that session one more summary; 5 % kept 29 fewer commands (440 of 646 against 469).
+#: cost that session one more summary; 5 % kept 29 fewer commands (440 of 646 against 469). The files in hand lend
+#: what they leave of their share (``literal_maker``).
 LITERALS_SHARE = 0.10
 #: Live literals a checkpoint keeps (the newest): bounds the log entry.
 MAX_LITERALS = 2_000
-#: A literal longer than this is no literal (a heredoc, a pasted file): the log and the trail hold it.
+#: A literal longer than this is no literal (a pasted file), but for the commands below.
 MAX_LITERAL_CHARS = 1_000
 #: A command that writes no file's text is a literal up to this length (a run of ``mv`` lines renaming assets).
 MAX_COMMAND_CHARS = 4_000
+#: A command that writes a file's text from a heredoc is a literal of any length (what the agent ran, and the
+#: file), but a checkpoint keeps those longer than ``MAX_LITERAL_CHARS`` only the newest first while their
+#: characters stay within this many per token of the budget: what could never be shown is not logged again.
+LONG_CHARS_PER_TOKEN = 10
 #: Characters of an error's call shown beside it.
 SOURCE_CHARS = 200
 _CONSTRAINT = re.compile(r"\b(must|should|never|always|don't|do not|make sure|required?|only|need to|avoid|"
@@ -109,8 +116,9 @@ class Receipt:
 
 
 #: The compactor's hook: from the previous checkpoint's rows, the conversation, the range ``[start, end)`` newly
-#: compacted, the log's seqs and the text the view shows without add-back: the rows, the section and its receipt.
-LiteralMaker = Callable[[tuple[object, ...], Sequence[Message], int, int, Sequence[int], str],
+#: compacted, the log's seqs, the text the view shows without add-back and the files in hand it carries (their
+#: section): the rows, the section and its receipt.
+LiteralMaker = Callable[[tuple[object, ...], Sequence[Message], int, int, Sequence[int], str, str],
                         tuple[tuple[object, ...], str, Receipt]]
 
 
@@ -192,12 +200,33 @@ def writes_text(command: str) -> bool:
     return bool(opens) and bool(shell_writes(command))
 
 
-def _rank(literal: Exact) -> float:
+def _rank(literal: Exact, replaced: bool) -> float:
     """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
-    text just after the resolved errors (an error line and its call say more in fewer tokens)."""
+    text just after the resolved errors (an error line and its call say more in fewer tokens), one longer than
+    ``MAX_LITERAL_CHARS`` after every other literal, in the room they leave (one such command would take the
+    place of dozens of the others), and of those, one ``replaced`` (every file it wrote, a later one wrote again)
+    after those whose text may still be a file's."""
     if literal.kind == "command" and writes_text(literal.text):
+        if len(literal.text) > MAX_LITERAL_CHARS:
+            return len(PRIORITY) + int(replaced)
         return PRIORITY.index("resolved") + 0.5
     return PRIORITY.index(literal.kind)
+
+
+def rewritten(literals: Sequence[Exact]) -> set[int]:
+    """Indices (in ``literals``, oldest first) of the heredoc writes whose every file a later one wrote again: the
+    text they carry is no file's any more, only history. A file edited since (a patch) is not counted so: most of
+    the text is still the file's, and the path literals do not tell a whole write from an edit."""
+    later: set[str] = set()
+    out: set[int] = set()
+    for at in range(len(literals) - 1, -1, -1):
+        literal = literals[at]
+        if literal.kind == "command" and writes_text(literal.text):
+            paths = set(shell_writes(literal.text))
+            if paths <= later:
+                out.add(at)
+            later |= paths
+    return out
 
 
 def _words(text: str) -> Iterable[tuple[str, str]]:
@@ -253,8 +282,8 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         runs.append((source, index, not lines))
         if index >= end:
             continue
-        found += [Exact("command", ran, "", index, seq(index)) for ran in commands if len(ran) <= MAX_LITERAL_CHARS
-                  or (len(ran) <= MAX_COMMAND_CHARS and not writes_text(ran))]
+        found += [Exact("command", ran, "", index, seq(index)) for ran in commands
+                  if len(ran) <= MAX_COMMAND_CHARS or writes_text(ran)]
         if not failed:
             found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in shell_writes(ran)]
             found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
@@ -312,7 +341,8 @@ def add_back(literals: Sequence[Exact], shown: str, budget: int,
     by ``PRIORITY``, newest first within a kind; a literal that does not fit is dropped and smaller later ones
     still tried. ``""`` when nothing is added."""
     missing = [literal for literal in literals if literal.text not in shown]
-    ranked = sorted(missing, key=lambda literal: (_rank(literal), -literal.index))
+    replaced = {id(literals[at]) for at in rewritten(literals)}
+    ranked = sorted(missing, key=lambda literal: (_rank(literal, id(literal) in replaced), -literal.index))
     spent = count(LITERALS_HEADING) + 2 * len(PRIORITY)
     chosen: list[Exact] = []
     for literal in ranked:
@@ -355,18 +385,36 @@ def from_json(raw: Any) -> list[Exact]:
     return out
 
 
-def literal_maker(dialect: ItemModel, budget: int, count: Callable[[str], int]) -> LiteralMaker:
-    """The compactor's ``literals_of`` for one API, with ``budget`` tokens for the section."""
+def bounded(literals: Sequence[Exact], chars: int) -> list[Exact]:
+    """``literals`` less the oldest of those longer than ``MAX_LITERAL_CHARS`` (heredoc writes) past ``chars``
+    characters of them, the newest kept first; the last ``MAX_LITERALS`` of what remains."""
+    left = chars
+    dropped: set[int] = set()
+    for at in range(len(literals) - 1, -1, -1):
+        if len(text := literals[at].text) > MAX_LITERAL_CHARS:
+            left -= len(text)
+            if left < 0:
+                dropped.add(at)
+    return [literal for at, literal in enumerate(literals) if at not in dropped][-MAX_LITERALS:]
+
+
+def literal_maker(dialect: ItemModel, budget: int, count: Callable[[str], int], lent: int = 0) -> LiteralMaker:
+    """The compactor's ``literals_of`` for one API, with ``budget`` tokens for the section, and the part of
+    ``lent`` (the files in hand's budget, ``proxy.context.keep.workingset``) that their section leaves: what the
+    proxy carries exactly from the log fills the two shares whichever has more to carry (a session whose files
+    cannot be known, or are all in view, has commands to carry)."""
 
     def make(previous: tuple[object, ...], messages: Sequence[Message], start: int, end: int,
-             seqs: Sequence[int], shown: str) -> tuple[tuple[object, ...], str, Receipt]:
+             seqs: Sequence[int], shown: str, files: str = "") -> tuple[tuple[object, ...], str, Receipt]:
         try:
             carried = from_json(list(previous))
         except ValueError:
             carried = []
         new, runs = extract(dialect, messages, start, end, seqs)
-        literals = live([*carried, *new], runs)[-MAX_LITERALS:]
-        text, receipt = add_back(literals, shown, max(0, budget), count)
+        most = max(0, budget) + max(0, lent)
+        literals = bounded(live([*carried, *new], runs), most * LONG_CHARS_PER_TOKEN)
+        spare = max(0, lent - (count(files) if files else 0))
+        text, receipt = add_back(literals, shown, max(0, budget) + spare, count)
         return tuple(tuple(row) for row in to_json(literals)), text, receipt
 
     return make

@@ -8,9 +8,13 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
   writes files) sets that file's text exactly (a quoted delimiter, or a body
   with nothing the shell would expand); an append or an expanding body only
   drops it. An output redirect (``>``, ``>>``) or ``tee`` drops its target;
-- a program that writes the files it names (``rm``, ``mv``, ``cp``, ``sed -i``,
+- a program that writes the files it names (``rm``, ``mv``, ``sed -i``,
   ``gofmt -w``, ``prettier --write``, …) drops every file an argument names or
   holds (a directory); given a glob, a ``$`` expansion or no path it drops every file;
+- a copy (``cp``, ``ln``, ``rsync``, ``install``) writes only its destination,
+  the last path: it drops what that names or holds, and reads its sources, globs
+  too (``cp tests/*.js web/tests/`` leaves ``tests/a.js`` as it was); a
+  destination given by ``-t`` or that is a glob drops every file;
 - a command that rewrites a tree (``git checkout``/``reset``/``stash``/``pull``,
   ``find -delete``, ``ruff --fix``, ``go fmt``, inline code that writes:
   ``python -c "open(…, 'w')…"``) and a command that does not parse drop every
@@ -52,8 +56,12 @@ READ_ONLY = frozenset({
     "nproc", "free", "uptime", "mkdir", "touch", "chmod", "sed", "awk", "gawk", "gofmt", "goimports",
 })
 #: Programs that write the files their arguments name (and, given a directory or a glob, anything under it).
-MUTATORS = frozenset({"rm", "mv", "cp", "ln", "rsync", "install", "truncate", "dd", "unlink", "patch", "tar",
-                      "unzip", "black", "isort", "autopep8", "rustfmt", "prettier", "shred"})
+MUTATORS = frozenset({"rm", "mv", "truncate", "dd", "unlink", "patch", "tar", "unzip", "black", "isort", "autopep8",
+                      "rustfmt", "prettier", "shred"})
+#: Programs that write only their last path argument (the destination), reading the others.
+COPIERS = frozenset({"cp", "ln", "rsync", "install"})
+#: Options that give a copy its destination elsewhere than last (``cp -t DIR SRC…``): read as writing anything.
+_TARGET_OPTION = re.compile(r"^(?:--target-directory|-[a-zA-Z]*t)")
 #: Programs that write only when given one of these flags (``sed -i``, ``gofmt -w``): else they only read.
 WRITE_FLAGS = {"sed": ("-i", "--in-place"), "perl": ("-i",), "gofmt": ("-w",), "goimports": ("-w",),
                "find": ("-delete", "-exec", "-execdir", "-ok", "-fprint"), "sort": ("-o", "--output"),
@@ -168,6 +176,11 @@ def _segment(segment: list[str], out: ShellEffect) -> bool:
     flags = WRITE_FLAGS.get(program, ())
     writes = any(arg == flag or (flag.startswith("-") and arg.startswith(flag)) for arg in args for flag in flags)
     paths = [arg for arg in args if not arg.startswith("-")]
+    if program in COPIERS and paths:
+        if _GLOB.search(paths[-1]) or (program != "rsync" and any(_TARGET_OPTION.match(arg) for arg in args)):
+            return True
+        out.changed.append(paths[-1])
+        return False
     if program == "tee" or (writes and program not in ("find", "ruff") and paths) or program in MUTATORS:
         if not paths or any(_GLOB.search(path) for path in paths):
             return True

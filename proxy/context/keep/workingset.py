@@ -39,7 +39,9 @@ compacted away or masked): the files the agent wrote or edited first, then
 those it only read, each newest touch first; at most ``MAX_FILES`` and
 ``WORKING_SET_SHARE`` of the window, filled in that order with each file whole
 where it fits what is left, then the files that did not fit as the region most
-recently touched, with line numbers, in what remains. Each is labelled with its
+recently touched, with line numbers, in what remains. A file a shell heredoc wrote whole,
+unchanged since, is shown as that command verbatim: the file's text once, and
+the command the agent ran, which the literals then need not carry beside it. Each is labelled with its
 path and the log entry it is current as of: the rendering is fixed in the
 checkpoint (the summary item stays byte-identical until the next compaction
 changes it), and an entry after it that changed the file is in the verbatim
@@ -93,6 +95,9 @@ CONTENT_KEYS = ("content", "file_text", "contents", "text")
 EDIT_KEYS = (("old_string", "new_string"), ("oldString", "newString"), ("old_str", "new_str"))
 #: Control characters that interrupt, suspend or end a running process (sent to it, they run nothing).
 INTERRUPTS = "\x03\x04\x1a\x1c"
+#: A heredoc's command is carried in place of the text it wrote when it holds at most this much beside the text
+#: (``cat > PATH <<'EOF'``, a ``mkdir -p``): a longer script is more than the file.
+COMMAND_EXTRA_CHARS = 300
 #: How a Codex code-mode cell's result starts when the cell ran to its end.
 CELL_DONE = "Script completed"
 _ERROR_START = re.compile(r"\s*(?:<tool_use_error>|error\b|failed\b|file not found|no such file)", re.IGNORECASE)
@@ -107,7 +112,8 @@ class FileText:
     view, the model sees the file and it need not be repeated. ``region``:
     the 1-based first and last line most recently touched. ``written``: the
     agent wrote or edited it in this session (its own work, ranked before
-    files it only read).
+    files it only read). ``command``: the shell command that wrote the whole
+    text from a heredoc, while the text is unchanged since (``""`` otherwise).
     """
 
     path: str
@@ -118,6 +124,7 @@ class FileText:
     in_call: bool
     region: tuple[int, int]
     written: bool = False
+    command: str = ""
 
 
 class _Files:
@@ -250,7 +257,7 @@ def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, res
         target = next((args[key] for key in DESTINATION_KEYS if isinstance(args.get(key), str) and args[key]), None)
         files.drop(path)
         if target and known is not None:
-            files.set(target, replace(known, index=at, seq=seq))
+            files.set(target, replace(known, index=at, seq=seq, command=""))
         elif target:
             files.drop(target)
     elif content is not None and editor in (None, "create"):
@@ -318,9 +325,7 @@ def _read(files: _Files, lowered: str, args: dict[str, Any], path: str, result: 
     text = read_text(result.text)
     if text is None or (text == result.text and lowered not in RAW_READERS and not path.endswith(":raw")):
         return  # not numbered, and not a reader whose output is the file itself
-    known = files.get(path.removesuffix(":raw"))
-    files.set(path.removesuffix(":raw"), FileText(path, text, at, seq, at, False, (1, text.count("\n") + 1),
-                                                  written=known is not None and known.written))
+    files.set(path.removesuffix(":raw"), _reread(files.get(path.removesuffix(":raw")), path, text, at, seq))
 
 
 def _patch(files: _Files, patch: str, result: Result, at: int, seq: int) -> None:
@@ -360,7 +365,9 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         if text is None or failed_run:
             files.drop(path)
         else:
-            files.set(path, FileText(path, text, at, seq, at, True, (1, text.count("\n") + 1), written=True))
+            alone = len(done.writes) == 1 and len(command) <= len(text) + COMMAND_EXTRA_CHARS
+            files.set(path, FileText(path, text, at, seq, at, True, (1, text.count("\n") + 1), written=True,
+                                     command=command if alone else ""))
     for path in done.changed:
         files.drop_under(path)
     for word in done.mentioned:
@@ -368,9 +375,15 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
     if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
-            known = files.get(done.read)
-            files.set(done.read, FileText(done.read, text, at, seq, at, False, (1, text.count("\n") + 1),
-                                          written=known is not None and known.written))
+            files.set(done.read, _reread(files.get(done.read), done.read, text, at, seq))
+
+
+def _reread(known: FileText | None, path: str, text: str, at: int, seq: int) -> FileText:
+    """The state after a whole read of ``path`` showing ``text``: a file the agent wrote stays its own, and one
+    the read shows unchanged stays carried as the command that wrote it."""
+    command = known.command if known is not None and known.text == text else ""
+    return FileText(path, text, at, seq, at, False, (1, text.count("\n") + 1),
+                    written=known is not None and known.written, command=command)
 
 
 # -- the section in the summary item --------------------------------------------------------------------------------
@@ -399,7 +412,13 @@ def _fence(text: str) -> str:
 def _whole(state: FileText) -> str:
     """The file between fences, byte for byte: the closing fence needs a line of its own, so a text without a
     final newline gets one there and the heading says it is not the file's (Claude Code's ``Read`` of such a file
-    numbers no empty last line; an ``Edit`` whose old text ends at the file's end must not be given one)."""
+    numbers no empty last line; an ``Edit`` whose old text ends at the file's end must not be given one). A file a
+    heredoc wrote, unchanged since, is its command verbatim: the text once, and the command the agent ran with it
+    (the literals need not carry that command beside it, ``proxy.context.keep.literals``)."""
+    if state.command:
+        fence = _fence(state.command)
+        return (f"### {state.path} (current as of {_where(state)}: the text this command wrote, unchanged since)\n"
+                f"{fence}\n{state.command}\n{fence}")
     fence = _fence(state.text)
     if state.text.endswith("\n") or not state.text:
         return f"### {state.path} (current as of {_where(state)})\n{fence}\n{state.text}{fence}"
