@@ -1,5 +1,5 @@
-"""The real coding agents as child processes: Codex CLI, Claude Code, Gemini CLI and Qwen Code, pinned in
-tests/clients/package.json.
+"""The real coding agents as child processes: Codex CLI, Claude Code, Gemini CLI, Qwen Code, pi, opencode and
+cline, pinned in tests/clients/package.json.
 
 ``scripts/install-clients`` installs them (npm, native binaries included) into
 tests/clients/node_modules. Each run gets its own HOME (and CODEX_HOME) under
@@ -38,12 +38,18 @@ CODEX_VERSION = PINNED["@openai/codex"]
 CLAUDE_VERSION = PINNED["@anthropic-ai/claude-code"]
 GEMINI_VERSION = PINNED["@google/gemini-cli"]
 QWEN_VERSION = PINNED["@qwen-code/qwen-code"]
+OPENCODE_VERSION = PINNED["opencode-ai"]
+CLINE_VERSION = PINNED["cline"]
 #: A model Gemini CLI knows (it sends it as ``gemini-3.1-pro-preview``); the fakes answer any name.
 GEMINI_MODEL = "gemini-3-pro-preview"
 #: A model name Qwen Code knows nothing of (it then assumes a 200k window); the fake answers any name.
 QWEN_MODEL = "qwen3-coder-plus"
 #: A model Codex knows (so it sends what it sends for a real model); the fakes answer any name.
 CODEX_MODEL = "gpt-5.5"
+#: A model pi's built-in openai provider (Responses API) knows; the fakes answer any name.
+PI_MODEL = "gpt-5.5"
+#: A model opencode's anthropic provider knows (from the snapshot it ships: it fetches no list).
+OPENCODE_MODEL = "anthropic/claude-sonnet-4-5"
 #: Codex's window and auto-compaction limit: far above any test's window.
 CODEX_WINDOW = 1_000_000
 TIMEOUT = 60.0
@@ -203,6 +209,69 @@ async def run_qwen(base_url: str, root: Path, prompt: str, *, timeout: float = T
             run.errors.append(str(result.get("result") or result.get("error")))
         else:
             run.final_text = result.get("result")
+    return run
+
+
+async def run_pi(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``pi -p --mode json`` in ``root/work`` with its openai provider (Responses API) at ``base_url`` (``…/v1``)
+    and its own compaction off (``~/.pi/agent/settings.json``)."""
+    home, work = _dirs(root)
+    agent = home / ".pi" / "agent"
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "models.json").write_text(json.dumps({"providers": {"openai": {"baseUrl": base_url}}}))
+    (agent / "settings.json").write_text(json.dumps({"compaction": {"enabled": False}}))
+    env = {**base_env(home), "OPENAI_API_KEY": "sk-pi-ctxproxy-test", "PI_OFFLINE": "1"}
+    argv = [str(binary("pi")), "-p", "--mode", "json", "--provider", "openai", "--model", PI_MODEL, prompt]
+    run = await _run(argv, env, work, timeout)
+    run.events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    answers = [e["message"] for e in run.events if e.get("type") == "message_end"
+               and e["message"].get("role") == "assistant"]
+    if answers:
+        run.final_text = "".join(c.get("text", "") for c in answers[-1]["content"] if c.get("type") == "text")
+        if answers[-1].get("errorMessage"):
+            run.errors.append(str(answers[-1]["errorMessage"]))
+    return run
+
+
+def opencode_config(base_url: str) -> dict[str, Any]:
+    """The inline config (``OPENCODE_CONFIG_CONTENT``) of a run: its anthropic provider at ``base_url`` (``…/v1``),
+    its compaction off, every tool allowed, nothing shared or updated."""
+    return {"provider": {"anthropic": {"options": {"baseURL": base_url, "apiKey": "sk-ant-opencode-test"}}},
+            "model": OPENCODE_MODEL, "compaction": {"auto": False}, "permission": {"bash": "allow"},
+            "share": "disabled", "autoupdate": False}
+
+
+async def run_opencode(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``opencode run --format json`` in ``root/work``, configured inline (``opencode_config``)."""
+    home, work = _dirs(root)
+    env = {**base_env(home), "OPENCODE_CONFIG_CONTENT": json.dumps(opencode_config(base_url)),
+           "OPENCODE_DISABLE_MODELS_FETCH": "1", "OPENCODE_DISABLE_AUTOUPDATE": "1"}
+    argv = [str(binary("opencode")), "run", "--format", "json", prompt]
+    run = await _run(argv, env, work, timeout)
+    run.events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    texts = [e["part"]["text"] for e in run.events if e.get("type") == "text"]
+    run.final_text = texts[-1] if texts else None
+    run.errors = [str(e.get("error")) for e in run.events if e.get("type") == "error"]
+    return run
+
+
+async def run_cline(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``cline --json`` in ``root/work`` with its OpenAI-compatible provider (Chat Completions) at ``base_url``
+    (``…/v1``, set by ``cline auth``, which writes its settings), its compaction off."""
+    home, work = _dirs(root)
+    env = base_env(home)
+    auth = await _run([str(binary("cline")), "auth", "-p", "openai", "-k", "sk-cline-ctxproxy-test", "-m", QWEN_MODEL,
+                       "-b", base_url], env, work, timeout)
+    if auth.returncode != 0:
+        return auth
+    argv = [str(binary("cline")), "--json", "--compaction", "off", "-c", str(work), prompt]
+    run = await _run(argv, env, work, timeout)
+    run.events = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    for event in run.events:
+        if event.get("type") == "run_result":
+            run.final_text = event.get("text")
+        elif event.get("type") == "error":
+            run.errors.append(str(event.get("message")))
     return run
 
 

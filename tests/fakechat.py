@@ -1,15 +1,15 @@
-"""A fake Chat Completions upstream for the real Qwen Code: a real aiohttp server.
+"""A fake Chat Completions upstream for the real Qwen Code and cline: a real aiohttp server.
 
-``POST /v1/chat/completions`` answers each turn of ``script`` with a ``run_shell_command`` tool call whose
-``command`` runs the step, or the final text, streamed as OpenAI streams it (a role chunk, content and
-tool-call argument deltas, a chunk with ``finish_reason``, a usage chunk when ``stream_options.include_usage``
-asks, then ``[DONE]``) or as one ``chat.completion``. It checks what OpenAI checks about history (every tool call
-of an assistant message is answered by a ``tool`` message after it, and every ``tool`` message answers one) and
-refuses a prompt over ``window`` with OpenAI's 400 ``context_length_exceeded``. A request whose system message,
-or last user message, starts with the proxy's summariser prompt gets a summary; Qwen Code's own compression
-(its request ends asking for the ``<state_snapshot>``) is recorded as ``client_compaction``; a request offering
-no tools (its helper calls) gets a short text and is recorded as ``helper``. Everything it receives is in
-``requests``.
+``POST /v1/chat/completions`` answers each turn of ``script`` with a call of the agent's shell tool
+(``run_shell_command``, cline's ``run_commands``) that runs the step, or the final text, streamed as OpenAI
+streams it (a role chunk, content and tool-call argument deltas, a chunk with ``finish_reason``, a usage chunk
+when ``stream_options.include_usage`` asks, then ``[DONE]``) or as one ``chat.completion``. It checks what OpenAI
+checks about history (every tool call of an assistant message is answered by a ``tool`` message after it, and
+every ``tool`` message answers one) and refuses a prompt over ``window`` with OpenAI's 400
+``context_length_exceeded``. A request whose system message, or last user message, starts with the proxy's
+summariser prompt gets a summary; Qwen Code's own compression (its request ends asking for the
+``<state_snapshot>``) is recorded as ``client_compaction``; a request offering no tools (its helper calls) gets a
+short text and is recorded as ``helper``. Everything it receives is in ``requests``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,11 @@ from aiohttp import web
 from tests.fakescript import Recorder, Script, cached_prefix, content_text, is_summary_prompt, pieces
 from tests.fakeupstream import overflow_body
 
+#: Qwen Code's shell tool, the one called when none the fake knows is offered.
 SHELL = "run_shell_command"
+#: The shell tool of each agent the fake drives, by name: Qwen Code's, and cline's (a list of commands).
+SHELLS = {SHELL: lambda command: {"command": command},
+          "run_commands": lambda command: {"commands": [command]}}
 #: How Qwen Code's compression request ends.
 QWEN_COMPRESSION = "produce the <state_snapshot> XML"
 
@@ -83,8 +87,7 @@ class FakeChat(Recorder):
         step = self.script.next_step(command, output)
         if isinstance(step, str):
             return await self._answer(request, body, step, None, tokens, cached)
-        call = {"id": f"call_{next(self._ids):06d}", "type": "function", "function": {
-            "name": SHELL, "arguments": orjson.dumps({"command": self.script.command(step)}).decode()}}
+        call = shell_call(body["tools"], self.script.command(step), f"call_{next(self._ids):06d}")
         return await self._answer(request, body, f"Running step {step}.", call, tokens, cached)
 
     async def _answer(self, request: web.Request, body: dict[str, Any], text: str, call: dict[str, Any] | None,
@@ -104,7 +107,7 @@ class FakeChat(Recorder):
         deltas += [{"content": piece} for piece in pieces(text)]
         if call is not None:
             head = {"index": 0, "id": call["id"], "type": "function",
-                    "function": {"name": SHELL, "arguments": ""}}
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
             deltas.append({"tool_calls": [head]})
             deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
                        for piece in pieces(call["function"]["arguments"])]
@@ -137,15 +140,25 @@ def check_history(messages: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def shell_call(tools: list[dict[str, Any]], command: str, call_id: str) -> dict[str, Any]:
+    """A call of the first of ``tools`` the fake knows as a shell (Qwen Code's when none is offered) running
+    ``command``."""
+    names = [(t.get("function") or {}).get("name") for t in tools]
+    name = next((n for n in names if n in SHELLS), SHELL)
+    return {"id": call_id, "type": "function",
+            "function": {"name": name, "arguments": orjson.dumps(SHELLS[name](command)).decode()}}
+
+
 def last_call(messages: list[dict[str, Any]]) -> tuple[str | None, str | None]:
-    """The command of the latest ``run_shell_command`` call and the output sent back for it."""
+    """The command of the latest shell call and the output sent back for it."""
     for index in range(len(messages) - 1, -1, -1):
         calls = messages[index].get("tool_calls") or []
         if not calls:
             continue
         call = calls[-1]
         try:
-            command = str(orjson.loads(call["function"]["arguments"]).get("command"))
+            arguments = orjson.loads(call["function"]["arguments"])
+            command = str(arguments.get("command") or arguments.get("commands"))
         except (orjson.JSONDecodeError, AttributeError):
             return str(call["function"]["arguments"]), None
         for later in messages[index + 1:]:

@@ -2,7 +2,7 @@
 
 ``POST /v1/messages`` (Claude Code adds ``?beta=true``) answers each turn of
 ``script`` with a ``thinking`` block (its ``signature`` one the fake issued),
-then a ``Bash`` ``tool_use`` whose ``command`` runs the step, or the final text;
+then a ``Bash`` ``tool_use`` (opencode's ``bash``) whose ``command`` runs the step, or the final text;
 streamed as the API streams it (``message_start``, ``ping``,
 ``content_block_start``/``delta``/``stop`` with ``thinking_delta``,
 ``signature_delta``, ``text_delta`` and ``input_json_delta``, ``message_delta``
@@ -66,6 +66,8 @@ CLIENT_COMPACTION = "Your task is to create a detailed summary of the conversati
 
 
 #: How Claude Code's system prompt starts; with an OAuth token the API takes no other.
+#: The shell tools the fake calls: Claude Code's and opencode's.
+SHELLS = frozenset({"Bash", "bash"})
 CLAUDE_CODE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
 #: The beta each context-management edit needs in ``anthropic-beta``.
 EDIT_BETAS = {"clear_tool_uses_20250919": "context-management-2025-06-27",
@@ -237,9 +239,10 @@ class FakeMessages(Recorder):
         shown = (body.get("thinking") or {}).get("display") != "omitted"
         if isinstance(step, str):
             return [self._thinking("Wrapping up.", shown), {"type": "text", "text": step}], "end_turn"
-        if not any(t.get("name") == "Bash" for t in body.get("tools") or []):
+        shell = next((t["name"] for t in body.get("tools") or [] if t.get("name") in SHELLS), None)
+        if shell is None:
             return [{"type": "text", "text": "No Bash tool was offered."}], "end_turn"
-        call = {"type": "tool_use", "id": f"toolu_{next(self._ids):06d}", "name": "Bash",
+        call = {"type": "tool_use", "id": f"toolu_{next(self._ids):06d}", "name": shell,
                 "input": {"command": self.script.command(step), "description": f"Run step {step}"}}
         return [self._thinking(f"Step {step} next.", shown), call], "tool_use"
 

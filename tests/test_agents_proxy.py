@@ -74,6 +74,8 @@ class Rig:
     tap: Tap
     url: str
     store: FactLog
+    #: The proxy itself (its ``/metrics``).
+    proxy: str
 
 
 async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMessages | FakeGemini, window: int,
@@ -90,7 +92,7 @@ async def rig(aiohttp_server: Any, tmp_path: Path, fake: FakeResponses | FakeMes
     proxy: TestServer = await aiohttp_server(create_app(settings))
     tap = Tap(str(proxy.make_url("")).rstrip("/"))
     front: TestServer = await aiohttp_server(tap.app())
-    return Rig(tap, str(front.make_url("")).rstrip("/"), proxy.app[store_key])
+    return Rig(tap, str(front.make_url("")).rstrip("/"), proxy.app[store_key], str(proxy.make_url("")).rstrip("/"))
 
 
 def served(turns: Sequence[Recorded], sent: Sequence[Exchange], window: int, items: str,
@@ -264,46 +266,9 @@ async def test_claude_runs_twenty_five_steps_through_the_proxy_in_a_window_that_
         assert upstream_headers[name] == sent[-1].headers[name], name
 
 
-# -- a summary model that ignores the requested sections (issue 18) ------------------------------------------------
-
-LONG_STEPS = 30
-WINDOW_16K = 16_000
+# -- long steps --------------------------------------------------------------------------------------------------
 
 
 def long_step(step: int) -> str:
     """A step whose output is a few hundred tokens (``seq`` prints 150 lines), so 30 of them outgrow 16k."""
     return f"seq 1000 1150 && echo step-{step}"
-
-
-async def summaries_and_fallbacks(store: FactLog, headers: CIMultiDict[str], session: str) -> tuple[int, int]:
-    facts = await session_log(store, headers, session)
-    made = [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"]
-    assert made, "the proxy compacted on the way"
-    return len([f for f in facts if f.kind == "summary"]), len([c for c in made if c.get("elision")])
-
-
-@pytest.mark.parametrize("agent", ["codex", "claude"])
-async def test_real_agents_finish_thirty_steps_in_16k_with_a_summary_model_that_ignores_the_sections(
-        aiohttp_server, tmp_path: Path, agent: str) -> None:
-    script = Script(steps=LONG_STEPS, command=long_step)
-    fake = FakeResponses(script, window=WINDOW_16K) if agent == "codex" else FakeMessages(script, window=WINDOW_16K)
-    fake.summary_style = "prose"  # no headings at all: a summary all the same
-    parts = await rig(aiohttp_server, tmp_path, fake, WINDOW_16K, "known")
-    if agent == "codex":
-        run = await run_codex(parts.url + "/v1", tmp_path, PROMPT)
-        session_header = "session-id"
-    else:
-        run = await run_claude(parts.url, tmp_path, PROMPT, max_turns=LONG_STEPS + 5)
-        session_header = "X-Claude-Code-Session-Id"
-
-    assert (run.returncode, run.errors) == (0, []), run.stderr
-    assert run.final_text == final_text(LONG_STEPS)
-    sent = parts.tap.exchanges
-    assert len(sent) == LONG_STEPS + 1 and [x.status for x in sent] == [200] * len(sent)
-    turns = fake.turns()
-    assert all(t.status == 200 and (t.tokens or 0) <= WINDOW_16K for t in turns), "nothing over the window"
-    summaries, fallbacks = await summaries_and_fallbacks(parts.store, sent[0].headers,
-                                                         sent[0].headers[session_header])
-    assert summaries >= 1 and fallbacks == 0, "the model's prose was accepted as a summary"
-    # Compactions that last (issue 19): Codex, with 8.5k of tools and instructions, made 29 summaries in 30 steps.
-    assert summaries <= 7, f"{summaries} summaries in {LONG_STEPS} steps"

@@ -40,6 +40,7 @@ from tests.agents import (
     BIN,
     CODEX_MODEL,
     GEMINI_MODEL,
+    PI_MODEL,
     QWEN_MODEL,
     TIMEOUT,
     base_env,
@@ -57,8 +58,6 @@ ROOT = Path(__file__).resolve().parent.parent
 STEPS = 25
 PROMPT = "Run the scripted shell steps one at a time, then say that you are done."
 CLAUDE_MODEL = "claude-opus-5-5"  # Claude Code's default
-#: A model pi's built-in openai provider (Responses API) knows; the fakes answer any name.
-PI_MODEL = "gpt-5.5"
 #: The window of the pi run: the proxy is told it, and so is pi (the user's models.json).
 PI_WINDOW = 4_000
 EXIT_LINE = re.compile(
