@@ -141,17 +141,21 @@ async def test_a_ready_background_summary_is_applied_at_a_cold_moment_not_mid_bu
 
 
 def test_the_cost_model_weighs_reads_saved_against_the_rewrite() -> None:
-    rates = CacheRates()
-    far = {"tokens": 4_000, "threshold": 12_800, "growth": 1_000}  # 8 steps from the trigger
-    near = {"tokens": 10_000, "threshold": 12_800, "growth": 1_000}  # 2 steps from it
-    assert timely(WARM, **near, freed=20_000, rewritten=1_000, rates=rates), "saves 4,000 reads, rewrites 1,250"
-    assert not timely(WARM, **near, freed=5_000, rewritten=1_000, rates=rates), "saves 1,000, rewrites 1,250"
-    assert not timely(WARM, **far, freed=50_000, rewritten=0, rates=rates), "far from the trigger: the prefix stays"
-    assert timely(WARM, tokens=13_000, threshold=12_800, growth=1_000, freed=1, rewritten=10**6, rates=rates)
-    assert timely(COLD, **near, freed=1, rewritten=10**6, rates=rates), "cold: due within DUE_STEPS"
-    assert not timely(COLD, **far, freed=1, rewritten=0, rates=rates), "no gap learned: 8 steps is not due"
-    assert timely(Moment(True, 20.0), **far, freed=1, rewritten=10**6, rates=rates), "the next gap is 20 steps off"
-    assert cache_rates("claude-sonnet-4-5") == CacheRates(1.25, cache_rates("claude-sonnet-4-5").read)
-    assert round(cache_rates("claude-sonnet-4-5").read, 6) == 0.1
+    def made(moment: Moment, tokens: int, freed: int, rewritten: int) -> bool:
+        return timely(moment, tokens=tokens, threshold=12_800, growth=1_000, freed=freed,
+                      rewritten=lambda: rewritten, rates=CacheRates())
+
+    near, far = 10_000, 4_000  # 2 and 8 steps of 1,000 tokens below the trigger
+    assert made(WARM, near, freed=20_000, rewritten=1_000), "saves 4,000 tokens' reads, rewrites 1,250's"
+    assert not made(WARM, near, freed=5_000, rewritten=1_000), "saves 1,000, rewrites 1,250"
+    assert not made(WARM, far, freed=50_000, rewritten=0), "far from the trigger the prefix stays"
+    assert made(WARM, 13_000, freed=1, rewritten=10**6), "past the trigger: forced"
+    assert made(COLD, far, freed=1, rewritten=10**6), "a session's first request: no gap known"
+    assert made(Moment(True, 2.0), near, freed=1, rewritten=10**6), "cold, due within DUE_STEPS"
+    assert not made(Moment(True, 2.0), far, freed=1, rewritten=0), "cold, but 8 steps off is not due"
+    assert made(Moment(True, 20.0), far, freed=1, rewritten=10**6), "the next gap is 20 steps off"
+    assert made(WARM, near, freed=10_000, rewritten=1_000), "2,000 tokens' reads saved before the trigger"
+    assert not made(Moment(False, 1.0), near, freed=10_000, rewritten=1_000), "1,000 before the next gap: it waits"
+    assert cache_rates("claude-sonnet-4-5").write == 1.25 and round(cache_rates("claude-sonnet-4-5").read, 6) == 0.1
     assert cache_rates("gpt-4o") == CacheRates(1.0, 0.5), "OpenAI bills no write premium, reads at half"
     assert cache_rates("no-such-model") == CacheRates(), "unpriced: Anthropic's"

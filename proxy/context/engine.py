@@ -274,7 +274,9 @@ class ContextEngine:
 
         Past the soft threshold (``precompact_threshold``) a background
         compaction starts; its checkpoint is in the state when it is done, and
-        the next view uses it. Past the trigger (``threshold``) with none ready:
+        the view uses it once the cache's moment calls for it (``_held``: at a
+        cold moment, near the trigger when worth it, at the trigger). Past the
+        trigger (``threshold``) with none ready:
         while one runs and the view still fits under the hard limit, the view
         goes as it is; otherwise the request waits for it, or compacts itself. A
         failed compaction sends the view as is (clipped if over the window).
@@ -393,7 +395,7 @@ class ContextEngine:
         growth = typical_growth(dialect, messages, hashes, self.policy(options["window"]).counter_for(dialect))
         if timely(moment, tokens=held.estimate.tokens, threshold=held.threshold, growth=growth,
                   freed=held.estimate.tokens - ready.estimate.tokens,
-                  rewritten=ready.estimate.tokens - ready.unfreed, rates=cache_rates(model)):
+                  rewritten=lambda: ready.estimate.tokens - ready.unfreed, rates=cache_rates(model)):
             return None
         return held
 
@@ -488,6 +490,8 @@ class ContextEngine:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
                     elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
+                    else:  # a view sent outside ``prepare`` (a reactive retry) stands on it: nothing to hold back to
+                        self._shown.pop(key, None)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)

@@ -9,8 +9,9 @@ default: ``--cache-ttl``). So the same reduction costs very different amounts by
   estimate exceeds"): it is reduced whatever the cache holds;
 - **cold**: the request comes after an idle gap longer than the cache's life, so the provider writes the whole
   prompt anyway: a reduction then rewrites nothing it would not have written. One that would otherwise come before
-  the session's next expected gap (``Moment.steps_to_cold``, learned from its gaps so far; ``DUE_STEPS`` while it
-  has had none) is made now;
+  the session's next expected gap (``Moment.steps_to_cold``, learned from its gaps so far, ``DUE_STEPS`` at least)
+  is made now; at a session's first request (a resumed session, a restarted process: no gap known), any that is
+  there to make;
 - **warm** (mid-burst): a reduction that nothing forces waits, unless the view is near the trigger (fewer than
   ``DUE_STEPS`` steps of growth below it: far from it, a batch changed the prefix every few steps at 128k, each
   rewriting the ten kept outputs) and what it saves over the steps until the trigger or the next expected gap
@@ -25,14 +26,15 @@ meanwhile, which is what the warm test weighs.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from proxy.context.view.window import model_prices
 
 __all__ = ["COLD", "DUE_STEPS", "WARM", "CacheRates", "Moment", "cache_rates", "steps_left", "timely"]
 
-#: Steps of growth below the trigger inside which a reduction counts as due: a cold moment makes it at once when the
-#: session has had no idle gap to learn from, a warm one weighs it; farther away, the prefix stays as it is.
+#: Steps of growth below the trigger inside which a reduction counts as due: a cold moment makes it at once, a warm
+#: one weighs it; farther away, the prefix stays as it is mid-burst.
 DUE_STEPS = 5
 #: Anthropic's cache prices, as multiples of the input price: where the model map names none.
 WRITE_RATE, READ_RATE = 1.25, 0.1
@@ -78,16 +80,17 @@ def steps_left(tokens: int, threshold: int, growth: int) -> int:
     return max(0, (threshold - tokens) // growth)
 
 
-def timely(moment: Moment, *, tokens: int, threshold: int, growth: int, freed: int, rewritten: int,
+def timely(moment: Moment, *, tokens: int, threshold: int, growth: int, freed: int, rewritten: Callable[[], int],
            rates: CacheRates) -> bool:
     """Whether a reduction freeing ``freed`` tokens of a view of ``tokens``, that makes the provider write
-    ``rewritten`` tokens it holds cached again, is to be made now (the module's docstring says when)."""
+    ``rewritten()`` tokens it holds cached again, is to be made now (the module's docstring says when).
+    ``rewritten`` is asked only near the trigger mid-burst: counting it walks the view's tail."""
     if tokens > threshold:
         return True
     left = steps_left(tokens, threshold, growth)
     if moment.cold:
-        return left < max(DUE_STEPS, moment.steps_to_cold or 0)
+        return moment.steps_to_cold is None or left < max(DUE_STEPS, moment.steps_to_cold)
     if left >= DUE_STEPS:
         return False
     horizon = left if moment.steps_to_cold is None else min(left, moment.steps_to_cold)
-    return freed * rates.read * horizon > rewritten * rates.write
+    return freed * rates.read * horizon > rewritten() * rates.write
