@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
@@ -36,6 +35,7 @@ from proxy.context.view.applying import ANYONE, Requester
 from proxy.context.view.batches import checkpoint_fact, mask_batch, maskable, typical_growth
 from proxy.context.view.budget import ContextBudgetPolicy, UsageSample
 from proxy.context.view.clipping import entry_namer, fit_by_clipping
+from proxy.context.view.holding import ShownCheckpoints
 from proxy.context.view.learned import LearnedWindows
 from proxy.context.view.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.view.pace import DEFAULT_CACHE_TTL, SessionPace
@@ -43,7 +43,7 @@ from proxy.context.view.prepared import Compacted, PreparedView
 from proxy.context.view.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.view.tokens import TokenCounter
 from proxy.context.view.window import context_window_for
-from proxy.context.view.worth import Moment, cache_rates, timely
+from proxy.context.view.worth import Moment, cache_rates
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -58,8 +58,6 @@ DEFAULT_WINDOW = 128_000
 UNDONE = "a compaction was undone since this one was planned"
 #: Budget policies kept, one per context window (``ContextEngine.policy``).
 MAX_POLICIES = 64
-#: Sessions whose last view's checkpoint the engine remembers (``ContextEngine._held``).
-MAX_SHOWN = 10_000
 #: The kept outputs take at most this part of the room beside what no compaction frees (``keep_tool_tokens``).
 KEEP_ROOM_DIVISOR = 5
 
@@ -186,8 +184,8 @@ class ContextEngine:
         self.windows = LearnedWindows(self._configured_window)
         #: Checkpoints a background compaction made that no request's view has used yet (their view keys).
         self._unannounced: dict[SessionKey, str] = {}
-        #: The checkpoint each session's last view stood on: where a ready background summary waits (``_held``).
-        self._shown: OrderedDict[SessionKey, Checkpoint | None] = OrderedDict()
+        #: The checkpoint each session's last view stood on: where a ready background summary waits.
+        self.shown = ShownCheckpoints()
         self.masker = Masker(self.counter, recall=settings.recall_tool)
 
     def window_for(self, model: str | None) -> int:
@@ -274,7 +272,7 @@ class ContextEngine:
 
         Past the soft threshold (``precompact_threshold``) a background
         compaction starts; its checkpoint is in the state when it is done, and
-        the view uses it once the cache's moment calls for it (``_held``: at a
+        the view uses it once the cache's moment calls for it (``holding``: at a
         cold moment, near the trigger when worth it, at the trigger). Past the
         trigger (``threshold``) with none ready:
         while one runs and the view still fits under the hard limit, the view
@@ -287,10 +285,7 @@ class ContextEngine:
         """
         prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
                                        max_output=max_output, complete=complete, requester=requester)
-        self._shown[key] = prepared.checkpoint
-        self._shown.move_to_end(key)
-        if len(self._shown) > MAX_SHOWN:
-            self._shown.popitem(last=False)
+        self.shown.remember(key, prepared.checkpoint)
         return prepared
 
     async def _prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
@@ -369,35 +364,20 @@ class ContextEngine:
     def _ready(self, key: SessionKey, moment: Moment, prepared: PreparedView, messages: Sequence[Message],
                hashes: Sequence[str], state: ConversationState | None, model: str,
                options: dict[str, Any]) -> tuple[PreparedView, bool]:
-        """``prepared``, or the view that waits for it (``_held``) when it stands on a checkpoint a background
-        compaction made since the session's last view; and whether it waits."""
+        """``prepared``, or the view that waits for it (``proxy.context.view.holding``) when it stands on a checkpoint
+        a background compaction made since the session's last view; and whether it waits."""
         if prepared.checkpoint is None or self._unannounced.get(key) != prepared.checkpoint.view_key:
             return prepared, False
-        held = self._held(key, moment, prepared, messages, hashes, state, model, options)
+        dialect: ItemModel = options["dialect"]
+        held = self.shown.held(
+            key, moment, prepared, hashes, growth=typical_growth(dialect, messages, hashes,
+                                                                 self.policy(options["window"]).counter_for(dialect)),
+            view_on=lambda shown: self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown,
+                                            exactly=True, **options), rates=cache_rates(model))
         if held is not None:
             return held, True
         del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
         return replace(prepared, compacted="background"), False
-
-    def _held(self, key: SessionKey, moment: Moment, ready: PreparedView, messages: Sequence[Message],
-              hashes: Sequence[str], state: ConversationState | None, model: str,
-              options: dict[str, Any]) -> PreparedView | None:
-        """The view on the checkpoint the session's last view stood on, while the checkpoint a background compaction
-        made since (``ready``) waits for a cold moment or the trigger (``proxy.context.view.worth``); None when it is
-        to be used now (or the last view is not known: another process served it)."""
-        if moment.cold or key not in self._shown:
-            return None
-        shown = self._shown[key]
-        if shown is not None and not shown.matches(hashes):
-            return None
-        held = self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown, exactly=True, **options)
-        dialect: ItemModel = options["dialect"]
-        growth = typical_growth(dialect, messages, hashes, self.policy(options["window"]).counter_for(dialect))
-        if timely(moment, tokens=held.estimate.tokens, threshold=held.threshold, growth=growth,
-                  freed=held.estimate.tokens - ready.estimate.tokens,
-                  rewritten=lambda: ready.estimate.tokens - ready.unfreed, rates=cache_rates(model)):
-            return None
-        return held
 
     async def aclose(self) -> None:
         """Cancel the background compactions (shutdown): a cancelled one has written nothing."""
@@ -491,7 +471,7 @@ class ContextEngine:
                     elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
                     else:  # a view sent outside ``prepare`` (a reactive retry) stands on it: nothing to hold back to
-                        self._shown.pop(key, None)
+                        self.shown.forget(key)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)
