@@ -109,7 +109,7 @@ def engine_settings(settings: Settings) -> EngineSettings:
         failure_cooldown=settings.compaction_cooldown, precompact_threshold=settings.precompact_threshold,
         keep_tool_outputs=settings.keep_tool_outputs, keep_tool_output_share=settings.keep_tool_output_share,
         keep_user_words=settings.keep_user_words,
-        recall_tool=settings.recall_tool,
+        recall_tool=settings.recall_tool, cache_ttl=settings.cache_ttl,
     )
 
 
@@ -131,7 +131,7 @@ def create_app(settings: Settings, *, metrics: Metrics | None = None,
     app[timelines_key] = TimelineCache()
     app[throttle_key] = FailureThrottle()
     app[savings_key] = SavingsCache()
-    app[prefixes_key] = PrefixTracker()
+    app[prefixes_key] = PrefixTracker(ttl=settings.cache_ttl)
     app.cleanup_ctx.append(_tracing)
     app.cleanup_ctx.append(_upstream_client)
     app.cleanup_ctx.append(_store)

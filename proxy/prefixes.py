@@ -30,14 +30,13 @@ from typing import Any, Literal
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.log.tiers import derived_tier
+from proxy.context.view.pace import DEFAULT_CACHE_TTL
 from proxy.store.base import SessionKey
 
 Cause = Literal["compaction", "masking", "client", "ttl"]
 CAUSES: tuple[Cause, ...] = ("compaction", "masking", "client", "ttl")
 #: The causes that are the proxy's doing: their cache writes are a cost of compacting (``proxy.savings``).
 PROXY_CAUSES = frozenset({"compaction", "masking"})
-#: Anthropic's default prompt-cache lifetime, in seconds.
-DEFAULT_TTL = 300.0
 MAX_SESSIONS = 10_000
 
 
@@ -74,7 +73,7 @@ class PrefixChange:
 class PrefixTracker:
     """The last view of each recent session. ``clock``: seconds (tests inject one); ``ttl``: the cache's life."""
 
-    def __init__(self, clock: Callable[[], float] = time.time, ttl: float = DEFAULT_TTL,
+    def __init__(self, clock: Callable[[], float] = time.time, ttl: float = DEFAULT_CACHE_TTL,
                  size: int = MAX_SESSIONS) -> None:
         self.clock, self.ttl, self.size = clock, ttl, size
         self._seen: OrderedDict[SessionKey, _Seen] = OrderedDict()

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.context.log.tiers import plural
-from proxy.context.view.window import input_price_for, model_entry, output_price_for
+from proxy.context.view.window import input_price_for, model_prices, output_price_for
 from proxy.dialects import CHAT, DIALECTS, Dialect
 from proxy.prefixes import CAUSES, PROXY_CAUSES
 from proxy.store.base import FactLog, SessionInfo, SessionKey, StoredFact
@@ -81,23 +81,14 @@ def dollars_saved(model: str | None, saved: int) -> float | None:
     return saved * price if price is not None else None
 
 
-#: Anthropic bills a cache write at 1.25 times the input price (used where the map names no write price).
-ANTHROPIC_WRITE_FACTOR = 1.25
-
-
 def cache_write_price(model: str | None) -> float | None:
-    """Dollars per token written to ``model``'s prompt cache, or None where unpriced: the map's write price, else
-    1.25 times the input price for an Anthropic model, else the input price (OpenAI's and Gemini's implicit caches
-    charge no write premium, but a token no longer read from the cache is billed as plain input)."""
-    entry = model_entry(model) if model else None
-    if entry is None:
+    """Dollars per token written to ``model``'s prompt cache, or None where unpriced: the map's write price (1.25
+    times the input price for an Anthropic model it names none for), else the input price (OpenAI's and Gemini's
+    implicit caches charge no write premium, but a token no longer read from the cache is billed as plain input)."""
+    prices = model_prices(model) if model else None
+    if prices is None:
         return None
-    price = entry.get("cache_creation_input_token_cost")
-    if isinstance(price, int | float):
-        return float(price)
-    base = input_price_for(model) if model else None
-    anthropic = entry.get("litellm_provider") == "anthropic" or "claude" in (model or "")
-    return base * ANTHROPIC_WRITE_FACTOR if base is not None and anthropic else base
+    return prices.cache_write if prices.cache_write is not None else prices.input
 
 
 def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int, int] | None:

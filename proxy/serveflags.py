@@ -129,6 +129,10 @@ _WINDOW: list[Decorator] = [
                  help="Compact-harder-and-retry attempts after a prompt-too-long answer [default: 2]"),
     click.option("--compaction-cooldown", envvar="CTXPROXY_COMPACTION_COOLDOWN", type=float, default=None,
                  show_envvar=True, help="Seconds proactive compaction pauses after 3 failures in a row [default: 300]"),
+    click.option("--cache-ttl", envvar="CTXPROXY_CACHE_TTL", type=float, default=None, show_envvar=True,
+                 help="Seconds the provider keeps a prompt cache: after a longer idle gap a due reduction is made at "
+                      "once (the cache is cold, it costs no extra write), mid-burst it waits [default: 300, "
+                      "Anthropic's 5 minutes]"),
     click.option("--shadow/--no-shadow", envvar="CTXPROXY_SHADOW", default=None, show_envvar=True,
                  help="Compute and log the view of every request (compacting as it would), but forward the client's "
                       "request unchanged: the log and the inspector show what it would have sent [default: off]"),
@@ -160,9 +164,9 @@ _MASKING: list[Decorator] = [
                       "masking off), as long as they fit --keep-tool-output-share [default: 10]"),
     click.option("--keep-tool-output-share", envvar="CTXPROXY_KEEP_TOOL_OUTPUT_SHARE", type=click.FloatRange(min=0,
                  min_open=True), default=None, show_envvar=True,
-                 help="Share of the window the kept tool outputs may take whole, and at most half the room the tool "
-                      "definitions leave under the threshold; past it the older ones are masked too, so masking comes "
-                      "before a summary (1: only --keep-tool-outputs counts) [default: 0.25]"),
+                 help="Share of the window the kept tool outputs may take whole, and at most a fifth of the room the "
+                      "tool definitions leave under the threshold; past it the older ones are masked too, so masking "
+                      "comes before a summary (1: only --keep-tool-outputs counts) [default: 0.25]"),
     click.option("--recall-tool/--no-recall-tool", envvar="CTXPROXY_RECALL_TOOL", default=None, show_envvar=True,
                  help="Offer the model a ctxproxy_recall tool that reads a masked output back from the log "
                       "[default: off]"),

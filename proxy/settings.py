@@ -92,6 +92,9 @@ class Settings:
     summary_placement: str = "user"
     #: Seconds proactive compaction pauses for a session after 3 failures in a row.
     compaction_cooldown: float = 300.0
+    #: Seconds the provider keeps a prompt cache (Anthropic's default 5 minutes; 3600 for its 1-hour cache): a
+    #: request after a longer idle gap finds the cache cold, where a reduction costs no extra write (issue 34).
+    cache_ttl: float = 300.0
     #: Recent tool outputs never masked (the last N items holding tool output).
     keep_tool_outputs: int = 10
     #: Share of the window those outputs may take whole (past it the older ones are masked too); 1: count only.
@@ -139,6 +142,8 @@ class Settings:
                 raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}")
 
     def _check_tiers(self) -> None:
+        if self.cache_ttl <= 0:
+            raise ValueError("cache_ttl must be positive")
         if self.keep_tool_output_share <= 0:
             raise ValueError("keep_tool_output_share must be positive")
         if self.keep_tool_outputs < 1:
@@ -194,7 +199,7 @@ _INTS = {"port", "context_window", "min_retain_rounds", "summary_max_tokens", "m
 _BOOLS = {"recall_tool", "shadow", "otel", "store_optional"}
 _TRUE, _FALSE = frozenset({"1", "true", "yes", "on"}), frozenset({"0", "false", "no", "off"})
 _FLOATS = {"compression_threshold", "precompact_threshold", "summary_timeout", "upstream_timeout",
-           "connect_timeout", "client_timeout", "compaction_cooldown",
+           "connect_timeout", "client_timeout", "compaction_cooldown", "cache_ttl",
            "keep_tool_output_share"}
 
 

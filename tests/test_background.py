@@ -3,8 +3,9 @@
 The fake upstream's summary model is held (``summary_gate``) for as long as a
 test likes: a slow summary, without sleeps. Requests between the soft threshold
 and the hard limit must go out while it is held; the checkpoint it records is
-used by the first request after it is done; and no request that did not have to
-wait waited (``ctxproxy_compaction_wait_seconds`` observes 0 for each).
+used once the view reaches the trigger (mid-burst it waits: ``proxy.context.view.worth``);
+and no request that did not have to wait waited (``ctxproxy_compaction_wait_seconds``
+observes 0 for each).
 """
 
 from __future__ import annotations
@@ -87,14 +88,24 @@ async def test_requests_go_on_while_the_summary_is_written_and_use_it_when_ready
     assert job is not None
     await job  # the held summary completes and records its checkpoint
     assert compactions(proxy, "background") == 1
-    fake.script.append(Reply(content="All done."))
-    response, _ = await send(proxy, messages, "bg", stream=False)
+    # Mid-burst the ready checkpoint waits (proxy.context.view.worth): the prompt prefix stays as it is until the
+    # view reaches the trigger, where the checkpoint is there to use, no request waiting for it.
+    held: list[int] = []
+    while True:
+        fake.script.append(tool_call(step))
+        response, reply = await send(proxy, messages, "bg", stream=False)
+        messages += [reply, {"role": "tool", "tool_call_id": reply["tool_calls"][0]["id"],
+                             "content": prose(rng, 120)}]
+        step += 1
+        if response.headers["X-Ctxproxy-Compacted"] != "none":
+            break
+        held.append(int(response.headers["X-Ctxproxy-View-Tokens"]))
+    assert held and held == sorted(held) and held[-1] <= 0.8 * WINDOW, "the held view grew up to the trigger"
     assert int(response.headers["X-Ctxproxy-View-Tokens"]) < 0.6 * WINDOW, "the ready checkpoint was applied"
     assert response.headers["X-Ctxproxy-Compacted"] == "background", "the first view using it says so"
     assert fake.requests[-1]["messages"][1]["content"].startswith("[ctxproxy] Summary of earlier work")
-    fake.script.append(Reply(content="Still done."))
-    response, _ = await send(proxy, [*messages, {"role": "assistant", "content": "All done."},
-                                     {"role": "user", "content": "Thanks."}], "bg", stream=False)
+    fake.script.append(Reply(content="All done."))
+    response, _ = await send(proxy, messages, "bg", stream=False)
     assert response.headers["X-Ctxproxy-Compacted"] == "none", "only the first one"
     assert fake.refused == 0 and max(fake.prompt_tokens) <= WINDOW
     assert waits(proxy) == (0.0, 0.0), "no request reached the trigger without its summary ready"

@@ -314,7 +314,7 @@ def test_a_returning_lineage_keeps_its_checkpoint_in_the_view_and_the_transcript
 
 @pytest.mark.parametrize(("flag", "field", "raw", "value"), [
     ("--keep-tool-outputs", "keep_tool_outputs", "3", 3), ("--keep-user-words", "keep_user_words", "500", 500),
-    ("--recall-tool", "recall_tool", "true", True)])
+    ("--recall-tool", "recall_tool", "true", True), ("--cache-ttl", "cache_ttl", "3600", 3600.0)])
 def test_the_tier_settings_are_flags_and_environment_variables(flag: str, field: str, raw: str, value: Any) -> None:
     env = "CTXPROXY_" + field.upper()
     help_text = CliRunner().invoke(main, ["serve", "--help"]).output

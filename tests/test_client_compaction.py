@@ -119,7 +119,8 @@ async def test_claude_codes_compaction_over_a_checkpoint_that_only_masks_gets_a_
     fake = FakeMessages(Script(steps=60))
     window = 16_000
     proxy = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, fake, window=window)
-    messages = await claude_run(proxy, 20, lines=150)
+    # 28 steps: with the kept outputs a fifth of the room, a shorter run's masked view is all tail.
+    messages = await claude_run(proxy, 28, lines=150)
     facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "cc-1"))
     checkpoints = [f.extra["checkpoint"] for f in facts if f.kind == "checkpoint"]
     assert checkpoints and not checkpoints[-1]["summary"], "the ready checkpoint only masks"
@@ -133,7 +134,7 @@ async def test_claude_codes_compaction_over_a_checkpoint_that_only_masks_gets_a_
     assert [r for r in fake.requests if r.kind == "summary"], "a summary was made for the answer"
     assert "## 1. Goals" in summary and "Ran steps 1 to" in summary
     assert TokenCounter().text_tokens(summary) <= window // 4, "within a quarter of the window"
-    assert "step-1\n" not in summary and "step-20\n" in summary, "the newest items only, not the whole history"
+    assert "\nstep-1\n" not in summary and "\nstep-27\n" in summary, "the newest items only, not the whole history"
 
 
 async def test_claude_codes_next_request_after_its_compaction_is_a_marked_boundary(aiohttp_server, aiohttp_client,

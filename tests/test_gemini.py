@@ -28,7 +28,7 @@ from proxy.settings import Settings
 from proxy.store.base import FactLog, SessionKey
 from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
 from tests.fakescript import STEP, Script, final_text, parse_sse
-from tests.proxyfixtures import read_log, replay
+from tests.proxyfixtures import MASKING_OFF, read_log, replay
 from tests.test_artifacts import gemini_idless_run
 
 KEY = "gemini-test-key"
@@ -231,8 +231,10 @@ async def test_a_compacted_run_of_calls_without_ids_names_every_command_path_and
     """Issue 35: the Gemini API returns calls without an ``id``, keyed ``name#k`` in every turn; the trail of a
     compaction kept one command and one file per tool name. Now the view names every command with its own exit
     status and every path: in the trail for the rounds summarised, verbatim for the rounds kept."""
+    # Masking off: with the kept outputs a fifth of the room, masking alone would bring this view under the trigger,
+    # and the trail of a summary is the point here.
     parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)), context_window=6_000,
-                      min_retain_rounds=1)
+                      min_retain_rounds=1, **MASKING_OFF)
     rounds = 12
     contents = [*gemini_idless_run(rounds, "\n" + "lorem ipsum " * 100),
                 {"role": "user", "parts": [{"text": "Say what you built."}]}]

@@ -320,7 +320,8 @@ async def test_recall_reads_only_outputs_the_requests_own_view_masked(make_proxy
     assert resp.status == 200
     # The same credential, another conversation under the session id: its view masks outputs of its own.
     fake.script.append(Reply(content="Looking."))
-    await chat(proxy, [history[0], {"role": "user", "content": "Fix the tests."}, *history[2:-1]])
+    # Ten steps longer: past the trigger, so that its view masks mid-burst (proxy.context.view.worth).
+    await chat(proxy, [history[0], {"role": "user", "content": "Fix the tests."}, *agent_history(26)[2:]])
     found = ENTRY.search(orjson.dumps(fake.requests[-1]["messages"]).decode())
     assert found is not None, "that view masks too"
     elsewhere = int(found.group(1))

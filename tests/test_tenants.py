@@ -183,7 +183,8 @@ async def test_another_key_can_neither_read_extend_nor_compact_a_session(make_pr
 
 
 async def test_a_tenant_key_gets_401_on_another_tenants_admin_paths(make_proxy, fake: NumberedSummaries) -> None:
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2, admin_token=Secret(ADMIN_TOKEN),
+    # 2,048: B's conversation passes the threshold on the way, so it is compacted mid-burst.
+    proxy = await make_proxy(context_window=2048, min_retain_rounds=2, admin_token=Secret(ADMIN_TOKEN),
                              client_keys=(Secret(KEY_A), Secret(KEY_B)))
     b_log = await tenant_b_session(proxy, fake)
     paths = [("GET", "/admin/sessions"), ("GET", f"/admin/sessions/{TENANT_B}/{SESSION}/log"),
@@ -260,7 +261,7 @@ async def raw_post(host: str, port: int, target: str, body: bytes, headers: dict
 @pytest.mark.parametrize("target", URL_TRICKS)
 async def test_url_tricks_never_reach_another_tenants_session(make_proxy, fake: NumberedSummaries,
                                                               target: str) -> None:
-    proxy = await make_proxy(context_window=4096, min_retain_rounds=2)
+    proxy = await make_proxy(context_window=2048, min_retain_rounds=2)  # B's session compacted on the way
     b_log = await tenant_b_session(proxy, fake)
     secret_summaries = b_summaries(b_log)
     sent_before = len(fake.requests)

@@ -32,16 +32,18 @@ from proxy.context.log.sessionlock import CompactionLock
 from proxy.context.summary.callusage import CallUsage
 from proxy.context.summary.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
 from proxy.context.view.applying import ANYONE, Requester
-from proxy.context.view.batches import checkpoint_fact, mask_batch, maskable
+from proxy.context.view.batches import checkpoint_fact, mask_batch, maskable, typical_growth
 from proxy.context.view.budget import ContextBudgetPolicy, UsageSample
 from proxy.context.view.clipping import entry_namer, fit_by_clipping
+from proxy.context.view.holding import ShownCheckpoints
 from proxy.context.view.learned import LearnedWindows
 from proxy.context.view.masking import KEEP_OUTPUTS_SHARE, Masker
-from proxy.context.view.pace import SessionPace
+from proxy.context.view.pace import DEFAULT_CACHE_TTL, SessionPace
 from proxy.context.view.prepared import Compacted, PreparedView
 from proxy.context.view.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.view.tokens import TokenCounter
 from proxy.context.view.window import context_window_for
+from proxy.context.view.worth import Moment, cache_rates
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -56,6 +58,8 @@ DEFAULT_WINDOW = 128_000
 UNDONE = "a compaction was undone since this one was planned"
 #: Budget policies kept, one per context window (``ContextEngine.policy``).
 MAX_POLICIES = 64
+#: The kept outputs take at most this part of the room beside what no compaction frees (``keep_tool_tokens``).
+KEEP_ROOM_DIVISOR = 5
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ class EngineSettings:
     working_set_share: float = WORKING_SET_SHARE
     #: Share of the window the exact literals added back may take in a summary item (``proxy.context.keep.literals``).
     literal_share: float = LITERALS_SHARE
+    #: Seconds the provider keeps a prompt cache (``--cache-ttl``): when a reduction nothing forces may land
+    #: (``proxy.context.view.worth``).
+    cache_ttl: float = DEFAULT_CACHE_TTL
 
 
 def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
@@ -165,8 +172,9 @@ class ContextEngine:
         #: Told how long each request over the trigger waited on a compaction (0: it did not).
         self.wait_observer = wait_observer
         self.background = BackgroundCompactions()
-        #: How fast each session steps and how long its summaries take: how far ahead a background summary starts.
-        self.pace = SessionPace(time.monotonic)
+        #: How fast each session steps and how long its summaries take (how far ahead a background summary starts),
+        #: and when the provider's cache is cold. An injected clock (tests, benches) drives it too.
+        self.pace = SessionPace(time.monotonic if clock is time.time else clock, ttl=settings.cache_ttl)
         self.lock = CompactionLock(history.log, wait=settings.summary_timeout)
         self.counter = counter if counter is not None else TokenCounter()
         self.backoff = CompactionBackoff(clock=time.monotonic, max_failures=settings.max_failures,
@@ -176,6 +184,8 @@ class ContextEngine:
         self.windows = LearnedWindows(self._configured_window)
         #: Checkpoints a background compaction made that no request's view has used yet (their view keys).
         self._unannounced: dict[SessionKey, str] = {}
+        #: The checkpoint each session's last view stood on: where a ready background summary waits.
+        self.shown = ShownCheckpoints()
         self.masker = Masker(self.counter, recall=settings.recall_tool)
 
     def window_for(self, model: str | None) -> int:
@@ -216,7 +226,7 @@ class ContextEngine:
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
              compacted: Compacted = "none", limit: int | None = None, fit: bool = True,
              checkpoint: Checkpoint | None = None, session: SessionKey | None = None,
-             requester: Requester = ANYONE) -> PreparedView:
+             requester: Requester = ANYONE, exactly: bool = False) -> PreparedView:
         """Build and estimate the view under the session's active checkpoint (or ``checkpoint``). Read-only.
 
         With ``fit``, a view over ``limit`` (default: what the upstream would
@@ -225,8 +235,10 @@ class ContextEngine:
         the session's last view's parts from it (``TokenCounter.count_many``).
         ``requester``: whom the view is for, which decides the checkpoints it may use (``proxy.context.view.applying``;
         the default, anyone, is a session only one credential uses).
+        ``exactly``: ``checkpoint`` as given, None meaning none (not the active one).
         """
-        checkpoint = checkpoint if checkpoint is not None else active_checkpoint(state, hashes, requester)
+        if checkpoint is None and not exactly:
+            checkpoint = active_checkpoint(state, hashes, requester)
         seqs, keys = (state.entries_for(hashes, checkpoint.covers) if state is not None and checkpoint is not None
                       and checkpoint.masks else ((), ()))
         view, frozen = self.projection(dialect).layout(messages, checkpoint, seqs=seqs, keys=keys)
@@ -260,7 +272,9 @@ class ContextEngine:
 
         Past the soft threshold (``precompact_threshold``) a background
         compaction starts; its checkpoint is in the state when it is done, and
-        the next view uses it. Past the trigger (``threshold``) with none ready:
+        the view uses it once the cache's moment calls for it (``holding``: at a
+        cold moment, near the trigger when worth it, at the trigger). Past the
+        trigger (``threshold``) with none ready:
         while one runs and the view still fits under the hard limit, the view
         goes as it is; otherwise the request waits for it, or compacts itself. A
         failed compaction sends the view as is (clipped if over the window).
@@ -269,17 +283,28 @@ class ContextEngine:
         reply): a view needs only the checkpoint, and a compaction first logs
         the conversation so that its checkpoint covers logged messages.
         """
+        prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
+                                       max_output=max_output, complete=complete, requester=requester)
+        self.shown.remember(key, prepared.checkpoint)
+        return prepared
+
+    async def _prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
+                       state: ConversationState | None, *, dialect: ItemModel, model: str,
+                       tools: Sequence[Any] | None, max_output: int | None, complete: Complete,
+                       requester: Requester) -> PreparedView:
         window = self.window_for(model)
-        self.pace.step(key)
+        moment = self.pace.step(key)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output,
                                    "requester": requester}
         prepared = self.view(messages, hashes, state, fit=False, session=key, **options)
-        if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
-            del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
-            prepared = replace(prepared, compacted="background")
-        # Tier 1 below the threshold (proxy.context.view.batches): a batch of old tool outputs masked, no model call.
+        prepared, held = self._ready(key, moment, prepared, messages, hashes, state, model, options)
+        if held:
+            return prepared
+        # Tier 1 below the threshold (proxy.context.view.batches): a batch of old tool outputs masked, no model call,
+        # when the cache's moment makes it worth its write (proxy.context.view.worth).
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
-                                    window=window, tools=tools, max_output=max_output, requester=requester) or prepared
+                                    window=window, tools=tools, max_output=max_output, requester=requester,
+                                    moment=moment) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
         soft = self.soft_threshold(key, window, prepared, dialect, messages, hashes)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
@@ -335,6 +360,24 @@ class ContextEngine:
                                                     and after.checkpoint != prepared.checkpoint):
             return replace(after, compacted="proactive")
         return after
+
+    def _ready(self, key: SessionKey, moment: Moment, prepared: PreparedView, messages: Sequence[Message],
+               hashes: Sequence[str], state: ConversationState | None, model: str,
+               options: dict[str, Any]) -> tuple[PreparedView, bool]:
+        """``prepared``, or the view that waits for it (``proxy.context.view.holding``) when it stands on a checkpoint
+        a background compaction made since the session's last view; and whether it waits."""
+        if prepared.checkpoint is None or self._unannounced.get(key) != prepared.checkpoint.view_key:
+            return prepared, False
+        dialect: ItemModel = options["dialect"]
+        held = self.shown.held(
+            key, moment, prepared, hashes, growth=typical_growth(dialect, messages, hashes,
+                                                                 self.policy(options["window"]).counter_for(dialect)),
+            view_on=lambda shown: self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown,
+                                            exactly=True, **options), rates=cache_rates(model))
+        if held is not None:
+            return held, True
+        del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so
+        return replace(prepared, compacted="background"), False
 
     async def aclose(self) -> None:
         """Cancel the background compactions (shutdown): a cancelled one has written nothing."""
@@ -427,6 +470,8 @@ class ContextEngine:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
                     elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
+                    else:  # a view sent outside ``prepare`` (a reactive retry) stands on it: nothing to hold back to
+                        self.shown.forget(key)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)
@@ -468,12 +513,18 @@ class ContextEngine:
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,
-        and at most half the ``room`` beside the tool definitions under the threshold (with 9k of tools in 16k,
-        a quarter of the window alone is more than that room). None (a share of 1 or more): only their count."""
+        and at most a fifth of the ``room`` beside the tool definitions under the threshold (with 9k of tools in
+        16k, a quarter of the window alone is more than that room). None (a share of 1 or more): only their count.
+
+        A fifth, not half (issue 34): the kept outputs follow the first masked one, so every masking batch makes the
+        provider write them again, and they set how far below the trigger a reduction lands. At half the room, a
+        16k window with 1k-token outputs rewrote two old outputs at every batch (re-write factor 1.40); at a
+        fifth, the newest stays alone (written on this request anyway: 1.08), and the batches come no more often
+        (docs/BENCHMARKS.md, "Prefix changes and cost at Anthropic's prices")."""
         if self.settings.keep_tool_output_share >= 1:
             return None
         budget = int(window * self.settings.keep_tool_output_share)
-        return max(1, min(budget, room // 2) if room is not None else budget)
+        return max(1, min(budget, room // KEEP_ROOM_DIVISOR) if room is not None else budget)
 
     def unfreed(self, window: int, dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str],
                 tools: Sequence[Any] | None) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from proxy.context.view.window import model_entry
+from proxy.context.view.window import model_prices
 
 
 @dataclass(frozen=True)
@@ -20,15 +20,9 @@ class Prices:
         return uncached * self.input + cached * self.cached + output * self.output
 
 
-def _price(entry: dict[str, object], name: str) -> float | None:
-    value = entry.get(name)
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0 else None
-
-
 def prices_for(model: str) -> Prices | None:
     """``model``'s prices, or None when the map has no input price for it."""
-    entry = model_entry(model) if model else None
-    if entry is None or (price := _price(entry, "input_cost_per_token")) is None:
+    prices = model_prices(model) if model else None
+    if prices is None:
         return None
-    cached = _price(entry, "cache_read_input_token_cost")
-    return Prices(price, cached if cached is not None else price, _price(entry, "output_cost_per_token") or 0.0)
+    return Prices(prices.input, prices.cache_read if prices.cache_read is not None else prices.input, prices.output)

@@ -10,6 +10,13 @@ once: the system prompt, the summary and the region masked before stay a
 cached prefix, and from one batch to the next every view is a byte-identical
 prefix of the next. docs/BENCHMARKS.md ("Cost of a long run") measures both.
 
+When a batch that is there to make is made depends on the provider's prompt
+cache (``proxy.context.view.worth``): at once when the view passes the trigger,
+after an idle gap that left the cache cold when the trigger would come before
+the next, and mid-burst only near the trigger when it saves more reads than it
+rewrites; far from the trigger a warm prefix stays as it is (at 128k, batches
+there rewrote the ten kept outputs every few steps: re-write factor 1.78).
+
 A batch needs no model call and no lock wait: the checkpoint is appended only
 if the session's checkpoint for this conversation is still the one the batch
 was planned from (``HistoryManager.append_planned``, conditional on the log's
@@ -35,6 +42,7 @@ from proxy.context.view.applying import ANYONE, Requester
 from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.context.view.masking import Masker, first_unmasked, mask_end
 from proxy.context.view.prepared import PreparedView
+from proxy.context.view.worth import Moment, cache_rates, timely
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -96,6 +104,22 @@ def typical_output(dialect: ItemModel, messages: Sequence[Message], size: Callab
     return sorted(sizes)[len(sizes) // 2] if sizes else 0
 
 
+def typical_growth(dialect: ItemModel, messages: Sequence[Message], hashes: Sequence[str],
+                   count: Callable[[Message, str | None], int]) -> int:
+    """Tokens a step of the session adds, on average over its last ``TYPICAL_OF`` steps (an assistant item and
+    what follows it: its calls' outputs, the user's words); 0 before its first step."""
+    total = steps = 0
+    for index in range(len(messages) - 1, -1, -1):
+        if dialect.role(messages[index]) == "system":
+            break
+        total += count(messages[index], hashes[index])
+        if dialect.role(messages[index]) == "assistant":
+            steps += 1
+            if steps >= TYPICAL_OF:
+                break
+    return total // steps if steps else 0
+
+
 def checkpoint_fact(checkpoint: Checkpoint, *, tenant: str | None, made_from: int | None, tier: Tier) -> NewFact:
     """The log entry of a checkpoint (``index``: where its verbatim history resumes), naming the tenant that made
     it (None: the session's owner), the checkpoint it was made from (``proxy.context.view.applying``) and the tier
@@ -135,12 +159,16 @@ def maskable(engine: MaskingEngine, messages: Sequence[Message], hashes: Sequenc
 async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                      state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
                      window: int, tools: Sequence[Any] | None, max_output: int | None,
-                     requester: Requester = ANYONE) -> PreparedView | None:
+                     moment: Moment, requester: Requester = ANYONE) -> PreparedView | None:
     """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
     ``requester``: whom the view is for (``proxy.context.view.applying``): the batch is made from its checkpoint.
+    ``moment``: the provider's cache as this request finds it (``SessionPace.step``).
 
     Due when the outputs older than the last ``keep_tool_outputs`` that are not
-    masked yet would free a batch of tokens. The work before that decision
+    masked yet would free a batch of tokens, and the moment is right for the
+    cache (``proxy.context.view.worth.timely``: at the trigger; after an idle gap
+    when the trigger would come before the next; mid-burst only near the trigger
+    and when it saves more than it rewrites). The work before that decision
     grows with those outputs only, which a batch bounds.
     """
     share = engine.settings.mask_batch_share
@@ -161,6 +189,20 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
     previous = prepared.checkpoint
     end, freed = maskable(engine, messages, hashes, state, previous, dialect=dialect, window=window, room=room)
     if freed < batch:
+        return None
+    start = first_unmasked(dialect, messages, previous.retain_start_idx if previous else None,
+                           previous.masked_until if previous else 0)
+
+    def rewritten() -> int:
+        """What the provider writes again: the view from the first masked item on, less what masking frees and the
+        last step (new on this request: written anyway)."""
+        last = next((i for i in range(len(messages) - 1, start - 1, -1) if dialect.role(messages[i]) == "assistant"),
+                    start)
+        return max(0, sum(count(m, h) for m, h in zip(messages[start:last], hashes[start:last], strict=True)) - freed)
+
+    if not timely(moment, tokens=prepared.estimate.tokens, threshold=prepared.threshold,
+                  growth=typical_growth(dialect, messages, hashes, count), freed=freed, rewritten=rewritten,
+                  rates=cache_rates(model)):
         return None
     started = time.perf_counter()
     try:

@@ -8,6 +8,11 @@ engine learns, per session, the time between its requests and the time its
 compactions took (the process's own figure stands in for a session's first),
 and starts the summary as many steps of growth ahead as the summary takes.
 
+It also learns when the provider's prompt cache is cold (issue 34): a request
+after an idle gap longer than the cache's life (``ttl``, ``--cache-ttl``), or a
+session's first, finds it so, and the steps between such moments, averaged,
+say how soon the next one is expected (``proxy.context.view.worth``).
+
 Bounded: a small record per session, the least recently seen dropped past
 ``max_sessions``.
 """
@@ -19,6 +24,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from proxy.context.view.worth import Moment
+
 __all__ = ["MAX_STEPS_AHEAD", "SessionPace"]
 
 #: Weight of the newest observation in the running averages.
@@ -27,6 +34,8 @@ ALPHA = 0.3
 IDLE_SECONDS = 120.0
 #: The most steps of growth a background summary starts ahead of the trigger (slow summaries, fast steps).
 MAX_STEPS_AHEAD = 8
+#: Anthropic's default prompt-cache life, in seconds (``--cache-ttl``).
+DEFAULT_CACHE_TTL = 300.0
 
 
 @dataclass
@@ -34,6 +43,9 @@ class _Pace:
     last_step: float | None = None
     step_seconds: float | None = None
     summary_seconds: float | None = None
+    #: Requests since the cache was last cold, and the running average of the steps between cold moments.
+    since_cold: int = 0
+    cold_every: float | None = None
 
 
 def _average(old: float | None, new: float) -> float:
@@ -43,8 +55,10 @@ def _average(old: float | None, new: float) -> float:
 class SessionPace:
     """Per-session running averages of the time between steps and the time a compaction with a summary took."""
 
-    def __init__(self, clock: Callable[[], float], *, max_sessions: int = 10_000) -> None:
+    def __init__(self, clock: Callable[[], float], *, max_sessions: int = 10_000,
+                 ttl: float = DEFAULT_CACHE_TTL) -> None:
         self._clock = clock
+        self.ttl = ttl
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[Hashable, _Pace] = OrderedDict()
         #: The process's figure for a summary, for a session that has not had one yet.
@@ -63,13 +77,18 @@ class SessionPace:
             self._sessions.move_to_end(key)
         return pace
 
-    def step(self, key: Hashable) -> None:
-        """A request of the session arrived."""
+    def step(self, key: Hashable) -> Moment:
+        """A request of the session arrived: the cache as it finds it."""
         pace = self._of(key)
         now = self._clock()
         if pace.last_step is not None and 0 < now - pace.last_step <= IDLE_SECONDS:
             pace.step_seconds = _average(pace.step_seconds, now - pace.last_step)
+        cold = pace.last_step is None or now - pace.last_step > self.ttl
+        if cold and pace.last_step is not None:  # a gap, not the session's first request
+            pace.cold_every = _average(pace.cold_every, pace.since_cold + 1)
+        pace.since_cold = 0 if cold else pace.since_cold + 1
         pace.last_step = now
+        return Moment(cold, max(1.0, pace.cold_every - pace.since_cold) if pace.cold_every is not None else None)
 
     def summarised(self, key: Hashable, seconds: float) -> None:
         """A compaction of the session that called the summary model took ``seconds``."""

@@ -1,4 +1,5 @@
-"""Context window and input price per model, from the model map litellm ships as a plain JSON file.
+"""Context window and prices per model, from the model map litellm ships as a plain JSON file: the one reader of
+it (the savings, the replay lab and the cache cost model all price through ``model_prices``).
 
 litellm is a dependency for its data, not its code: importing it costs seconds,
 so the map is located with ``importlib.util.find_spec`` (which does not import a
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,6 +21,19 @@ import orjson
 T = TypeVar("T")
 
 MODEL_MAP_FILE = "model_prices_and_context_window_backup.json"
+#: Anthropic bills a cache write at 1.25 times the input price (used where the map names no write price).
+ANTHROPIC_WRITE_FACTOR = 1.25
+
+
+@dataclass(frozen=True)
+class ModelPrices:
+    """Dollars per token: uncached input, output (0 where the map has none), and the prompt cache's write and read
+    (None where unknown: the map names none, and for a write, the model is not Anthropic's)."""
+
+    input: float
+    output: float
+    cache_write: float | None
+    cache_read: float | None
 
 
 @functools.cache
@@ -109,3 +124,15 @@ def output_price_for(model: str, model_map: Mapping[str, Any] | None = None) -> 
 def model_entry(model: str, model_map: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """``model``'s whole entry in the map (prices, window, features), or ``None`` when the map does not know it."""
     return _lookup(model, lambda entry: entry if isinstance(entry, dict) else None, model_map)
+
+
+def model_prices(model: str, model_map: Mapping[str, Any] | None = None) -> ModelPrices | None:
+    """``model``'s prices, or ``None`` when the map has no input price for it."""
+    entry = model_entry(model, model_map)
+    price = _price_of(entry)
+    if entry is None or price is None:
+        return None
+    write = _cost(entry, "cache_creation_input_token_cost")
+    if write is None and (entry.get("litellm_provider") == "anthropic" or "claude" in model):
+        write = price * ANTHROPIC_WRITE_FACTOR
+    return ModelPrices(price, _output_price_of(entry) or 0.0, write, _cost(entry, "cache_read_input_token_cost"))
