@@ -77,10 +77,10 @@ AGENTS = {
                   window=28_000),
     "gemini": Agent(FakeGemini, lambda url, root, prompt: run_gemini(url, root, prompt, timeout=TIMEOUT), "", GEMINI),
 }
-#: Agents whose run is expected to change the prefix more often, until issue 34's timing lands: Gemini CLI's head
-#: (6,400 tokens of system instruction, 3,100 of tools) leaves 3,300 under the trigger (0.8 of 16k), under five
-#: steps, and a summary that keeps a step or two is forced every third step (9 in 30).
-DUE_MORE_OFTEN = {"gemini"}
+#: Agents whose 30 steps at 16k always need a summary (their head and outputs outgrow what masking frees): the
+#: summary model's prose, without the sections asked for, must be accepted as one. The others may get by on
+#: masking batches alone.
+SUMMARISED = {"codex", "claude"}
 
 
 async def session_logs(store: FactLog) -> list[list[StoredFact]]:
@@ -119,7 +119,7 @@ async def test_real_agents_run_thirty_steps_in_16k_and_the_proxy_changes_the_pre
     assert all(t.status == 200 and (t.tokens or 0) <= agent.window for t in turns), "nothing over the window"
     logs = await session_logs(parts.store)
     summaries, fallbacks = summaries_and_fallbacks(logs)
-    assert summaries >= 1 and fallbacks == 0, "the model's prose was accepted as a summary"
+    assert fallbacks == 0 and (summaries >= 1 or name not in SUMMARISED), "the model's prose was accepted as a summary"
 
     upstream, client = agent_turns(turns, sent)
     assert len(client) == STEPS + 1
@@ -128,9 +128,6 @@ async def test_real_agents_run_thirty_steps_in_16k_and_the_proxy_changes_the_pre
     assert len(changed) == sum(counted.get(cause, 0) for cause in PROXY_CAUSES), (changed, counted)
     assert sum(len(replies(log)) for log in logs) == len(sent), "one reply logged per request"
     assert [unplanned(log) for log in logs] == [[] for _ in logs], "every change stands on a checkpoint just made"
-    if name in DUE_MORE_OFTEN:
-        assert len(changed) > MOST_CHANGES, f"{len(changed)} prefix changes: {name} is no longer DUE_MORE_OFTEN"
-        pytest.xfail(f"(#34) {len(changed)} prefix changes in {STEPS} steps, each a summary the trigger forced")
     assert len(changed) <= MOST_CHANGES, f"{len(changed)} prefix changes in {STEPS} steps: {counted}"
     # Compactions that last (issue 19): Codex, with 8.5k of tools and instructions, made 29 summaries in 30 steps.
     assert summaries <= MOST_CHANGES, f"{summaries} summaries in {STEPS} steps"
