@@ -44,6 +44,7 @@ from multidict import CIMultiDict
 
 from proxy.app import create_app
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
+from proxy.context.checkpoint import Checkpoint
 from proxy.keys import store_key
 from proxy.sessions import credential, tenant_of
 from proxy.settings import Settings
@@ -145,13 +146,18 @@ async def session_log(store: FactLog, headers: CIMultiDict[str], session: str) -
 
 
 def kept_tail(facts: Sequence[StoredFact], sent: Sequence[Any]) -> list[Any]:
-    """What the checkpoint in force for the last request keeps verbatim: ``sent[retain_start_idx:]``.
+    """What the checkpoint in force for the last request keeps verbatim: ``sent`` from its retained start or, when
+    its masking reaches past that, from the end of the masked region.
 
-    The checkpoint in force is the newest one logged before the final reply.
+    The checkpoint in force is the one the final reply's entry names (``view.key``): not always the newest logged,
+    since a summary made in the background waits for a cold moment or the trigger (issue 34).
     """
-    reply_seq = min(f.seq for f in facts if f.kind == "message" and f.index is not None and f.index >= len(sent))
-    checkpoint = [f for f in facts if f.kind == "checkpoint" and f.seq < reply_seq][-1]
-    start = int(checkpoint.to_json()["checkpoint"]["retain_start_idx"])
+    reply = min((f for f in facts if f.kind == "message" and f.index is not None and f.index >= len(sent)),
+                key=lambda f: f.seq)
+    key = reply.to_json()["view"]["key"]
+    checkpoints = [Checkpoint.from_json(f.to_json()["checkpoint"]) for f in facts
+                   if f.kind == "checkpoint" and f.seq < reply.seq]
+    start = next(c for c in reversed(checkpoints) if c.view_key == key).covers
     assert 0 < start < len(sent)
     return list(sent[start:])
 
