@@ -381,9 +381,10 @@ async def test_a_codex_session_has_one_bar_per_upstream_request(aiohttp_server, 
     """Codex's replies are a reasoning item and a message (or call) each, logged as two entries with one usage:
     one request, one bar. Its instructions are no message, so masking starts at message 0: no range "0 to -1"."""
     fake = FakeResponses(Script(steps=12))
-    # In 8,000 masking batches alone carry the 13 steps (in 6,000, where a batch waits for five outputs, a summary).
+    # In 12,000 masking batches alone carry the 13 steps (in 10,000 a background summary starts at the precompact
+    # threshold, since batches now wait for the trigger: issue 34).
     proxy = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, admin_token=Secret(TOKEN),
-                      context_window=8000)
+                      context_window=12000)
     codex = Codex(proxy, session="codex-ui", output=lambda command: command + "\n" + " ".join(
         f"line {i} of {command}" for i in range(200)))
     for _ in range(13):
