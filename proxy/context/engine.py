@@ -289,6 +289,8 @@ class ContextEngine:
         prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
                                        max_output=max_output, complete=complete, requester=requester)
         self.shown.remember(key, prepared.checkpoint)
+        if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
+            del self._unannounced[key]  # a request that waited for it used it: nothing waits any more
         return prepared
 
     async def _prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
