@@ -265,7 +265,8 @@ def replay(source: str, tenant: str | None, summariser: str, model: str | None, 
 
     SOURCE is a recorded session file (Claude Code session JSONL, Codex rollout JSONL, a Gemini CLI saved chat, a
     JSON list of Chat messages or an object holding one under "messages") or a session in the store. Each
-    recorded reply answers its step; the log is a throwaway one, the store is only read. Reports, per compaction
+    recorded reply answers its step; the log is a throwaway one, the store is only read. The JSONL formats' times
+    drive the clock: a request after an idle gap past --cache-ttl finds the cache cold. Reports, per compaction
     and at the end: tokens before and after, prefix changes, cost at the model's prices, and the retention of
     written paths, commands, error lines, user constraints and the last three written files (exact), beside plain
     truncation.

@@ -123,11 +123,14 @@ async def test_a_request_past_the_hard_limit_waits_for_the_running_summary(make_
     waiting = asyncio.create_task(send(proxy, messages, "jump", stream=False))
     await background.joined.wait()  # the request is waiting on the held summary
     fake.summary_gate.set()
-    response, _ = await waiting
-    assert response.status == 200
+    response, reply = await waiting
+    assert response.status == 200 and response.headers["X-Ctxproxy-Compacted"] == "proactive"
     count, total = waits(proxy)
     assert count == 1 and total > 0.0, "the one request past the hard limit waited"
     assert fake.refused == 0
+    fake.script.append(Reply(content="Next."))
+    response, _ = await send(proxy, [*messages, reply, {"role": "user", "content": "Go on."}], "jump", stream=False)
+    assert response.headers["X-Ctxproxy-Compacted"] == "none", "the summary it waited for is in use, not new"
 
 
 async def test_shutdown_cancels_a_running_background_compaction_and_logs_nothing_of_it(make_proxy, fake: FakeUpstream,

@@ -13,6 +13,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from proxy.cli import main
+from proxy.context.view.tokens import TokenCounter
 from proxy.dialects.chat import message_hash
+from proxy.replay.cost import prices_for
+from proxy.replay.lab import steps
+from proxy.replay.sources import read_file
 from proxy.store import NewFact, SessionKey, open_store
 from tests.fakeupstream import FakeUpstream
 
@@ -226,9 +231,10 @@ def test_a_corpus_file_brings_its_own_probes(tmp_path: Path) -> None:
 
 def test_two_runs_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
     """Two processes with different hash seeds (so no set or dict order can differ unnoticed), text and JSON."""
-    path = tmp_path / "session.jsonl"
+    path, timed = tmp_path / "session.jsonl", tmp_path / "timed.jsonl"
     path.write_bytes(jsonl(claude_code_lines()))
-    sources = [path, *sorted(CORPUS.glob("claude-authrace-*.json"))[:1]]  # the shared corpus, where it is
+    timed.write_bytes(jsonl(timed_lines("codex", 600.0)))  # its clock the recording's, with an idle gap
+    sources = [path, timed, *sorted(CORPUS.glob("claude-authrace-*.json"))[:1]]  # the shared corpus, where it is
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     for source in sources:
         for flags in (["--json"], []):
@@ -314,3 +320,111 @@ def test_a_file_of_no_known_format_is_a_usage_error(tmp_path: Path) -> None:
     result = run(str(path))
     assert result.exit_code == 2
     assert "not a recorded session" in result.output
+
+
+#: A burst of tool steps 10 s apart, ~540-token outputs, in a 16k window: a masking batch is there to make long before
+#: the trigger (12,800), and the cache's moment decides when it lands (``proxy.context.view.worth``).
+BURST_STEPS, GAP_STEP, TIMED_WINDOW = 30, 15, "16000"
+CLAUDE = "claude-sonnet-4-5-20250929"
+
+
+def stamp(seconds: float) -> str:
+    return (datetime(2026, 3, 1, tzinfo=UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def timed_lines(fmt: str, gap: float) -> list[dict[str, Any]]:
+    """A Claude Code session or a Codex rollout of ``BURST_STEPS`` command steps, each line timed; the output of
+    step ``GAP_STEP - 1`` comes ``gap`` seconds late (a long command, a user away), so step ``GAP_STEP``'s request
+    follows an idle gap."""
+    lines: list[dict[str, Any]] = []
+    now = 0.0
+
+    def add(line: dict[str, Any]) -> None:
+        if fmt == "claude-code":
+            line = {**line, "uuid": f"u{len(lines)}", "parentUuid": f"u{len(lines) - 1}" if lines else None}
+        lines.append({**line, "timestamp": stamp(now)})
+
+    if fmt == "codex":
+        add({"type": "turn_context", "payload": {"model": "gpt-5", "cwd": "/w"}})
+        add({"type": "response_item", "payload": {"type": "message", "role": "user",
+                                                  "content": [{"type": "input_text", "text": TASK}]}})
+    else:
+        add({"type": "user", "message": {"role": "user", "content": TASK}})
+    for step in range(1, BURST_STEPS + 1):
+        now += 4.0
+        command, output = f"make test_{step}", filler(step, 130)
+        if fmt == "codex":
+            add({"type": "response_item", "payload": {"type": "function_call", "name": "shell",
+                                                      "call_id": f"call_{step}",
+                                                      "arguments": orjson.dumps({"command": command}).decode()}})
+        else:
+            add({"type": "assistant", "message": {
+                "role": "assistant", "id": f"msg_{step}", "model": CLAUDE,
+                "content": [{"type": "tool_use", "id": f"toolu_{step}", "name": "Bash",
+                             "input": {"command": command}}]}})
+        now += 6.0 + (gap if step == GAP_STEP - 1 else 0.0)
+        if fmt == "codex":
+            add({"type": "response_item", "payload": {"type": "function_call_output", "call_id": f"call_{step}",
+                                                      "output": output}})
+        else:
+            add({"type": "user", "message": {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": f"toolu_{step}", "content": output}]}})
+    now += 4.0
+    if fmt == "codex":
+        add({"type": "response_item", "payload": {"type": "message", "role": "assistant",
+                                                  "content": [{"type": "output_text", "text": "Done."}]}})
+    else:
+        add({"type": "assistant", "message": {"role": "assistant", "id": "msg_end", "model": CLAUDE,
+                                              "content": [{"type": "text", "text": "Done."}]}})
+    return lines
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "codex"])
+def test_the_recorded_times_drive_the_clock_and_a_reduction_lands_at_the_idle_gap(tmp_path: Path, fmt: str) -> None:
+    """Without the gap the batch waits until near the trigger (the cache warm all along: at it, for Claude's write
+    premium); ten minutes idle before step 15, past the 5-minute cache life, it lands at step 15: the provider
+    writes that prompt whole anyway."""
+    reports = {}
+    for gap in (0.0, 600.0):
+        path = tmp_path / f"{gap:.0f}.jsonl"
+        path.write_bytes(jsonl(timed_lines(fmt, gap)))
+        result = run(str(path), "--context-window", TIMED_WINDOW, "--json")
+        assert result.exit_code == 0, result.output
+        reports[gap] = orjson.loads(result.output)
+    burst, idle = reports[0.0], reports[600.0]
+    assert (burst["clock"], burst["cache_lapses"], idle["clock"], idle["cache_lapses"]) == ("recorded", 0,
+                                                                                            "recorded", 1)
+    assert idle["compactions"][0]["step"] == GAP_STEP and idle["compactions"][0]["tier"] == "mask"
+    assert burst["compactions"][0]["step"] > GAP_STEP, "mid-burst it waited (near the trigger, or at it)"
+    assert burst["compactions"][0]["tokens_before"] > idle["compactions"][0]["tokens_before"]
+
+
+@pytest.mark.parametrize("fmt", ["claude-code", "codex"])
+def test_a_request_after_a_gap_past_the_cache_ttl_is_priced_as_a_cold_write(tmp_path: Path, fmt: str) -> None:
+    """In a window nothing compacts, the gap changes the cost by exactly the prefix read otherwise: the previous
+    request's items, at the input price instead of the cached one, through the proxy and as sent alike; a 1-hour
+    cache (``--cache-ttl 3600``) spans the same gap."""
+    costs = {}
+    for gap, ttl in ((0.0, "300"), (600.0, "300"), (600.0, "3600")):
+        path = tmp_path / f"{gap:.0f}.jsonl"
+        path.write_bytes(jsonl(timed_lines(fmt, gap)))
+        report = replayed(path, "--context-window", "200000", "--cache-ttl", ttl)
+        assert not report["compactions"] and report["cache_lapses"] == (gap > float(ttl))
+        costs[gap, ttl] = report["cost"]
+    recording = read_file(tmp_path / "600.jsonl")
+    prices = prices_for(recording.model)
+    assert prices is not None and prices.cached < prices.input
+    request = steps(recording.dialect, recording.items)[GAP_STEP - 2][0]  # the request before the gap
+    counter = TokenCounter()
+    read = sum(counter.message_tokens(recording.dialect, item) for item in recording.items[:request])
+    for side in ("view", "as_sent"):
+        extra = costs[600.0, "300"][side] - costs[0.0, "300"][side]
+        assert extra == pytest.approx(read * (prices.input - prices.cached), abs=2e-6)
+        assert costs[600.0, "3600"][side] == costs[0.0, "300"][side]
+
+
+def test_a_format_without_times_keeps_the_clock_fixed(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint-tag.json"
+    path.write_bytes(orjson.dumps(gemini_history()))
+    report = replayed(path)
+    assert (report["clock"], report["cache_lapses"]) == ("fixed", 0)

@@ -144,7 +144,10 @@ def active_checkpoint(state: ConversationState | None, hashes: Sequence[str] | N
     (``proxy.context.view.applying``)."""
     if state is None:
         return None
-    payload = state.checkpoint_for(state.hashes if hashes is None else hashes, requester)
+    return _checkpoint(state.checkpoint_for(state.hashes if hashes is None else hashes, requester))
+
+
+def _checkpoint(payload: Mapping[str, Any] | None) -> Checkpoint | None:
     if payload is None:
         return None
     try:
@@ -286,6 +289,8 @@ class ContextEngine:
         prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
                                        max_output=max_output, complete=complete, requester=requester)
         self.shown.remember(key, prepared.checkpoint)
+        if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
+            del self._unannounced[key]  # a request that waited for it used it: nothing waits any more
         return prepared
 
     async def _prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
@@ -369,9 +374,10 @@ class ContextEngine:
         if prepared.checkpoint is None or self._unannounced.get(key) != prepared.checkpoint.view_key:
             return prepared, False
         dialect: ItemModel = options["dialect"]
+        made_from = _checkpoint(state.made_from_for(hashes, options["requester"])) if state is not None else None
         held = self.shown.held(
-            key, moment, prepared, hashes, growth=typical_growth(dialect, messages, hashes,
-                                                                 self.policy(options["window"]).counter_for(dialect)),
+            key, moment, prepared, hashes, made_from, growth=typical_growth(
+                dialect, messages, hashes, self.policy(options["window"]).counter_for(dialect)),
             view_on=lambda shown: self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown,
                                             exactly=True, **options), rates=cache_rates(model))
         if held is not None:
@@ -470,8 +476,6 @@ class ContextEngine:
                         result = CompactionResult("skipped", None, 0, 0, UNDONE)
                     elif trigger == "background" and made is not None:
                         self._unannounce(key, made.view_key)
-                    else:  # a view sent outside ``prepare`` (a reactive retry) stands on it: nothing to hold back to
-                        self.shown.forget(key)
         except StoreError:
             result = CompactionResult("failed", None, 0, 0, "store unavailable")
             state = self.history.cached(key)

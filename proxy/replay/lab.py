@@ -8,17 +8,26 @@ when it must), and the recorded reply is logged with the request, the stand-in
 model having answered with it. A background compaction the step started is
 awaited before the next, so a run makes the same decisions every time.
 
+The engine's clock is the recording's (``Recorded``): each step's request
+goes at the time its last item was recorded, so the engine sees the session's
+idle gaps as the provider's cache did (``proxy.context.view.worth``: a reduction
+nothing forces waits mid-burst and lands after a gap past ``--cache-ttl``), and
+the cost prices a request after such a gap as a cold cache, its whole prompt
+written (``bench/lastingcost.py`` does the same). A format that records no
+times (a Gemini CLI saved chat, Chat messages, the store) keeps the clock at 0:
+every request mid-burst.
+
 Nothing reaches the user's store: the log is a SQLite file in a temporary
-directory, removed afterwards. Every clock the engine takes is fixed at 0, and
-the report holds counts and tokens only, never a time, so two runs of the same
-input give the same report byte for byte.
+directory, removed afterwards. The clock reads only the recording, a summary
+takes no time on it, and the report holds counts and tokens only, never a time,
+so two runs of the same input give the same report byte for byte.
 """
 
 from __future__ import annotations
 
 import itertools
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,9 +115,13 @@ class Report:
     largest_view: int = 0
     over_window: int = 0
     prefix_changes: int = 0
+    #: Where the clock came from ("recorded": the source's times; "fixed": none, every request mid-burst), and the
+    #: requests after an idle gap past the cache's life (the first request is cold too, and not counted).
+    clock: str = "fixed"
+    cache_lapses: int = 0
     compactions: list[Compaction] = field(default_factory=list)
-    #: Dollars of the prompts (cache reads at the cached price) and the replies: the proxy's views, and the
-    #: client's whole requests as sent (no window), None for a model without prices.
+    #: Dollars of the prompts (cache reads at the cached price, none after a lapse) and the replies: the proxy's
+    #: views, and the client's whole requests as sent (no window), None for a model without prices.
     cost: float | None = None
     cost_as_sent: float | None = None
     retention: probing.Retention | None = None
@@ -123,6 +136,7 @@ class Report:
                 "tokens": {"last_request": self.client_tokens, "last_view": self.view_tokens,
                            "largest_view": self.largest_view},
                 "over_window": self.over_window, "prefix_changes": self.prefix_changes,
+                "clock": self.clock, "cache_lapses": self.cache_lapses,
                 "compactions": [c.to_json() for c in self.compactions if c.outcome in ("ok", "fallback")],
                 "compaction_attempts": len(self.compactions),
                 "cost": {"view": money(self.cost), "as_sent": money(self.cost_as_sent)},
@@ -154,20 +168,22 @@ async def replay(recording: Recording, settings: EngineSettings, *, complete: Co
     def observe(key: SessionKey, trigger: Trigger, result: CompactionResult, seconds: float) -> None:
         attempts.append((trigger, result))
 
+    clock = Recorded()
     with tempfile.TemporaryDirectory(prefix="ctxproxy-replay-") as tmp:
         log = await SqliteFactLog.open(Path(tmp) / "replay.db")
-        engine = ContextEngine(HistoryManager(log, clock=lambda: 0.0), settings, clock=lambda: 0.0,
-                               observer=observe, counter=counter)
-        engine.pace = SessionPace(lambda: 0.0)  # steps a fixed pace apart: background summaries start alike
+        engine = ContextEngine(HistoryManager(log, clock=clock), settings, clock=clock, observer=observe,
+                               counter=counter)
+        engine.pace = RecordedPace(clock, ttl=settings.cache_ttl)
         try:
-            return await _run(engine, recording, model, hashes, tokens, complete, summariser, attempts)
+            return await _run(engine, recording, model, hashes, tokens, complete, summariser, attempts, clock)
         finally:
             await engine.aclose()
             await log.aclose()
 
 
 async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: list[str], tokens: list[int],
-               complete: Complete, summariser: str, attempts: list[tuple[Trigger, CompactionResult]]) -> Report:
+               complete: Complete, summariser: str, attempts: list[tuple[Trigger, CompactionResult]],
+               clock: Recorded) -> Report:
     dialect, items = recording.dialect, recording.items
     window = engine.window_for(model)
     prices = prices_for(model)
@@ -175,6 +191,10 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
     probes = (probing.from_source(recording.probes, dialect, items) if recording.probes is not None
               else probing.derive(dialect, items))
     report.probes_from = "source" if recording.probes is not None else "derived"
+    times = recording.times or []
+    origin = next((t for t in times if t is not None), None)  # times from the first known: small, exact floats
+    report.clock = "fixed" if origin is None else "recorded"
+    last: float | None = None  # the previous request's time: the cache lives ``cache_ttl`` from it
     sums = [0, *itertools.accumulate(tokens)]  # sums[i]: tokens of items[:i]
     view_cost = Bill(prices)
     sent_cost = Bill(prices)
@@ -184,6 +204,12 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
     request: list[Message] = []
     for number, (start, end) in enumerate(steps(dialect, items), 1):
         request, reply = items[:start], items[start:end]
+        if origin is not None:  # the request goes when its last item was recorded (a step without a time: at once)
+            recorded = times[start - 1]
+            clock.now = clock.now if recorded is None else max(clock.now, recorded - origin)
+        cold = last is None or clock.now - last > engine.pace.ttl
+        report.cache_lapses += cold and last is not None
+        last = clock.now
         state = await engine.history.current(KEY)
         seen = len(attempts)
         prepared = await engine.prepare(KEY, request, hashes[:start], state, dialect=dialect, model=model,
@@ -196,10 +222,10 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
         shared = common_prefix_length(previous, current)
         if previous and shared < len(previous):
             report.prefix_changes += 1
-        cached = sum(engine.counter.message_tokens(dialect, m) for m in view[:shared])
+        cached = 0 if cold else sum(engine.counter.message_tokens(dialect, m) for m in view[:shared])
         output = sums[end] - sums[start]
         view_cost.add(prepared.estimate.tokens, cached, output)
-        sent_cost.add(sums[start], report.client_tokens, output)
+        sent_cost.add(sums[start], 0 if cold else report.client_tokens, output)
         report.client_tokens = sums[start]
         report.view_tokens = prepared.estimate.tokens
         report.largest_view = max(report.largest_view, prepared.estimate.tokens)
@@ -236,6 +262,26 @@ def _measure(made: Compaction, report: Report, bill: Bill, probes: probing.Probe
     if made.outcome in ("ok", "fallback"):
         made.retention = probing.retention(probes, probing.text_of(view), probing.text_of(request))
     report.compactions.append(made)
+
+
+class Recorded:
+    """The replay's clock: seconds since the recording's first known time, set per step (0 throughout for a source
+    that records none)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordedPace(SessionPace):
+    """The engine's pace on the recording's clock, except the time a summary takes: the replay's answer instantly
+    (or at the upstream's speed that day), so the process's own figure would make two runs start background
+    summaries at different steps; without one, they start a step ahead of the trigger, as at a session's first."""
+
+    def summarised(self, key: Hashable, seconds: float) -> None:
+        return None
 
 
 @dataclass

@@ -5,6 +5,8 @@ from __future__ import annotations
 from proxy.replay.lab import Report
 from proxy.replay.probes import KINDS, Retention
 
+CLOCKS = {"recorded": "the recording's times (a request after a gap writes its whole prompt)",
+          "fixed": "fixed (the source records no times: every request mid-burst)"}
 SUMMARISERS = {"none": "built-in, keeps nothing", "upstream": "the configured upstream"}
 LABELS = {"paths": "written paths", "commands": "commands", "errors": "error lines",
           "constraints": "user constraints", "working_set": "working set (last 3 files, exact)"}
@@ -43,7 +45,8 @@ def render(report: Report) -> str:
               f"(largest view {report.largest_view:,}); views over the window: {report.over_window}",
               f"prefix changes: {report.prefix_changes} of {max(report.steps - 1, 0)} steps",
               f"cost: {_money(report.cost)} through the proxy, {_money(report.cost_as_sent)} as sent (no window; "
-              f"cache reads at the cached price)", "",
+              f"cache reads at the cached price)",
+              f"clock: {CLOCKS[report.clock]}; requests after a gap past the cache's life: {report.cache_lapses}", "",
               "## Retention in the last view (beside plain truncation: the newest messages that fit)",
               f"{'':36} {'proxy':>14} {'truncation':>14}"]
     view = dict((k, (a, b)) for k, a, b in report.retention.counts) if report.retention else {}

@@ -9,14 +9,18 @@ stays Chat. Reasoning is left out of every format (encrypted or signed, it is
 the model's, not the conversation's; the corpus drops it too).
 
 Only the fields named in each reader's docstring are read; anything else a
-line holds (timestamps, ids, token counts, UI events) is ignored, so a newer
-version of a format that adds fields still reads.
+line holds (ids, token counts, UI events) is ignored, so a newer version of a
+format that adds fields still reads. The two JSONL formats time each line
+(``timestamp``): those times drive the replay's clock (``Recording.times``), so
+that it sees the session's idle gaps as the provider's cache did. A Gemini CLI
+saved chat and Chat messages (the shared corpus too) carry none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,27 @@ class Recording:
     model: str
     #: Ground truth the source carries (the corpus's ``probes``): None when it must be derived from the items.
     probes: Mapping[str, Any] | None = None
+    #: When each item was recorded, in seconds (None: not known), or None for a format that times nothing.
+    times: list[float | None] | None = None
+
+
+def _seconds(line: Mapping[str, Any]) -> float | None:
+    """A line's ``timestamp`` (ISO 8601, as both JSONL formats write it) in seconds since the epoch; None when it
+    has none or it does not read."""
+    value = line.get("timestamp")
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return (moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _latest(known: float | None, line: Mapping[str, Any]) -> float | None:
+    """The time of an item another line adds to: that line's, where it has one."""
+    seconds = _seconds(line)
+    return known if seconds is None else seconds
 
 
 def read_file(path: Path) -> Recording:
@@ -100,11 +125,12 @@ def read_claude_code(lines: Iterable[Mapping[str, Any]]) -> Recording:
     one line per content block of a reply, all under one ``message.id``: they are
     joined into one assistant message, and consecutive user lines (the results of
     parallel calls) into one user message, as its API request carries them.
-    ``thinking`` blocks are dropped.
+    ``thinking`` blocks are dropped. ``timestamp``: a message's time is its last line's.
     """
     entries = [line for line in _active_branch(list(lines)) if line.get("type") in ("user", "assistant")
                and isinstance(line.get("message"), dict) and not line.get("isSidechain")]
     items: list[Message] = []
+    times: list[float | None] = []
     model = ""
     last_id: Any = None
     for entry in entries:
@@ -122,13 +148,16 @@ def read_claude_code(lines: Iterable[Mapping[str, Any]]) -> Recording:
             if items and items[-1]["role"] == "assistant" and message.get("id") is not None \
                     and message.get("id") == last_id:
                 items[-1]["content"].extend(blocks)
+                times[-1] = _latest(times[-1], entry)
                 continue
             last_id = message.get("id")
         elif items and items[-1]["role"] == "user":  # the API request carries consecutive user lines as one
             items[-1]["content"].extend(blocks)
+            times[-1] = _latest(times[-1], entry)
             continue
         items.append({"role": role, "content": blocks})
-    return Recording(MESSAGES, items, model)
+        times.append(_seconds(entry))
+    return Recording(MESSAGES, items, model, times=times)
 
 
 def _active_branch(lines: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -163,9 +192,10 @@ def read_codex_rollout(lines: Iterable[Mapping[str, Any]]) -> Recording:
     ``function_call_output`` with ``call_id``/``output``, their ``custom_tool_call``
     forms); ``turn_context``'s ``payload.model`` names the model. Older rollouts
     wrote the items themselves, one a line, after a meta line: read as well.
-    ``reasoning`` items and ``event_msg`` lines are left out.
+    ``reasoning`` items and ``event_msg`` lines are left out. ``timestamp``: each item's time.
     """
     items: list[Message] = []
+    times: list[float | None] = []
     model = ""
     for line in lines:
         payload = line.get("payload")
@@ -175,7 +205,8 @@ def read_codex_rollout(lines: Iterable[Mapping[str, Any]]) -> Recording:
         item = payload if line.get("type") == "response_item" else line if "payload" not in line else None
         if isinstance(item, dict) and item.get("type") in CODEX_ITEMS:
             items.append(dict(item))
-    return Recording(RESPONSES, items, model)
+            times.append(_seconds(line))
+    return Recording(RESPONSES, items, model, times=times)
 
 
 def read_gemini_chat(history: list[Any]) -> Recording:
@@ -183,7 +214,7 @@ def read_gemini_chat(history: list[Any]) -> Recording:
 
     Fields read: each content's ``role`` (``user``/``model``) and ``parts`` (``text``,
     ``functionCall``, ``functionResponse``); ``thought`` parts are dropped. The file
-    is the list itself, or an object holding it under ``history`` (newer versions).
+    is the list itself, or an object holding it under ``history`` (newer versions). It records no times.
     """
     items: list[Message] = []
     for content in history:

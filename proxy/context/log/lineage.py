@@ -376,6 +376,15 @@ class ConversationState:
         found = self._applying(hashes, requester)
         return self.live[found].seq if found is not None else None
 
+    def made_from_for(self, hashes: Sequence[str], requester: Requester = ANYONE) -> Mapping[str, Any] | None:
+        """The checkpoint ``checkpoint_for(hashes, requester)`` was made from (its entry's ``made_from``), or None
+        when it was made from none (or none applies). Live whenever the one made from it is: an undo retires a
+        checkpoint with every one made from it."""
+        found = self._applying(hashes, requester)
+        parent = self.live[found].made_from if found is not None else None
+        at = bisect_left(self.live, parent, key=attrgetter("seq")) if parent is not None else len(self.live)
+        return dict(self.live[at].payload) if at < len(self.live) and self.live[at].seq == parent else None
+
     def _applying(self, hashes: Sequence[str], requester: Requester) -> int | None:
         if not self.live:
             return None

@@ -10,8 +10,13 @@ trigger, reads saved worth more than the rewrite. Waiting never costs a change:
 the checkpoint is applied then anyway, and no request waits for a summary.
 
 Per process: the checkpoint each session's last view stood on is remembered
-here (bounded); a session this process has not served, or whose last view went
-out of another path (a reactive retry), is not held back.
+here (bounded); a session this process has not served is not held back. And
+only back to the checkpoint the ready one was made from, as the log names it
+(``made_from``): a compaction made outside the request path in the meantime (an
+admin ``/compact``, a client's compaction answered by the proxy, a reactive
+retry's, another replica's) that the ready one was made from, or an undo of the
+checkpoint the last view stood on, is the newer decision, and the view follows
+it at once rather than standing on what it replaced or took back.
 """
 
 from __future__ import annotations
@@ -41,20 +46,16 @@ class ShownCheckpoints:
         if len(self._shown) > self.size:
             self._shown.popitem(last=False)
 
-    def forget(self, key: SessionKey) -> None:
-        """The session's last view went out of another path: nothing to hold back to."""
-        self._shown.pop(key, None)
-
     def held(self, key: SessionKey, moment: Moment, ready: PreparedView, hashes: Sequence[str],
-             view_on: Callable[[Checkpoint | None], PreparedView], growth: int,
+             made_from: Checkpoint | None, view_on: Callable[[Checkpoint | None], PreparedView], growth: int,
              rates: CacheRates) -> PreparedView | None:
         """The view on the checkpoint the session's last view stood on (``view_on`` builds it), while ``ready``
-        (the view on a checkpoint a background compaction made since) waits; None when ``ready`` is to be used now.
-        ``growth``: the session's tokens a step."""
+        (the view on a checkpoint a background compaction made since, from ``made_from``) waits; None when
+        ``ready`` is to be used now. ``growth``: the session's tokens a step."""
         if moment.cold or key not in self._shown:
             return None
         shown = self._shown[key]
-        if shown is not None and not shown.matches(hashes):
+        if _key(shown) != _key(made_from) or (shown is not None and not shown.matches(hashes)):
             return None
         held = view_on(shown)
         if timely(moment, tokens=held.estimate.tokens, threshold=held.threshold, growth=growth,
@@ -62,3 +63,7 @@ class ShownCheckpoints:
                   rewritten=lambda: ready.estimate.tokens - ready.unfreed, rates=rates):
             return None
         return held
+
+
+def _key(checkpoint: Checkpoint | None) -> str | None:
+    return checkpoint.view_key if checkpoint is not None else None
