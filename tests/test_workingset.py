@@ -81,6 +81,19 @@ def test_a_partial_read_neither_sets_nor_drops_the_text() -> None:
     assert run.files() == {"/r/a.py": APP}
 
 
+def test_a_read_bounded_to_its_first_line_is_no_text() -> None:
+    assert Run().call("Read", {"file_path": "/r/app.py", "limit": 1}, numbered("def main():")).files() == {}
+
+
+def test_the_text_editor_edits_and_creates_the_file_it_names_and_runs_no_command() -> None:
+    run = (Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP))
+           .call("str_replace_based_edit_tool", {"command": "str_replace", "path": "/r/app.py", "old_str": "'hello'",
+                                                 "new_str": "'bye'"}, "The file /r/app.py has been edited.")
+           .call("str_replace_based_edit_tool", {"command": "create", "path": "/r/new.py", "file_text": "x = 1\n"},
+                 "File created successfully at: /r/new.py"))
+    assert run.files() == {"/r/app.py": APP.replace("'hello'", "'bye'"), "/r/new.py": "x = 1\n"}
+
+
 def test_an_edit_whose_old_text_is_not_there_drops_the_file() -> None:
     run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
         "Edit", {"file_path": "/r/a.py", "old_string": "absent", "new_string": "x"}, "updated")

@@ -41,9 +41,10 @@ import orjson
 
 from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import clip, parsed_arguments, patch_files, status_line
-from proxy.context.keep.artifacts import answered_calls, collect, patch_of, shell_command
+from proxy.context.keep.artifacts import answered_calls, collect, patch_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.errorlines import call_errors
+from proxy.context.keep.toolkinds import is_shell, shell_command
 from proxy.types import Message
 
 LITERALS_HEADING = "## Exact literals of the compacted messages (from ctxproxy's log: verbatim, not model-written)"
@@ -278,7 +279,7 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         if text is None:
             continue
         failed = is_error or bool(status_line(text))
-        lines = call_errors(name, text, is_error=is_error, shell=command is not None)
+        lines = call_errors(name, text, is_error=is_error, shell=is_shell(name, arguments))
         runs.append((source, index, not lines))
         if index >= end:
             continue

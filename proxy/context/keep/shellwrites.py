@@ -22,7 +22,9 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
   and lock files (``package.json``, ``go.mod``, …) wherever they are;
 - a program known to only read (``ls``, ``cat``, ``grep``, ``rg``, ``sed -n``,
   ``git status``/``diff``/``log``, ``mkdir``, …) drops nothing, and a plain
-  ``cat PATH`` alone is a whole read of PATH;
+  ``cat PATH`` alone is a whole read of PATH, its output the file's bytes
+  (PowerShell's ``Get-Content [-Raw] PATH`` alone is one too, its output the
+  file's lines, not its bytes);
 - a test runner (``pytest``, ``python -m pytest``, ``jest``, ``vitest``,
   ``node --test``, ``npx playwright test``, …) reads the tests it is given:
   it drops nothing;
@@ -101,11 +103,13 @@ _PACKAGE_RUNNERS = frozenset({"npx", "pnpx", "bunx"})
 
 @dataclass
 class ShellEffect:
-    """What one command did to files: exact writes (path, text or None), a whole read, paths it may have
-    changed, the words of runners (a file they name is dropped), and whether it may have changed any file at all."""
+    """What one command did to files: exact writes (path, text or None), a whole read (and whether its output is
+    the file's bytes), paths it may have changed, the words of runners (a file they name is dropped), and whether
+    it may have changed any file at all."""
 
     writes: list[tuple[str, str | None]] = field(default_factory=list)
     read: str | None = None
+    verbatim: bool = False
     changed: list[str] = field(default_factory=list)
     mentioned: list[str] = field(default_factory=list)
     anything: bool = False
@@ -146,7 +150,9 @@ def effect(command: str) -> ShellEffect:
     if len(segments) == 1 and not out.changed and not out.writes:
         words = _without_redirects(segments[0])
         if len(words) == 2 and words[0] == "cat" and not words[1].startswith("-"):
-            out.read = words[1]
+            out.read, out.verbatim = words[1], True
+        elif len(words) > 1 and words[0] == "Get-Content" and [w.lower() for w in words[1:-1]] in ([], ["-raw"]):
+            out.read = words[-1]
     return out
 
 

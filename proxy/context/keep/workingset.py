@@ -8,8 +8,9 @@ knows each file's current text exactly, and knows when it stops knowing:
 
 - a **whole read** sets the text (Claude Code's ``Read``, Gemini CLI's
   ``read_file``, opencode's and Anthropic's editor's reads, a plain shell ``cat
-  PATH``; a raw reader's output is the file): ``proxy.context.keep.fileedits.read_text``
-  says which outputs show a whole file. A partial read (offset, limit) neither
+  PATH``; a raw reader's output is the file): ``proxy.context.keep.toolkinds`` says which
+  calls read a file whole, ``proxy.context.keep.fileedits.read_text`` which outputs
+  show one. A partial read (offset, limit) neither
   sets nor drops the text: a region could not take a later edit exactly;
 - a **write** sets it (``Write``, ``write_file``, opencode's ``write``, Codex's
   ``*** Add File``, a shell heredoc ``cat > PATH <<'EOF'``);
@@ -27,7 +28,8 @@ knows each file's current text exactly, and knows when it stops knowing:
   tool.
 
 Calls are read through ``ItemModel.calls``/``call_of`` and their results
-through ``proxy.context.keep.artifacts`` (the trail's own recognisers), so no wire
+through ``proxy.context.keep.artifacts`` (the trail's own recognisers), their kind
+through ``proxy.context.keep.toolkinds``, so no wire
 format is known here. Paths are compared as written, normalised; a path that is
 the other's tail at a ``/`` (``src/a.py``, ``/repo/src/a.py``) is taken for the
 same file, and where two tracked files could be meant, both are dropped.
@@ -59,22 +61,21 @@ from typing import Any
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patch_in_command
-from proxy.context.keep.artifacts import (
-    DESTINATION_KEYS,
-    EDITOR_COMMANDS,
-    PATH_KEYS,
-    SHELL_WORDS,
-    WRITE_VERBS,
-    Result,
-    calls_in,
-    command_of,
-    failed,
-    patch_of,
-    results_of,
-)
+from proxy.context.keep.artifacts import DESTINATION_KEYS, Result, calls_in, failed, patch_of, results_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
 from proxy.context.keep.shellwrites import effect
+from proxy.context.keep.toolkinds import (
+    RAW_READERS,
+    SHELL_WORDS,
+    WRITE_VERBS,
+    command_of,
+    editor_command,
+    partial,
+    path_of,
+    reads,
+    writes,
+)
 from proxy.types import Message
 
 WORKING_SET_HEADING = "## Files in hand (from ctxproxy's log: exact current text, not model-written)"
@@ -86,11 +87,8 @@ NO_FINAL_NEWLINE = "no newline at end of file"
 #: At most this many files, and this share of the window, in a summary item.
 MAX_FILES = 5
 WORKING_SET_SHARE = 0.15
-#: Arguments that make a read partial, and those that say a tool acts on a remote repository, not the disk.
-PARTIAL_KEYS = ("offset", "limit", "start_line", "end_line", "line", "lines", "view_range", "range", "startLine")
+#: Arguments that say a tool acts on a remote repository, not the disk.
 REMOTE_KEYS = ("owner", "repo", "repository", "repo_name")
-#: Readers whose output is the file's text itself (not numbered): only these are taken raw.
-RAW_READERS = frozenset({"read_file", "view_file", "read_text_file", "readfile"})
 CONTENT_KEYS = ("content", "file_text", "contents", "text")
 EDIT_KEYS = (("old_string", "new_string"), ("oldString", "newString"), ("old_str", "new_str"))
 #: Control characters that interrupt, suspend or end a running process (sent to it, they run nothing).
@@ -198,7 +196,7 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
         _patch(files, patch, result, at, seq)
     elif command is not None:
         _shell(files, command, result, at, seq)
-    elif isinstance(args, dict) and (path := _path(args)) is not None:
+    elif isinstance(args, dict) and (path := path_of(args)) is not None:
         _file_call(files, lowered, args, path, result, index, at, seq)
     elif any(word in lowered for word in (*SHELL_WORDS, "stdin")) and not _only_polls(args):
         files.by_path.clear()  # it may run anything, and does not say what
@@ -227,10 +225,6 @@ def _only_polls(args: Any) -> bool:
         for key in ("chars", "input", "text", "command", "cmd"))
 
 
-def _path(args: dict[str, Any]) -> str | None:
-    return next((args[key] for key in PATH_KEYS if isinstance(args.get(key), str) and args[key]), None)
-
-
 def _is_error(result: Result) -> bool:
     return result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
 
@@ -238,11 +232,9 @@ def _is_error(result: Result) -> bool:
 def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, index: int, at: int,
                seq: int) -> None:
     """A tool that names one file: a read, a write, an edit, a deletion or a move."""
-    editor = args.get("command") if isinstance(args.get("command"), str) else None
-    writes = editor in EDITOR_COMMANDS and EDITOR_COMMANDS[editor] is not None if editor is not None else any(
-        word in lowered for word, _ in WRITE_VERBS)
-    if not writes:
-        if editor == "view" or "read" in lowered or lowered in RAW_READERS:
+    editor = editor_command(args)
+    if not writes(lowered, args):
+        if reads(lowered, args):
             _read(files, lowered, args, path, result, at, seq)
         return
     if _is_error(result):
@@ -320,7 +312,7 @@ def _read(files: _Files, lowered: str, args: dict[str, Any], path: str, result: 
     if _is_error(result):
         files.drop(path)
         return
-    if any(args.get(key) not in (None, 0, 1, "") for key in PARTIAL_KEYS):
+    if partial(args):
         return
     text = read_text(result.text)
     if text is None or (text == result.text and lowered not in RAW_READERS and not path.endswith(":raw")):
@@ -372,7 +364,8 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         files.drop_under(path)
     for word in done.mentioned:
         files.drop(word)
-    if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
+    if (done.read is not None and done.verbatim and not failed_run and output is not None
+            and output_is_whole(result.text, output)):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             files.set(done.read, _reread(files.get(done.read), done.read, text, at, seq))
