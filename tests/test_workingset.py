@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.keep.shellwrites import effect
+from proxy.context.keep.shellwrites import effect, written
 from proxy.context.keep.workingset import (
     MAX_FILES,
     WORKING_SET_HEADING,
@@ -222,11 +222,33 @@ def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> N
     ("python3 /r/app.py", {"/r/app.py", "/r/b.py"}),
     ("cd /r && rg main && git status && sed -n 1,5p app.py", {"/r/app.py", "/r/b.py"}),
     ("echo 'unterminated", set()),
+    ("# start the server\nnode main.js > /r/b.py 2>&1 &", {"/r/app.py"}),  # a comment ends at its line
 ])
 def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[str]) -> None:
     run = Run().call("Write", {"file_path": "/r/app.py", "content": APP}, "ok").call(
         "Write", {"file_path": "/r/b.py", "content": "b = 1\n"}, "ok").call("Bash", {"command": command}, "")
     assert set(run.files()) == left
+
+
+@pytest.mark.parametrize(("command", "files"), [
+    ("echo hi>out.txt", ["out.txt"]),  # the literals' reader wanted a space before the ``>``
+    ('echo "a > b" && git commit -m "x > y"', []),  # quoted: text; the literals' reader took b and y
+    ("cat <<'EOF' > notes.md\n# a > b\nEOF", ["notes.md"]),  # the literals' reader stopped at the heredoc
+    ("tee -a a.log b.log < in.txt", ["a.log", "b.log"]),  # the literals' reader took the first only
+    ("python3 - <<'EOF'\nif a > b: print(a)\nEOF", []),  # a heredoc's body is text; the working set's took b:
+    ("@'\nx = 1 > 0\n'@ | Set-Content -Path app\\api\\router.py", ["app\\api\\router.py"]),
+    ("make 2>/dev/null >&2 > $OUT", []),
+])
+def test_one_reader_says_which_files_a_shell_command_writes(command: str, files: list[str]) -> None:
+    done = effect(command)
+    assert written(command) == files
+    assert [*(path for path, _ in done.writes), *done.changed] == files, "the working set reads them alike"
+
+
+def test_a_powershell_write_drops_the_file_by_its_windows_path() -> None:
+    run = Run().call("write_file", {"file_path": "app\\api\\router.py", "content": "x = 1\n"}, "ok").call(
+        "shell_command", {"command": "@'\nx = 2\n'@ | Set-Content app\\api\\router.py"}, "")
+    assert run.files() == {}, "the POSIX reader took app\\api\\router.py for appapirouter.py"
 
 
 def test_a_tool_that_runs_code_it_does_not_show_drops_everything_but_a_poll_does_not() -> None:
