@@ -84,6 +84,12 @@ def is_shell(name: str, arguments: Any) -> bool:
     return command_of(name.lower(), args) is not None
 
 
+def runs_commands(lowered: str) -> bool:
+    """Whether a tool named ``lowered`` may run commands (a shell, a terminal, a process's stdin), whether or not
+    its call shows them."""
+    return any(word in lowered for word in (*SHELL_WORDS, "stdin"))
+
+
 def writes(lowered: str, args: dict[str, Any]) -> bool:
     """Whether a call to a tool named ``lowered`` (no shell) writes the file it names."""
     editor = editor_command(args)

@@ -67,13 +67,13 @@ from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text
 from proxy.context.keep.shellwrites import effect
 from proxy.context.keep.toolkinds import (
     RAW_READERS,
-    SHELL_WORDS,
     WRITE_VERBS,
     command_of,
     editor_command,
     partial,
     path_of,
     reads,
+    runs_commands,
     writes,
 )
 from proxy.types import Message
@@ -198,7 +198,7 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
         _shell(files, command, result, at, seq)
     elif isinstance(args, dict) and (path := path_of(args)) is not None:
         _file_call(files, lowered, args, path, result, index, at, seq)
-    elif any(word in lowered for word in (*SHELL_WORDS, "stdin")) and not _only_polls(args):
+    elif runs_commands(lowered) and not _only_polls(args):
         files.by_path.clear()  # it may run anything, and does not say what
 
 
