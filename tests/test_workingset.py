@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -14,10 +15,12 @@ from proxy.context.keep.workingset import (
     MAX_FILES,
     WORKING_SET_HEADING,
     FileText,
+    Tracks,
     lost,
     refreshed,
     render,
     track,
+    tracked,
     working_set_maker,
 )
 from proxy.context.view.projection import summary_text
@@ -397,6 +400,72 @@ def test_the_maker_carries_the_current_text_into_the_checkpoint_and_the_summary_
     assert APP.replace("'hello'", "'bye'") in summary_text(checkpoint)
     assert "current as of log entry 14" in summary_text(checkpoint)
     assert working_set_maker(CHAT, 1000, words)(run.messages, 1, 0, seqs) == ((), ""), "the read is still in view"
+
+
+def long_conversation(steps: int) -> list[dict[str, Any]]:
+    """Reads, partial and failed reads, writes, edits that apply and that do not, heredocs, shell drops and calls
+    made two at a time, over six files, in a fixed pseudo-random order."""
+    pick = random.Random(33)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "work on the repo"}]
+    for step in range(steps):
+        batch = []
+        for n in range(pick.choice((1, 1, 2))):
+            path, text = f"/r/f{pick.randrange(6)}.py", f"v = {pick.randrange(4)}\n"
+            name, args, out = pick.choice([
+                ("Read", {"file_path": path}, numbered(text)),
+                ("Read", {"file_path": path, "offset": 2}, "     2→x"),
+                ("Read", {"file_path": path}, "<tool_use_error>File does not exist.</tool_use_error>"),
+                ("Write", {"file_path": path, "content": text}, "ok"),
+                ("Edit", {"file_path": path, "old_string": f"= {pick.randrange(4)}", "new_string": "= 9"}, "ok"),
+                ("Bash", {"command": f"cat > {path} <<'EOF'\n{text}EOF"}, ""),
+                ("Bash", {"command": f"rm {path}"}, ""),
+                ("Bash", {"command": f"cat {path}"}, text),
+                ("Bash", {"command": "pytest -q"}, "1 passed"),
+            ])
+            batch.append((name, args, out, f"c{step}_{n}"))
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+            for name, args, _, call_id in batch]})
+        messages += [{"role": "tool", "tool_call_id": call_id, "content": out} for _, _, out, call_id in batch]
+        if pick.random() < 0.2:
+            messages.append({"role": "user", "content": "go on"})
+    return messages
+
+
+def test_tracking_on_from_the_last_compaction_equals_tracking_the_whole_conversation() -> None:
+    messages = long_conversation(150)
+    seqs = list(range(5, 5 + len(messages)))
+    since = None
+    for end in range(1, len(messages) + 1):  # a cut between a call and its result too
+        files, since = tracked(CHAT, messages[:end], end, seqs[:end], since)
+        assert files == track(CHAT, messages[:end], end, seqs[:end]), end
+        assert since is not None and since.end <= end
+    assert since is not None and since.end == len(messages) and len(since.files) > 1
+
+
+def test_a_track_of_another_conversation_or_of_messages_not_logged_is_not_resumed() -> None:
+    messages = long_conversation(40)
+    files, since = tracked(CHAT, messages, len(messages), list(range(len(messages))))
+    assert since is not None
+    other = [{"role": "user", "content": "another repo"}, *messages[1:]]
+    other_seqs = [0, *range(1000, 1000 + len(other) - 1)]
+    assert not since.resumes(other, other_seqs)
+    assert tracked(CHAT, other[:3], 3, other_seqs[:3], since)[0] == track(CHAT, other[:3], 3, other_seqs) != files
+    assert tracked(CHAT, messages, len(messages), [-1] * len(messages))[1] is None, "no seq names them"
+
+
+def test_the_maker_carries_its_track_to_the_next_compaction_of_the_same_session_only() -> None:
+    messages = long_conversation(30)
+    tracks = Tracks(size=1)
+    seqs = list(range(len(messages)))
+    first = working_set_maker(CHAT, 1000, words, tracks, "s1")(messages, len(messages), 0, seqs)
+    assert (held := tracks.get("s1")) is not None and held.end == len(messages)
+    longer = long_conversation(45)
+    second = working_set_maker(CHAT, 1000, words, tracks, "s1")(longer, len(longer), 0, list(range(len(longer))))
+    assert second == working_set_maker(CHAT, 1000, words)(longer, len(longer), 0, list(range(len(longer))))
+    assert first != second
+    working_set_maker(CHAT, 1000, words, tracks, "s2")(messages, len(messages), 0, seqs)
+    assert tracks.get("s1") is None, "the newest sessions' tracks are kept"
 
 
 def test_a_file_a_heredoc_wrote_and_nothing_changed_is_carried_as_its_command() -> None:

@@ -54,7 +54,8 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -98,6 +99,8 @@ INTERRUPTS = "\x03\x04\x1a\x1c"
 COMMAND_EXTRA_CHARS = 300
 #: How a Codex code-mode cell's result starts when the cell ran to its end.
 CELL_DONE = "Script completed"
+#: Conversations whose last track the engine keeps (``Tracks``).
+MAX_TRACKS = 256
 _ERROR_START = re.compile(r"\s*(?:<tool_use_error>|error\b|failed\b|file not found|no such file)", re.IGNORECASE)
 
 
@@ -164,18 +167,55 @@ def _normal(path: str) -> str:
     return posixpath.normpath(path.removesuffix(":raw")) if path else path
 
 
+@dataclass(frozen=True)
+class Track:
+    """The files known after the calls of ``messages[:end]``, a point where every call made before it was answered
+    before it, for the log entries ``seqs`` of those messages: where the next tracking of the same conversation
+    resumes (``track``), so that each compaction reads what is new since, not the whole conversation again."""
+
+    end: int
+    seqs: tuple[int, ...]
+    files: tuple[FileText, ...]
+
+    def resumes(self, messages: Sequence[Message], seqs: Sequence[int]) -> bool:
+        """Whether ``messages`` (with ``seqs``) continue the conversation this track read: the same log entries
+        (a seq names one entry of one session's log, so the same seqs are the same messages), every one logged."""
+        return self.end <= min(len(messages), len(seqs)) and tuple(seqs[:self.end]) == self.seqs
+
+
 def track(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = ()) -> list[FileText]:
     """The files whose text is known exactly after ``messages[:end]``, oldest touch first."""
-    calls = calls_in(dialect, messages, 0, end)
-    results = results_of(dialect, messages, 0, calls)
+    return list(tracked(dialect, messages, end, seqs)[0])
+
+
+def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = (),
+            since: Track | None = None) -> tuple[list[FileText], Track | None]:
+    """``track``, from ``since`` on where it ``resumes`` this conversation, and the last point to resume from next
+    time (None where the messages are not all logged). A call is applied in call order once its result came before
+    ``end``; before a point where no call waits, every earlier call is applied and none later is, so the state
+    there is the same whatever comes after."""
+    begin = since.end if since is not None and since.resumes(messages, seqs) and since.end <= end else 0
     files = _Files()
+    if begin:
+        files.by_path = {_normal(state.path): state for state in since.files} if since is not None else {}
+    calls = calls_in(dialect, messages, begin, end)
+    results = results_of(dialect, messages, begin, calls)
+    quiet = (begin, tuple(files.by_path.values()))
+    waits = begin  # every call so far answered before this index
     for call, (name, arguments) in calls.items():
         index, result = call[0], results.get(call)
+        if waits <= index and quiet[0] < index:
+            quiet = (index, tuple(files.by_path.values()))
         if result is None or result.index >= end:
+            waits = len(messages) + 1
             continue  # not answered yet: whatever it does comes after the state tracked here
+        waits = max(waits, result.index + 1)
         seq = seqs[result.index] if result.index < len(seqs) else -1
         _apply(files, name, arguments, result, index, seq)
-    return list(files.by_path.values())
+    if waits <= end:
+        quiet = (end, tuple(files.by_path.values()))
+    logged = min(len(seqs), end) >= quiet[0] and all(seq >= 0 for seq in seqs[:quiet[0]])
+    return list(files.by_path.values()), Track(quiet[0], tuple(seqs[:quiet[0]]), quiet[1]) if logged else None
 
 
 def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int, seq: int) -> None:
@@ -484,17 +524,45 @@ def render(files: Sequence[FileText], budget: int, count: Callable[[str], int]) 
     return rows, "\n\n".join([head, *parts]) if parts else ""
 
 
-def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int]) -> WorkingSetMaker:
+class Tracks:
+    """The last ``Track`` of each conversation (its session's and API's key), for the newest ``MAX_TRACKS``: the
+    engine keeps one, and each compaction's maker resumes there."""
+
+    def __init__(self, size: int = 0) -> None:
+        self.size = size or MAX_TRACKS
+        self._by_key: OrderedDict[Hashable, Track] = OrderedDict()
+
+    def get(self, key: Hashable) -> Track | None:
+        found = self._by_key.get(key)
+        if found is not None:
+            self._by_key.move_to_end(key)
+        return found
+
+    def put(self, key: Hashable, track: Track | None) -> None:
+        self._by_key.pop(key, None)
+        if track is not None:
+            self._by_key[key] = track
+            while len(self._by_key) > self.size:
+                self._by_key.popitem(last=False)
+
+
+def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int], tracks: Tracks | None = None,
+                      key: Hashable = None) -> WorkingSetMaker:
     """The compactor's ``working_set_of`` for one API, with ``budget`` tokens for the section. The conversation is
-    tracked once for the messages a compaction holds, though it asks twice (its masking, then its summary)."""
-    tracked: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
+    tracked once for the messages a compaction holds, though it asks twice (its masking, then its summary), and
+    from where ``tracks`` holds the last tracking of ``key`` (None: no key, no carrying) up to."""
+    held: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
 
     def make(messages: Sequence[Message], start: int, masked_until: int,
              seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
-        if not tracked or tracked[0][0] is not messages or tracked[0][1] is not seqs:
-            tracked[:] = [(messages, seqs, track(dialect, messages, len(messages), seqs))]
-        files = ranked(lost(tracked[0][2], start, masked_until))
-        rows, text = render(files, max(0, budget), count)
+        if not held or held[0][0] is not messages or held[0][1] is not seqs:
+            if tracks is not None and key is not None:
+                files, last = tracked(dialect, messages, len(messages), seqs, tracks.get(key))
+                tracks.put(key, last)
+            else:
+                files = track(dialect, messages, len(messages), seqs)
+            held[:] = [(messages, seqs, files)]
+        rows, text = render(ranked(lost(held[0][2], start, masked_until)), max(0, budget), count)
         return tuple(tuple(row) for row in rows), text
 
     return make
