@@ -34,6 +34,12 @@ format is known here. Paths are compared as written, normalised; a path that is
 the other's tail at a ``/`` (``src/a.py``, ``/repo/src/a.py``) is taken for the
 same file, and where two tracked files could be meant, both are dropped.
 
+The files are tracked from the conversation's start, but not again at each
+compaction: the engine keeps each session's last ``Track`` (the state at the
+last point where no call waited for its result), and the next compaction reads
+on from there when its messages are the same log entries up to it, so its work
+grows with what is new, not with the whole conversation.
+
 At each summary, and at each masking that takes a read's output out of the
 view (``refreshed``), the compactor asks ``working_set_maker`` for the files
 whose whole text the verbatim tail no longer shows (the read or write was
