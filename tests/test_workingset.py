@@ -226,6 +226,8 @@ def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> N
     ("cd /r && rg main && git status && sed -n 1,5p app.py", {"/r/app.py", "/r/b.py"}),
     ("echo 'unterminated", set()),
     ("# start the server\nnode main.js > /r/b.py 2>&1 &", {"/r/app.py"}),  # a comment ends at its line
+    ("# clean up first\nrm /r/b.py", {"/r/app.py"}),  # it swallowed the lines after it
+    ("ls # the tree\nrm /r/b.py", {"/r/app.py"}),
 ])
 def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[str]) -> None:
     run = Run().call("Write", {"file_path": "/r/app.py", "content": APP}, "ok").call(

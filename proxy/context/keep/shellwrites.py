@@ -138,7 +138,8 @@ def effect(command: str) -> ShellEffect:
         out.writes.insert(0, (path, body + "\n" if exact else None))
         rest = rest[:found.start()] + rest[found.end():]
     try:
-        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", " ; "), posix=True, punctuation_chars=True)
+        # Each line a command of its own: the separator after the newline, so that a comment ends at its line.
+        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", "\n ; "), posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
         words = list(lexer)
     except ValueError:
