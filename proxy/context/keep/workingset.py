@@ -191,7 +191,7 @@ class Track:
 
 def track(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = ()) -> list[FileText]:
     """The files whose text is known exactly after ``messages[:end]``, oldest touch first."""
-    return list(tracked(dialect, messages, end, seqs)[0])
+    return tracked(dialect, messages, end, seqs)[0]
 
 
 def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = (),
@@ -200,10 +200,11 @@ def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Seq
     time (None where the messages are not all logged). A call is applied in call order once its result came before
     ``end``; before a point where no call waits, every earlier call is applied and none later is, so the state
     there is the same whatever comes after."""
-    begin = since.end if since is not None and since.resumes(messages, seqs) and since.end <= end else 0
     files = _Files()
-    if begin:
-        files.by_path = {_normal(state.path): state for state in since.files} if since is not None else {}
+    begin = 0
+    if since is not None and since.end <= end and since.resumes(messages, seqs):
+        begin = since.end
+        files.by_path = {_normal(state.path): state for state in since.files}
     calls = calls_in(dialect, messages, begin, end)
     results = results_of(dialect, messages, begin, calls)
     quiet = (begin, tuple(files.by_path.values()))
