@@ -21,10 +21,10 @@ from proxy.context.keep.literals import (
     from_json,
     literal_maker,
     live,
-    shell_writes,
     shown_text,
     to_json,
 )
+from proxy.context.keep.shellwrites import written
 from proxy.context.keep.workingset import working_set_maker
 from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.projection import ProjectionBuilder, summary_text
@@ -125,7 +125,7 @@ def test_paths_identifiers_numbers_urls_versions_and_constraints_are_read() -> N
     assert by_kind["number"] == ["2500"]
     assert by_kind["constraint"] == ["Use `parse_tokens` in the gateway.", "You must never log the API key.",
                                      "- Keep tokenCache bounded."]
-    assert shell_writes("@'\nreturn a -> b\n'@ | Set-Content app\\api\\router.py; echo x >> log.txt 2>/dev/null") \
+    assert written("@'\nreturn a -> b\n'@ | Set-Content app\\api\\router.py; echo x >> log.txt 2>/dev/null") \
         == ["app\\api\\router.py", "log.txt"]
 
 

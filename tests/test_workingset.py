@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -9,15 +10,17 @@ import orjson
 import pytest
 
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.keep.shellwrites import effect
+from proxy.context.keep.shellwrites import effect, written
 from proxy.context.keep.workingset import (
     MAX_FILES,
     WORKING_SET_HEADING,
     FileText,
+    Tracks,
     lost,
     refreshed,
     render,
     track,
+    tracked,
     working_set_maker,
 )
 from proxy.context.view.projection import summary_text
@@ -79,6 +82,19 @@ def test_a_partial_read_neither_sets_nor_drops_the_text() -> None:
     run.call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
         "Read", {"file_path": "/r/a.py", "offset": 2}, "     2→    print('hello')")
     assert run.files() == {"/r/a.py": APP}
+
+
+def test_a_read_bounded_to_its_first_line_is_no_text() -> None:
+    assert Run().call("Read", {"file_path": "/r/app.py", "limit": 1}, numbered("def main():")).files() == {}
+
+
+def test_the_text_editor_edits_and_creates_the_file_it_names_and_runs_no_command() -> None:
+    run = (Run().call("Read", {"file_path": "/r/app.py"}, numbered(APP))
+           .call("str_replace_based_edit_tool", {"command": "str_replace", "path": "/r/app.py", "old_str": "'hello'",
+                                                 "new_str": "'bye'"}, "The file /r/app.py has been edited.")
+           .call("str_replace_based_edit_tool", {"command": "create", "path": "/r/new.py", "file_text": "x = 1\n"},
+                 "File created successfully at: /r/new.py"))
+    assert run.files() == {"/r/app.py": APP.replace("'hello'", "'bye'"), "/r/new.py": "x = 1\n"}
 
 
 def test_an_edit_whose_old_text_is_not_there_drops_the_file() -> None:
@@ -209,11 +225,35 @@ def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> N
     ("python3 /r/app.py", {"/r/app.py", "/r/b.py"}),
     ("cd /r && rg main && git status && sed -n 1,5p app.py", {"/r/app.py", "/r/b.py"}),
     ("echo 'unterminated", set()),
+    ("# start the server\nnode main.js > /r/b.py 2>&1 &", {"/r/app.py"}),  # a comment ends at its line
+    ("# clean up first\nrm /r/b.py", {"/r/app.py"}),  # it swallowed the lines after it
+    ("ls # the tree\nrm /r/b.py", {"/r/app.py"}),
 ])
 def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[str]) -> None:
     run = Run().call("Write", {"file_path": "/r/app.py", "content": APP}, "ok").call(
         "Write", {"file_path": "/r/b.py", "content": "b = 1\n"}, "ok").call("Bash", {"command": command}, "")
     assert set(run.files()) == left
+
+
+@pytest.mark.parametrize(("command", "files"), [
+    ("echo hi>out.txt", ["out.txt"]),  # the literals' reader wanted a space before the ``>``
+    ('echo "a > b" && git commit -m "x > y"', []),  # quoted: text; the literals' reader took b and y
+    ("cat <<'EOF' > notes.md\n# a > b\nEOF", ["notes.md"]),  # the literals' reader stopped at the heredoc
+    ("tee -a a.log b.log < in.txt", ["a.log", "b.log"]),  # the literals' reader took the first only
+    ("python3 - <<'EOF'\nif a > b: print(a)\nEOF", []),  # a heredoc's body is text; the working set's took b:
+    ("@'\nx = 1 > 0\n'@ | Set-Content -Path app\\api\\router.py", ["app\\api\\router.py"]),
+    ("make 2>/dev/null >&2 > $OUT", []),
+])
+def test_one_reader_says_which_files_a_shell_command_writes(command: str, files: list[str]) -> None:
+    done = effect(command)
+    assert written(command) == files
+    assert [*(path for path, _ in done.writes), *done.changed] == files, "the working set reads them alike"
+
+
+def test_a_powershell_write_drops_the_file_by_its_windows_path() -> None:
+    run = Run().call("write_file", {"file_path": "app\\api\\router.py", "content": "x = 1\n"}, "ok").call(
+        "shell_command", {"command": "@'\nx = 2\n'@ | Set-Content app\\api\\router.py"}, "")
+    assert run.files() == {}, "the POSIX reader took app\\api\\router.py for appapirouter.py"
 
 
 def test_a_tool_that_runs_code_it_does_not_show_drops_everything_but_a_poll_does_not() -> None:
@@ -362,6 +402,72 @@ def test_the_maker_carries_the_current_text_into_the_checkpoint_and_the_summary_
     assert APP.replace("'hello'", "'bye'") in summary_text(checkpoint)
     assert "current as of log entry 14" in summary_text(checkpoint)
     assert working_set_maker(CHAT, 1000, words)(run.messages, 1, 0, seqs) == ((), ""), "the read is still in view"
+
+
+def long_conversation(steps: int) -> list[dict[str, Any]]:
+    """Reads, partial and failed reads, writes, edits that apply and that do not, heredocs, shell drops and calls
+    made two at a time, over six files, in a fixed pseudo-random order."""
+    pick = random.Random(33)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "work on the repo"}]
+    for step in range(steps):
+        batch = []
+        for n in range(pick.choice((1, 1, 2))):
+            path, text = f"/r/f{pick.randrange(6)}.py", f"v = {pick.randrange(4)}\n"
+            name, args, out = pick.choice([
+                ("Read", {"file_path": path}, numbered(text)),
+                ("Read", {"file_path": path, "offset": 2}, "     2→x"),
+                ("Read", {"file_path": path}, "<tool_use_error>File does not exist.</tool_use_error>"),
+                ("Write", {"file_path": path, "content": text}, "ok"),
+                ("Edit", {"file_path": path, "old_string": f"= {pick.randrange(4)}", "new_string": "= 9"}, "ok"),
+                ("Bash", {"command": f"cat > {path} <<'EOF'\n{text}EOF"}, ""),
+                ("Bash", {"command": f"rm {path}"}, ""),
+                ("Bash", {"command": f"cat {path}"}, text),
+                ("Bash", {"command": "pytest -q"}, "1 passed"),
+            ])
+            batch.append((name, args, out, f"c{step}_{n}"))
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": orjson.dumps(args).decode()}}
+            for name, args, _, call_id in batch]})
+        messages += [{"role": "tool", "tool_call_id": call_id, "content": out} for _, _, out, call_id in batch]
+        if pick.random() < 0.2:
+            messages.append({"role": "user", "content": "go on"})
+    return messages
+
+
+def test_tracking_on_from_the_last_compaction_equals_tracking_the_whole_conversation() -> None:
+    messages = long_conversation(150)
+    seqs = list(range(5, 5 + len(messages)))
+    since = None
+    for end in range(1, len(messages) + 1):  # a cut between a call and its result too
+        files, since = tracked(CHAT, messages[:end], end, seqs[:end], since)
+        assert files == track(CHAT, messages[:end], end, seqs[:end]), end
+        assert since is not None and since.end <= end
+    assert since is not None and since.end == len(messages) and len(since.files) > 1
+
+
+def test_a_track_of_another_conversation_or_of_messages_not_logged_is_not_resumed() -> None:
+    messages = long_conversation(40)
+    files, since = tracked(CHAT, messages, len(messages), list(range(len(messages))))
+    assert since is not None
+    other = [{"role": "user", "content": "another repo"}, *messages[1:]]
+    other_seqs = [0, *range(1000, 1000 + len(other) - 1)]
+    assert not since.resumes(other, other_seqs)
+    assert tracked(CHAT, other[:3], 3, other_seqs[:3], since)[0] == track(CHAT, other[:3], 3, other_seqs) != files
+    assert tracked(CHAT, messages, len(messages), [-1] * len(messages))[1] is None, "no seq names them"
+
+
+def test_the_maker_carries_its_track_to_the_next_compaction_of_the_same_session_only() -> None:
+    messages = long_conversation(30)
+    tracks = Tracks(size=1)
+    seqs = list(range(len(messages)))
+    first = working_set_maker(CHAT, 1000, words, tracks, "s1")(messages, len(messages), 0, seqs)
+    assert (held := tracks.get("s1")) is not None and held.end == len(messages)
+    longer = long_conversation(45)
+    second = working_set_maker(CHAT, 1000, words, tracks, "s1")(longer, len(longer), 0, list(range(len(longer))))
+    assert second == working_set_maker(CHAT, 1000, words)(longer, len(longer), 0, list(range(len(longer))))
+    assert first != second
+    working_set_maker(CHAT, 1000, words, tracks, "s2")(messages, len(messages), 0, seqs)
+    assert tracks.get("s1") is None, "the newest sessions' tracks are kept"
 
 
 def test_a_file_a_heredoc_wrote_and_nothing_changed_is_carried_as_its_command() -> None:

@@ -25,7 +25,7 @@ from proxy.context.items import ItemModel, leading_system_count
 from proxy.context.keep.literals import LITERALS_SHARE, literal_maker
 from proxy.context.keep.pins import SHARE as PINS_SHARE
 from proxy.context.keep.trail import trail_maker
-from proxy.context.keep.workingset import WORKING_SET_SHARE, WorkingSetMaker, working_set_maker
+from proxy.context.keep.workingset import WORKING_SET_SHARE, Tracks, WorkingSetMaker, working_set_maker
 from proxy.context.log.history import HistoryManager
 from proxy.context.log.lineage import ConversationState, common_prefix
 from proxy.context.log.sessionlock import CompactionLock
@@ -190,6 +190,8 @@ class ContextEngine:
         #: The checkpoint each session's last view stood on: where a ready background summary waits.
         self.shown = ShownCheckpoints()
         self.masker = Masker(self.counter, recall=settings.recall_tool)
+        #: Where each session's files in hand were last tracked: the next compaction reads on from there.
+        self.tracks = Tracks()
 
     def window_for(self, model: str | None) -> int:
         """The window to plan for: what the upstream taught us (``windows``), else the flag, else the model map,
@@ -462,7 +464,7 @@ class ContextEngine:
                     head=self.head_tokens(window, dialect, messages, hashes))
                 seqs, keys = state.entries_for(hashes, len(hashes))
                 room = fresh.threshold - fresh.unfreed
-                result = await self._compactor(complete, window, dialect, room).compact(
+                result = await self._compactor(complete, window, dialect, room, key).compact(
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
                     seqs=seqs, keys=keys, fallback=fallback, use_model=use_model,
@@ -484,9 +486,10 @@ class ContextEngine:
         return self.observe(key, trigger, result, started), state
 
     def _compactor(self, complete: Complete, window: int, dialect: ItemModel,
-                   room: int | None = None) -> ContextCompactor:
+                   room: int | None = None, key: SessionKey | None = None) -> ContextCompactor:
         """``window`` is the request model's; the summary call is sized for the summary model's own. ``room``:
-        what the threshold leaves beside the part no compaction frees (``unfreed``)."""
+        what the threshold leaves beside the part no compaction frees (``unfreed``); ``key``: the session (its files
+        in hand are tracked on from its last compaction)."""
         policy = self.policy(window)
         summary_model = self.settings.summary_model
         # Chunks are counted with the budget's own text measure (the tokenizer), against the summary model's real
@@ -504,16 +507,18 @@ class ContextEngine:
                                 pins_budget=int(window * PINS_SHARE),
                                 trail_of=trail_maker(dialect, int(window * self.settings.artifact_share),
                                                      policy.text_tokens),
-                                working_set_of=self.working_set_of(dialect, window),
+                                working_set_of=self.working_set_of(dialect, window, key),
                                 literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
                                                           policy.text_tokens,
                                                           lent=int(window * self.settings.working_set_share)))
 
-    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker:
+    def working_set_of(self, dialect: ItemModel, window: int, key: SessionKey | None = None) -> WorkingSetMaker:
         """The files in hand a checkpoint carries (``proxy.context.keep.workingset``), in ``working_set_share`` of
-        ``window``: for a summary, and for a masking batch that takes a file's text out of the view."""
+        ``window``: for a summary, and for a masking batch that takes a file's text out of the view; tracked on
+        from where ``key``'s last compaction left off."""
         return working_set_maker(dialect, int(window * self.settings.working_set_share),
-                                 self.policy(window).text_tokens)
+                                 self.policy(window).text_tokens, self.tracks,
+                                 (key, dialect.name) if key is not None else None)
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None:
         """Tokens the last ``--keep-tool-outputs`` outputs may take whole: ``keep_tool_output_share`` of ``window``,

@@ -36,12 +36,12 @@ from proxy.context.items import ItemModel, get_path
 from proxy.context.keep.artifactparse import (
     NAME_CHARS,
     clip,
-    command_text,
     outcome,
     parsed_arguments,
     patch_files,
     patch_in_command,
 )
+from proxy.context.keep.toolkinds import EDITOR_COMMANDS, WRITE_VERBS, command_of, editor_command, path_of
 from proxy.context.view.masking import output_text
 from proxy.types import Message
 
@@ -49,19 +49,9 @@ ARTIFACTS_HEADING = "## Artifact trail (from ctxproxy's log: exact, not model-wr
 DROPPED = "({count} older entries not shown; the log holds them)"
 Kind = Literal["file", "command"]
 _KINDS: frozenset[str] = frozenset({"file", "command"})
-#: Argument names that hold the file a writing tool acts on, and the destination of a move.
-PATH_KEYS = ("file_path", "filePath", "path", "notebook_path", "filename", "target_file", "absolute_path",
-             "source", "source_path", "old_path")
+#: Argument names that hold the destination of a move (``toolkinds.PATH_KEYS`` hold the file a tool acts on).
 DESTINATION_KEYS = ("destination", "destination_path", "new_path", "newPath", "dest", "target", "to")
 PATCH_KEYS = ("input", "patch", "patchText", "patch_text", "diff")
-#: Words in a tool's name that say it writes, and the action each states (the first found wins).
-WRITE_VERBS = (("delete", "deleted"), ("remove", "deleted"), ("move", "moved"), ("rename", "moved"),
-               ("create", "created"), ("write", "written"), ("str_replace", "edited"), ("edit", "edited"),
-               ("replace", "edited"), ("insert", "edited"), ("update", "edited"), ("append", "edited"))
-SHELL_WORDS = ("shell", "bash", "exec", "command", "terminal")
-#: Anthropic's text editor tool says what it does in its ``command`` argument (None: reads only).
-EDITOR_COMMANDS: dict[str, str | None] = {"create": "created", "str_replace": "edited", "insert": "edited",
-                                          "undo_edit": "edited", "view": None}
 #: A call as the trail knows it: the index of the item making it, and its key there (``ItemModel.calls``).
 Call = tuple[int, str]
 
@@ -122,14 +112,6 @@ def answered_calls(dialect: ItemModel, messages: Sequence[Message], start: int, 
     answered = [(call[0], name, arguments, results.get(call)) for call, (name, arguments) in calls.items()]
     return [(index, name, arguments, result.text if result is not None else None,
              result.is_error if result is not None else False) for index, name, arguments, result in answered]
-
-
-def shell_command(name: str, arguments: Any) -> str | None:
-    """The command line a shell call runs, exactly as given (``bash -lc`` unwrapped); None for any other call and
-    for a patch fed to a shell (its files are the trail's)."""
-    args = parsed_arguments(arguments)
-    command = command_of(name.lower(), args) if isinstance(args, dict) else None
-    return command if command is not None and patch_in_command(command) is None else None
 
 
 def calls_in(dialect: ItemModel, messages: Sequence[Message], start: int, end: int) -> dict[Call, tuple[str, Any]]:
@@ -218,11 +200,11 @@ def patch_of(args: Any) -> str | None:
 
 def _file_action(lowered: str, args: dict[str, Any]) -> list[tuple[str, str]] | None:
     """The (path, action) a writing tool's arguments name: none when it only reads, None when they name no path."""
-    path = next((args[key] for key in PATH_KEYS if isinstance(args.get(key), str) and args[key]), None)
+    path = path_of(args)
     if path is None:
         return None
-    editor = args.get("command")
-    if isinstance(editor, str) and editor in EDITOR_COMMANDS:
+    editor = editor_command(args)
+    if editor is not None:
         action = EDITOR_COMMANDS[editor]
         return [(path, action)] if action is not None else []
     action = next(action for word, action in WRITE_VERBS if word in lowered)
@@ -230,19 +212,6 @@ def _file_action(lowered: str, args: dict[str, Any]) -> list[tuple[str, str]] | 
         return [(path, action)]
     target = next((args[key] for key in DESTINATION_KEYS if isinstance(args.get(key), str) and args[key]), None)
     return [(path, f"moved to {target}"), (target, f"moved from {path}")] if target else [(path, "edited")]
-
-
-def command_of(lowered: str, args: dict[str, Any]) -> str | None:
-    """The command line of a shell call: any tool's ``command``/``cmd`` argument, a shell-named tool's ``commands``."""
-    for key in ("command", "cmd"):
-        if key in args:
-            return command_text(args[key])
-    value = args.get("commands")
-    if value is None or not any(word in lowered for word in SHELL_WORDS):
-        return None
-    if isinstance(value, list) and all(isinstance(part, str) for part in value):
-        return "; ".join(part.strip() for part in value if part.strip()) or None
-    return command_text(value)
 
 
 def failed(result: Result) -> bool:

@@ -9,9 +9,7 @@ parser), so that the masker, which the artifact trail imports, can ask it.
 
 from __future__ import annotations
 
-from typing import Any
-
-from proxy.context.keep.artifactparse import ERROR_MARKS, SCAN_CHARS, command_text, parsed_arguments, status_line
+from proxy.context.keep.artifactparse import ERROR_MARKS, SCAN_CHARS, status_line
 
 #: A line longer than this is no literal (a heredoc, a pasted file): the log holds it.
 MAX_LINE_CHARS = 1_000
@@ -55,8 +53,3 @@ def call_errors(name: str, text: str, *, is_error: bool, shell: bool) -> list[st
     reads = not shell and any(word in name.lower() for word in READ_WORDS)
     return [] if reads and not failed else error_lines(text, failed=failed, shell=shell, tool=name)
 
-
-def is_shell(arguments: Any) -> bool:
-    """Whether a call's arguments (a dict, or JSON of one) give a command line (``command``/``cmd``)."""
-    args = parsed_arguments(arguments)
-    return isinstance(args, dict) and command_text(args.get("command", args.get("cmd"))) is not None

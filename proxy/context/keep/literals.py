@@ -41,9 +41,11 @@ import orjson
 
 from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import clip, parsed_arguments, patch_files, status_line
-from proxy.context.keep.artifacts import answered_calls, collect, patch_of, shell_command
+from proxy.context.keep.artifacts import answered_calls, collect, patch_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.errorlines import call_errors
+from proxy.context.keep.shellwrites import writes_text, written
+from proxy.context.keep.toolkinds import is_shell, shell_command
 from proxy.types import Message
 
 LITERALS_HEADING = "## Exact literals of the compacted messages (from ctxproxy's log: verbatim, not model-written)"
@@ -80,12 +82,6 @@ _URL = re.compile(r"https?://[^\s<>\"'`)\]}]+")
 _VERSION = re.compile(r"(?<![\w.])v?\d+\.\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.]+)?(?![\w])|(?<![\w.])v\d+(?:\.\d+)?(?![\w.])")
 _BACKTICKED = re.compile(r"`([^`\n]{2,100})`")
 _NAME = re.compile(r"(?<![\w/.-])(?:[A-Za-z]\w*_\w+|[a-z]+[A-Z]\w*|[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\(\))(?![\w/-])")
-#: A shell's writes: a redirection, ``tee``, PowerShell's ``Set-Content``/``Add-Content``/``Out-File``.
-_REDIRECT = re.compile(r"(?:^|[\s;|&(])(?:\d?>>?|&>)\s*(['\"]?)([^\s;|&<>'\"()]+)\1")
-_TEE = re.compile(r"\btee\s+(?:-a\s+)?(['\"]?)([^\s;|&<>'\"]+)\1")
-_POWERSHELL = re.compile(r"\b(?:Set-Content|Add-Content|Out-File)\s+(?:-(?:Path|FilePath|LiteralPath)\s+)?"
-                         r"(['\"]?)([^\s;|'\"]+)\1", re.IGNORECASE)
-_HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _NUMBER = re.compile(r"(?<![\w.:/-])(?:\d{3,}|\d+\.\d+)(?:%|ms|s|px|k|KB|MB|GB)?(?![\w.:/-])")
 
 
@@ -168,38 +164,6 @@ def call_source(name: str, arguments: Any, command: str | None) -> str:
     return f"{text[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
 
 
-def shell_writes(command: str) -> list[str]:
-    """The files a shell command writes by redirection, ``tee`` or PowerShell's content cmdlets, read outside its
-    heredocs and here-strings (whose ``>`` are text, not redirections); devices and descriptors left out."""
-    out: list[str] = []
-    closing: str | None = None
-    for line in command.splitlines():
-        if closing is not None:
-            if line.strip() != closing and not (closing in ("'@", '"@') and line.startswith(closing)):
-                continue
-            closing = None
-        if line.lstrip().startswith(("@'", '@"')):
-            closing = line.lstrip()[1] + "@"
-            continue
-        heredoc = _HEREDOC.search(line)
-        scanned = line[: heredoc.end()] if heredoc else line
-        out += [m.group(2) for m in sorted((m for pattern in (_REDIRECT, _TEE, _POWERSHELL)
-                                            for m in pattern.finditer(scanned)), key=lambda m: m.start())]
-        if heredoc is not None:
-            closing = heredoc.group(2)
-    return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
-
-
-def writes_text(command: str) -> bool:
-    """Whether ``command`` writes a file's text from a heredoc or here-string: the file's text is what it mostly
-    carries, and the path list and the files in hand carry that file, so it yields to the commands that say what
-    the agent ran and to the errors they met (``_rank``)."""
-    if "\n" not in command:
-        return False
-    opens = _HEREDOC.search(command) or any(line.lstrip().startswith(("@'", '@"')) for line in command.splitlines())
-    return bool(opens) and bool(shell_writes(command))
-
-
 def _rank(literal: Exact, replaced: bool) -> float:
     """Where ``literal`` comes in the add-back: its kind's place in ``PRIORITY``, a command that writes a file's
     text just after the resolved errors (an error line and its call say more in fewer tokens), one longer than
@@ -222,7 +186,7 @@ def rewritten(literals: Sequence[Exact]) -> set[int]:
     for at in range(len(literals) - 1, -1, -1):
         literal = literals[at]
         if literal.kind == "command" and writes_text(literal.text):
-            paths = set(shell_writes(literal.text))
+            paths = set(written(literal.text))
             if paths <= later:
                 out.add(at)
             later |= paths
@@ -278,14 +242,14 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         if text is None:
             continue
         failed = is_error or bool(status_line(text))
-        lines = call_errors(name, text, is_error=is_error, shell=command is not None)
+        lines = call_errors(name, text, is_error=is_error, shell=is_shell(name, arguments))
         runs.append((source, index, not lines))
         if index >= end:
             continue
         found += [Exact("command", ran, "", index, seq(index)) for ran in commands
                   if len(ran) <= MAX_COMMAND_CHARS or writes_text(ran)]
         if not failed:
-            found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in shell_writes(ran)]
+            found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in written(ran)]
             found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
                       and (patch := patch_of(parsed_arguments(a))) is not None for path, _ in patch_files(patch)]
         found += [Exact("error", line, source, index, seq(index)) for line in lines]

@@ -42,7 +42,8 @@ from collections.abc import Iterator, Sequence
 
 from proxy.context.checkpoint import Pin
 from proxy.context.items import ItemModel, get_path
-from proxy.context.keep.instructionfiles import is_instruction_file, read_path, whole_read
+from proxy.context.keep.instructionfiles import is_instruction_file, read_path
+from proxy.context.keep.toolkinds import whole_read
 from proxy.context.view.clipping import Measure, cut_text
 from proxy.context.view.masking import Masker, output_text
 from proxy.types import Message

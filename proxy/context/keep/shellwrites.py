@@ -7,7 +7,9 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
 - a heredoc written to a file (``cat > PATH <<'EOF'`` … ``EOF``, as Codex
   writes files) sets that file's text exactly (a quoted delimiter, or a body
   with nothing the shell would expand); an append or an expanding body only
-  drops it. An output redirect (``>``, ``>>``) or ``tee`` drops its target;
+  drops it. An output redirect (``>``, ``>>``), ``tee`` or PowerShell's
+  ``Set-Content`` drops its target (``written``, the one reader of these, the
+  literals' too: outside quotes, heredoc bodies and here-strings);
 - a program that writes the files it names (``rm``, ``mv``, ``sed -i``,
   ``gofmt -w``, ``prettier --write``, …) drops every file an argument names or
   holds (a directory); given a glob, a ``$`` expansion or no path it drops every file;
@@ -22,7 +24,9 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
   and lock files (``package.json``, ``go.mod``, …) wherever they are;
 - a program known to only read (``ls``, ``cat``, ``grep``, ``rg``, ``sed -n``,
   ``git status``/``diff``/``log``, ``mkdir``, …) drops nothing, and a plain
-  ``cat PATH`` alone is a whole read of PATH;
+  ``cat PATH`` alone is a whole read of PATH, its output the file's bytes
+  (PowerShell's ``Get-Content [-Raw] PATH`` alone is one too, its output the
+  file's lines, not its bytes);
 - a test runner (``pytest``, ``python -m pytest``, ``jest``, ``vitest``,
   ``node --test``, ``npx playwright test``, …) reads the tests it is given:
   it drops nothing;
@@ -88,7 +92,17 @@ _INLINE_FLAGS = frozenset({"-c", "-e", "--eval", "-p"})
 _PREFIXES = frozenset({"sudo", "env", "time", "nice", "nohup", "command", "exec", "xargs"})
 _CONTROL = frozenset({"&&", "||", ";", "|", "&", "(", ")", ";;", "|&"})
 _REDIRECTS = frozenset({">", ">>", ">|", "&>", "&>>"})
-_SINKS = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr", "&1", "&2", "1", "2"})
+#: ``written``: a quoted string (masked before redirections are looked for: its ``>`` is text), a redirection (not
+#: an arrow ``=>``/``->``), ``tee`` and PowerShell's content cmdlets, each before its target, quoted or bare.
+_QUOTED = re.compile(r"\"(?:[^\"\\\n]|\\.)*\"|'[^'\n]*'")
+_WRITER = re.compile(r"(?<![=\-<>])(?:&>>?|\d?>>?\|?)|(?<![\w-])tee(?=\s)"
+                     r"|(?<![\w-])(?:Set-Content|Add-Content|Out-File)(?:\s+-(?:Path|FilePath|LiteralPath))?(?=\s)",
+                     re.IGNORECASE)
+_TARGET = re.compile(r"""\s*(?:"([^"\n]*)"|'([^'\n]*)'|([^\s;|&<>'"()]+))""")
+_OPTION = re.compile(r"\s+-[\w-]*")
+#: A heredoc's opening (its body, up to the delimiter line, is text), and a PowerShell here-string's.
+_OPENS = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
+_HERE_STRING = ("@'", '@"')
 _GLOB = re.compile(r"[*?\[$`]")
 #: Interpreters: the script they run is read, not written (the arguments after it may be outputs).
 INTERPRETERS = frozenset({"python", "python3", "node", "bash", "sh", "zsh", "ruby", "perl", "deno", "bun", "tsx",
@@ -101,11 +115,13 @@ _PACKAGE_RUNNERS = frozenset({"npx", "pnpx", "bunx"})
 
 @dataclass
 class ShellEffect:
-    """What one command did to files: exact writes (path, text or None), a whole read, paths it may have
-    changed, the words of runners (a file they name is dropped), and whether it may have changed any file at all."""
+    """What one command did to files: exact writes (path, text or None), a whole read (and whether its output is
+    the file's bytes), paths it may have changed, the words of runners (a file they name is dropped), and whether
+    it may have changed any file at all."""
 
     writes: list[tuple[str, str | None]] = field(default_factory=list)
     read: str | None = None
+    verbatim: bool = False
     changed: list[str] = field(default_factory=list)
     mentioned: list[str] = field(default_factory=list)
     anything: bool = False
@@ -122,21 +138,22 @@ def effect(command: str) -> ShellEffect:
         out.writes.insert(0, (path, body + "\n" if exact else None))
         rest = rest[:found.start()] + rest[found.end():]
     try:
-        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", " ; "), posix=True, punctuation_chars=True)
+        # Each line a command of its own: the separator after the newline, so that a comment ends at its line.
+        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", "\n ; "), posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
         words = list(lexer)
     except ValueError:
         out.anything = True
         return out
+    for target in written(rest):
+        if _GLOB.search(target):
+            out.anything = True
+            return out
+        out.changed.append(target)
     segments: list[list[str]] = [[]]
-    for at, word in enumerate(words):
+    for word in words:
         if word in _CONTROL:
             segments.append([])
-        elif word in _REDIRECTS:
-            target = words[at + 1] if at + 1 < len(words) else ""
-            if target not in _SINKS and not target.startswith("&"):
-                out.changed.append(target)
-            segments[-1].append(word)
         else:
             segments[-1].append(word)
     for segment in (_without_redirects(s) for s in segments if s):
@@ -146,7 +163,9 @@ def effect(command: str) -> ShellEffect:
     if len(segments) == 1 and not out.changed and not out.writes:
         words = _without_redirects(segments[0])
         if len(words) == 2 and words[0] == "cat" and not words[1].startswith("-"):
-            out.read = words[1]
+            out.read, out.verbatim = words[1], True
+        elif len(words) > 1 and words[0] == "Get-Content" and [w.lower() for w in words[1:-1]] in ([], ["-raw"]):
+            out.read = words[-1]
     return out
 
 
@@ -181,7 +200,9 @@ def _segment(segment: list[str], out: ShellEffect) -> bool:
             return True
         out.changed.append(paths[-1])
         return False
-    if program == "tee" or (writes and program not in ("find", "ruff") and paths) or program in MUTATORS:
+    if program == "tee":
+        return False  # what it writes is ``written``'s
+    if (writes and program not in ("find", "ruff") and paths) or program in MUTATORS:
         if not paths or any(_GLOB.search(path) for path in paths):
             return True
         out.changed.extend(paths)
@@ -214,3 +235,50 @@ def _runs_tests(program: str, args: list[str]) -> bool:
     if program in ("deno", "bun"):
         return args[:1] == ["test"]
     return program in TEST_RUNNERS
+
+
+def written(command: str) -> list[str]:
+    """The files ``command`` writes by redirection, ``tee`` or PowerShell's content cmdlets, in order, each once:
+    read outside quoted strings, heredoc bodies and here-strings (their ``>`` are text, not redirections); devices,
+    descriptors and variables left out. The one reader of these for the working set (``effect``) and the literals
+    (``proxy.context.keep.literals``)."""
+    out: list[str] = []
+    closing: str | None = None
+    for line in command.splitlines():
+        if closing is not None:
+            if line.strip() != closing and not (closing in ("'@", '"@') and line.startswith(closing)):
+                continue
+            closing = None
+        if line.lstrip().startswith(_HERE_STRING):
+            closing = line.lstrip()[1] + "@"
+            continue
+        masked = _QUOTED.sub(lambda found: found.group(0)[0] * len(found.group(0)), line)
+        for found in _WRITER.finditer(masked):
+            out += _targets(line, found.end(), many=found.group(0) == "tee")
+        if (heredoc := _OPENS.search(line)) is not None:
+            closing = heredoc.group(2)
+    return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
+
+
+def _targets(line: str, at: int, *, many: bool) -> list[str]:
+    """The target after a writer at ``at`` in ``line``: one, or for ``tee`` every file before the next operator."""
+    out: list[str] = []
+    while True:
+        while (option := _OPTION.match(line, at)) is not None and many:
+            at = option.end()
+        found = _TARGET.match(line, at)
+        if found is None:
+            return out
+        out.append(next(group for group in found.groups() if group is not None))
+        if not many:
+            return out
+        at = found.end()
+
+
+def writes_text(command: str) -> bool:
+    """Whether ``command`` writes a file's text from a heredoc or here-string (one the literals carry as the file's
+    text, ``proxy.context.keep.literals``)."""
+    if "\n" not in command:
+        return False
+    opens = _OPENS.search(command) or any(line.lstrip().startswith(_HERE_STRING) for line in command.splitlines())
+    return bool(opens) and bool(written(command))

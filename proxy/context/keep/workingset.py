@@ -8,8 +8,9 @@ knows each file's current text exactly, and knows when it stops knowing:
 
 - a **whole read** sets the text (Claude Code's ``Read``, Gemini CLI's
   ``read_file``, opencode's and Anthropic's editor's reads, a plain shell ``cat
-  PATH``; a raw reader's output is the file): ``proxy.context.keep.fileedits.read_text``
-  says which outputs show a whole file. A partial read (offset, limit) neither
+  PATH``; a raw reader's output is the file): ``proxy.context.keep.toolkinds`` says which
+  calls read a file whole, ``proxy.context.keep.fileedits.read_text`` which outputs
+  show one. A partial read (offset, limit) neither
   sets nor drops the text: a region could not take a later edit exactly;
 - a **write** sets it (``Write``, ``write_file``, opencode's ``write``, Codex's
   ``*** Add File``, a shell heredoc ``cat > PATH <<'EOF'``);
@@ -27,10 +28,17 @@ knows each file's current text exactly, and knows when it stops knowing:
   tool.
 
 Calls are read through ``ItemModel.calls``/``call_of`` and their results
-through ``proxy.context.keep.artifacts`` (the trail's own recognisers), so no wire
+through ``proxy.context.keep.artifacts`` (the trail's own recognisers), their kind
+through ``proxy.context.keep.toolkinds``, so no wire
 format is known here. Paths are compared as written, normalised; a path that is
 the other's tail at a ``/`` (``src/a.py``, ``/repo/src/a.py``) is taken for the
 same file, and where two tracked files could be meant, both are dropped.
+
+The files are tracked from the conversation's start, but not again at each
+compaction: the engine keeps each session's last ``Track`` (the state at the
+last point where no call waited for its result), and the next compaction reads
+on from there when its messages are the same log entries up to it, so its work
+grows with what is new, not with the whole conversation.
 
 At each summary, and at each masking that takes a read's output out of the
 view (``refreshed``), the compactor asks ``working_set_maker`` for the files
@@ -52,29 +60,29 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patch_in_command
-from proxy.context.keep.artifacts import (
-    DESTINATION_KEYS,
-    EDITOR_COMMANDS,
-    PATH_KEYS,
-    SHELL_WORDS,
-    WRITE_VERBS,
-    Result,
-    calls_in,
-    command_of,
-    failed,
-    patch_of,
-    results_of,
-)
+from proxy.context.keep.artifacts import DESTINATION_KEYS, Result, calls_in, failed, patch_of, results_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
 from proxy.context.keep.shellwrites import effect
+from proxy.context.keep.toolkinds import (
+    RAW_READERS,
+    WRITE_VERBS,
+    command_of,
+    editor_command,
+    partial,
+    path_of,
+    reads,
+    runs_commands,
+    writes,
+)
 from proxy.types import Message
 
 WORKING_SET_HEADING = "## Files in hand (from ctxproxy's log: exact current text, not model-written)"
@@ -86,11 +94,8 @@ NO_FINAL_NEWLINE = "no newline at end of file"
 #: At most this many files, and this share of the window, in a summary item.
 MAX_FILES = 5
 WORKING_SET_SHARE = 0.15
-#: Arguments that make a read partial, and those that say a tool acts on a remote repository, not the disk.
-PARTIAL_KEYS = ("offset", "limit", "start_line", "end_line", "line", "lines", "view_range", "range", "startLine")
+#: Arguments that say a tool acts on a remote repository, not the disk.
 REMOTE_KEYS = ("owner", "repo", "repository", "repo_name")
-#: Readers whose output is the file's text itself (not numbered): only these are taken raw.
-RAW_READERS = frozenset({"read_file", "view_file", "read_text_file", "readfile"})
 CONTENT_KEYS = ("content", "file_text", "contents", "text")
 EDIT_KEYS = (("old_string", "new_string"), ("oldString", "newString"), ("old_str", "new_str"))
 #: Control characters that interrupt, suspend or end a running process (sent to it, they run nothing).
@@ -100,6 +105,8 @@ INTERRUPTS = "\x03\x04\x1a\x1c"
 COMMAND_EXTRA_CHARS = 300
 #: How a Codex code-mode cell's result starts when the cell ran to its end.
 CELL_DONE = "Script completed"
+#: Conversations whose last track the engine keeps (``Tracks``).
+MAX_TRACKS = 256
 _ERROR_START = re.compile(r"\s*(?:<tool_use_error>|error\b|failed\b|file not found|no such file)", re.IGNORECASE)
 
 
@@ -166,18 +173,56 @@ def _normal(path: str) -> str:
     return posixpath.normpath(path.removesuffix(":raw")) if path else path
 
 
+@dataclass(frozen=True)
+class Track:
+    """The files known after the calls of ``messages[:end]``, a point where every call made before it was answered
+    before it, for the log entries ``seqs`` of those messages: where the next tracking of the same conversation
+    resumes (``track``), so that each compaction reads what is new since, not the whole conversation again."""
+
+    end: int
+    seqs: tuple[int, ...]
+    files: tuple[FileText, ...]
+
+    def resumes(self, messages: Sequence[Message], seqs: Sequence[int]) -> bool:
+        """Whether ``messages`` (with ``seqs``) continue the conversation this track read: the same log entries
+        (a seq names one entry of one session's log, so the same seqs are the same messages), every one logged."""
+        return self.end <= min(len(messages), len(seqs)) and tuple(seqs[:self.end]) == self.seqs
+
+
 def track(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = ()) -> list[FileText]:
     """The files whose text is known exactly after ``messages[:end]``, oldest touch first."""
-    calls = calls_in(dialect, messages, 0, end)
-    results = results_of(dialect, messages, 0, calls)
+    return tracked(dialect, messages, end, seqs)[0]
+
+
+def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Sequence[int] = (),
+            since: Track | None = None) -> tuple[list[FileText], Track | None]:
+    """``track``, from ``since`` on where it ``resumes`` this conversation, and the last point to resume from next
+    time (None where the messages are not all logged). A call is applied in call order once its result came before
+    ``end``; before a point where no call waits, every earlier call is applied and none later is, so the state
+    there is the same whatever comes after."""
     files = _Files()
+    begin = 0
+    if since is not None and since.end <= end and since.resumes(messages, seqs):
+        begin = since.end
+        files.by_path = {_normal(state.path): state for state in since.files}
+    calls = calls_in(dialect, messages, begin, end)
+    results = results_of(dialect, messages, begin, calls)
+    quiet = (begin, tuple(files.by_path.values()))
+    waits = begin  # every call so far answered before this index
     for call, (name, arguments) in calls.items():
         index, result = call[0], results.get(call)
+        if waits <= index and quiet[0] < index:
+            quiet = (index, tuple(files.by_path.values()))
         if result is None or result.index >= end:
+            waits = len(messages) + 1
             continue  # not answered yet: whatever it does comes after the state tracked here
+        waits = max(waits, result.index + 1)
         seq = seqs[result.index] if result.index < len(seqs) else -1
         _apply(files, name, arguments, result, index, seq)
-    return list(files.by_path.values())
+    if waits <= end:
+        quiet = (end, tuple(files.by_path.values()))
+    logged = min(len(seqs), end) >= quiet[0] and all(seq >= 0 for seq in seqs[:quiet[0]])
+    return list(files.by_path.values()), Track(quiet[0], tuple(seqs[:quiet[0]]), quiet[1]) if logged else None
 
 
 def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int, seq: int) -> None:
@@ -198,9 +243,9 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
         _patch(files, patch, result, at, seq)
     elif command is not None:
         _shell(files, command, result, at, seq)
-    elif isinstance(args, dict) and (path := _path(args)) is not None:
+    elif isinstance(args, dict) and (path := path_of(args)) is not None:
         _file_call(files, lowered, args, path, result, index, at, seq)
-    elif any(word in lowered for word in (*SHELL_WORDS, "stdin")) and not _only_polls(args):
+    elif runs_commands(lowered) and not _only_polls(args):
         files.by_path.clear()  # it may run anything, and does not say what
 
 
@@ -227,10 +272,6 @@ def _only_polls(args: Any) -> bool:
         for key in ("chars", "input", "text", "command", "cmd"))
 
 
-def _path(args: dict[str, Any]) -> str | None:
-    return next((args[key] for key in PATH_KEYS if isinstance(args.get(key), str) and args[key]), None)
-
-
 def _is_error(result: Result) -> bool:
     return result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
 
@@ -238,11 +279,9 @@ def _is_error(result: Result) -> bool:
 def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, index: int, at: int,
                seq: int) -> None:
     """A tool that names one file: a read, a write, an edit, a deletion or a move."""
-    editor = args.get("command") if isinstance(args.get("command"), str) else None
-    writes = editor in EDITOR_COMMANDS and EDITOR_COMMANDS[editor] is not None if editor is not None else any(
-        word in lowered for word, _ in WRITE_VERBS)
-    if not writes:
-        if editor == "view" or "read" in lowered or lowered in RAW_READERS:
+    editor = editor_command(args)
+    if not writes(lowered, args):
+        if reads(lowered, args):
             _read(files, lowered, args, path, result, at, seq)
         return
     if _is_error(result):
@@ -320,7 +359,7 @@ def _read(files: _Files, lowered: str, args: dict[str, Any], path: str, result: 
     if _is_error(result):
         files.drop(path)
         return
-    if any(args.get(key) not in (None, 0, 1, "") for key in PARTIAL_KEYS):
+    if partial(args):
         return
     text = read_text(result.text)
     if text is None or (text == result.text and lowered not in RAW_READERS and not path.endswith(":raw")):
@@ -372,7 +411,8 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         files.drop_under(path)
     for word in done.mentioned:
         files.drop(word)
-    if done.read is not None and not failed_run and output is not None and output_is_whole(result.text, output):
+    if (done.read is not None and done.verbatim and not failed_run and output is not None
+            and output_is_whole(result.text, output)):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             files.set(done.read, _reread(files.get(done.read), done.read, text, at, seq))
@@ -491,17 +531,45 @@ def render(files: Sequence[FileText], budget: int, count: Callable[[str], int]) 
     return rows, "\n\n".join([head, *parts]) if parts else ""
 
 
-def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int]) -> WorkingSetMaker:
+class Tracks:
+    """The last ``Track`` of each conversation (its session's and API's key), for the newest ``MAX_TRACKS``: the
+    engine keeps one, and each compaction's maker resumes there."""
+
+    def __init__(self, size: int = 0) -> None:
+        self.size = size or MAX_TRACKS
+        self._by_key: OrderedDict[Hashable, Track] = OrderedDict()
+
+    def get(self, key: Hashable) -> Track | None:
+        found = self._by_key.get(key)
+        if found is not None:
+            self._by_key.move_to_end(key)
+        return found
+
+    def put(self, key: Hashable, track: Track | None) -> None:
+        self._by_key.pop(key, None)
+        if track is not None:
+            self._by_key[key] = track
+            while len(self._by_key) > self.size:
+                self._by_key.popitem(last=False)
+
+
+def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], int], tracks: Tracks | None = None,
+                      key: Hashable = None) -> WorkingSetMaker:
     """The compactor's ``working_set_of`` for one API, with ``budget`` tokens for the section. The conversation is
-    tracked once for the messages a compaction holds, though it asks twice (its masking, then its summary)."""
-    tracked: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
+    tracked once for the messages a compaction holds, though it asks twice (its masking, then its summary), and
+    from where ``tracks`` holds the last tracking of ``key`` (None: no key, no carrying) up to."""
+    held: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
 
     def make(messages: Sequence[Message], start: int, masked_until: int,
              seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
-        if not tracked or tracked[0][0] is not messages or tracked[0][1] is not seqs:
-            tracked[:] = [(messages, seqs, track(dialect, messages, len(messages), seqs))]
-        files = ranked(lost(tracked[0][2], start, masked_until))
-        rows, text = render(files, max(0, budget), count)
+        if not held or held[0][0] is not messages or held[0][1] is not seqs:
+            if tracks is not None and key is not None:
+                files, last = tracked(dialect, messages, len(messages), seqs, tracks.get(key))
+                tracks.put(key, last)
+            else:
+                files = track(dialect, messages, len(messages), seqs)
+            held[:] = [(messages, seqs, files)]
+        rows, text = render(ranked(lost(held[0][2], start, masked_until)), max(0, budget), count)
         return tuple(tuple(row) for row in rows), text
 
     return make

@@ -75,7 +75,7 @@ class MaskingEngine(Protocol):
 
     def keep_tool_tokens(self, window: int, room: int | None = None) -> int | None: ...
 
-    def working_set_of(self, dialect: ItemModel, window: int) -> WorkingSetMaker: ...
+    def working_set_of(self, dialect: ItemModel, window: int, key: SessionKey | None = None) -> WorkingSetMaker: ...
 
     def view(self, messages: Sequence[Message], hashes: Sequence[str], state: ConversationState | None, *,
              dialect: ItemModel, window: int, tools: Sequence[Any] | None, max_output: int | None,
@@ -211,7 +211,7 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
         candidate = masking_checkpoint(previous, end, hashes, system_end=leading_system_count(dialect, messages),
                                        model=model, created_at=engine.clock(),
                                        tokens_before=prepared.estimate.tokens)
-        candidate = refreshed(candidate, engine.working_set_of(dialect, window), messages,
+        candidate = refreshed(candidate, engine.working_set_of(dialect, window, key), messages,
                               state.entries_for(hashes, len(hashes))[0])
         after = engine.view(messages, hashes, state, dialect=dialect, window=window, tools=tools,
                             max_output=max_output, fit=False, checkpoint=candidate)

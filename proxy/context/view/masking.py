@@ -47,8 +47,9 @@ from typing import Any
 import orjson
 
 from proxy.context.items import Item, ItemModel, get_path, leading_system_count
-from proxy.context.keep.errorlines import call_errors, is_shell
+from proxy.context.keep.errorlines import call_errors
 from proxy.context.keep.instructionfiles import read_path
+from proxy.context.keep.toolkinds import is_shell
 from proxy.context.view.tokens import NON_TEXT_PART_TOKENS, TokenCounter
 from proxy.types import Message
 
@@ -260,7 +261,7 @@ class Masker:
             placeholder = PLACEHOLDER.format(name=name, arguments=arguments, size=size, where=where, hint=hint)
             holder = get_path(item, path[:-1])
             failures = call_errors(name, text, is_error=isinstance(holder, dict) and holder.get("is_error") is True,
-                                   shell=is_shell(raw))
+                                   shell=is_shell(name, raw))
             if failures:
                 placeholder += "\n".join([KEPT_ERRORS, *failures])
             if tokens <= MIN_RATIO * self.counter.text_tokens(placeholder):
