@@ -13,7 +13,7 @@ from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.batches import mask_batch
 from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.context.view.projection import ProjectionBuilder
-from proxy.context.view.worth import Moment
+from proxy.context.view.worth import CacheRates, Moment
 from proxy.dialects import CHAT
 from proxy.dialects.chat import message_hash
 from proxy.store.base import FactLog, SessionKey
@@ -51,7 +51,7 @@ async def batch(engine: ContextEngine, messages: list[dict[str, Any]], prepared:
         prepared = engine.view(messages, hashes, state, dialect=CHAT, window=WINDOW, tools=None, max_output=None,
                                fit=False)
     return await mask_batch(engine, KEY, messages, hashes, state, prepared, dialect=CHAT, model="m", window=WINDOW,
-                            tools=None, max_output=None, moment=AFTER_A_GAP), prepared
+                            tools=None, max_output=None, moment=AFTER_A_GAP, rates=CacheRates()), prepared
 
 
 async def test_a_batch_is_due_once_old_outputs_would_free_an_eighth_of_the_window(store: FactLog) -> None:

@@ -159,3 +159,13 @@ def test_the_cost_model_weighs_reads_saved_against_the_rewrite() -> None:
     assert cache_rates("claude-sonnet-4-5").write == 1.25 and round(cache_rates("claude-sonnet-4-5").read, 6) == 0.1
     assert cache_rates("gpt-4o") == CacheRates(1.0, 0.5), "OpenAI bills no write premium, reads at half"
     assert cache_rates("no-such-model") == CacheRates(), "unpriced: Anthropic's"
+
+
+def test_a_prompt_not_cached_to_its_end_is_reduced_at_once() -> None:
+    """A client of Anthropic's without breakpoints near its prompt's end reads its tail at the full input price
+    (``tail_cached=False``): a reduction that frees tokens saves them at once, warm or not, far from the trigger."""
+    uncached = cache_rates("claude-sonnet-4-5", tail_cached=False)
+    assert uncached.read == 1.0 and uncached.write == 1.25 and not uncached.cached
+    assert cache_rates("claude-sonnet-4-5").cached and cache_rates("no-such-model", tail_cached=False).read == 1.0
+    assert timely(WARM, tokens=4_000, threshold=12_800, growth=1_000, freed=1_000, rewritten=lambda: 10**6,
+                  rates=uncached)

@@ -43,7 +43,7 @@ from proxy.context.view.prepared import Compacted, PreparedView
 from proxy.context.view.projection import ProjectionBuilder, SummaryPlacement, summary_text
 from proxy.context.view.tokens import TokenCounter
 from proxy.context.view.window import context_window_for
-from proxy.context.view.worth import Moment, cache_rates
+from proxy.context.view.worth import CacheRates, Moment, cache_rates
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -272,7 +272,7 @@ class ContextEngine:
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, dialect: ItemModel, model: str,
                       tools: Sequence[Any] | None, max_output: int | None, complete: Complete,
-                      requester: Requester = ANYONE) -> PreparedView:
+                      requester: Requester = ANYONE, tail_cached: bool = True) -> PreparedView:
         """The proactive path: summarise ahead in the background, and make a request wait only when it must.
 
         Past the soft threshold (``precompact_threshold``) a background
@@ -287,9 +287,14 @@ class ContextEngine:
         ``state`` may lag the request (its new messages are logged with the
         reply): a view needs only the checkpoint, and a compaction first logs
         the conversation so that its checkpoint covers logged messages.
+
+        ``tail_cached``: whether the provider reads the prompt from its cache to
+        its end (the dialect says, ``caches_tail``); when not, waiting for the
+        cache's moment saves nothing (``proxy.context.view.worth``).
         """
         prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
-                                       max_output=max_output, complete=complete, requester=requester)
+                                       max_output=max_output, complete=complete, requester=requester,
+                                       rates=cache_rates(model, tail_cached=tail_cached))
         self.shown.remember(key, prepared.checkpoint)
         if prepared.checkpoint is not None and self._unannounced.get(key) == prepared.checkpoint.view_key:
             del self._unannounced[key]  # a request that waited for it used it: nothing waits any more
@@ -298,20 +303,20 @@ class ContextEngine:
     async def _prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                        state: ConversationState | None, *, dialect: ItemModel, model: str,
                        tools: Sequence[Any] | None, max_output: int | None, complete: Complete,
-                       requester: Requester) -> PreparedView:
+                       requester: Requester, rates: CacheRates) -> PreparedView:
         window = self.window_for(model)
         moment = self.pace.step(key)
         options: dict[str, Any] = {"dialect": dialect, "window": window, "tools": tools, "max_output": max_output,
                                    "requester": requester}
         prepared = self.view(messages, hashes, state, fit=False, session=key, **options)
-        prepared, held = self._ready(key, moment, prepared, messages, hashes, state, model, options)
+        prepared, held = self._ready(key, moment, prepared, messages, hashes, state, rates, options)
         if held:
             return prepared
         # Tier 1 below the threshold (proxy.context.view.batches): a batch of old tool outputs masked, no model call,
         # when the cache's moment makes it worth its write (proxy.context.view.worth).
         prepared = await mask_batch(self, key, messages, hashes, state, prepared, dialect=dialect, model=model,
                                     window=window, tools=tools, max_output=max_output, requester=requester,
-                                    moment=moment) or prepared
+                                    moment=moment, rates=rates) or prepared
         allowed = state is not None and self.backoff.allowed(_backoff_key(key))
         soft = self.soft_threshold(key, window, prepared, dialect, messages, hashes)
         # A soft threshold at the trigger (or above) turns background compaction off; and no summary is prepared
@@ -369,7 +374,7 @@ class ContextEngine:
         return after
 
     def _ready(self, key: SessionKey, moment: Moment, prepared: PreparedView, messages: Sequence[Message],
-               hashes: Sequence[str], state: ConversationState | None, model: str,
+               hashes: Sequence[str], state: ConversationState | None, rates: CacheRates,
                options: dict[str, Any]) -> tuple[PreparedView, bool]:
         """``prepared``, or the view that waits for it (``proxy.context.view.holding``) when it stands on a checkpoint
         a background compaction made since the session's last view; and whether it waits."""
@@ -381,7 +386,7 @@ class ContextEngine:
             key, moment, prepared, hashes, made_from, growth=typical_growth(
                 dialect, messages, hashes, self.policy(options["window"]).counter_for(dialect)),
             view_on=lambda shown: self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown,
-                                            exactly=True, **options), rates=cache_rates(model))
+                                            exactly=True, **options), rates=rates)
         if held is not None:
             return held, True
         del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so

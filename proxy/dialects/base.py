@@ -289,6 +289,12 @@ class Dialect(ItemModel):
         """Request fields that keep the provider's prompt cache warm for ``session``, where the client set none."""
         return {}
 
+    def caches_tail(self, payload: Mapping[str, Any]) -> bool:
+        """Whether the provider reads the request's prompt from its cache up to (near) its end, where the prefix is
+        the previous request's: the cost of deferring a reduction mid-burst (``proxy.context.view.worth``). Yes
+        where the provider caches implicitly (OpenAI, Gemini)."""
+        return True
+
     def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
                     adds_fields: bool) -> list[Item]:
         """``items`` (a view whose frozen prefix ends at ``frozen``) with the cache hints the API takes inline

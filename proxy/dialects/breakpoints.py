@@ -67,6 +67,8 @@ MAX_BREAKPOINTS = 4
 #: Content blocks that take a ``cache_control`` (thinking blocks refuse one).
 MARKABLE = frozenset({"text", "image", "document", "search_result", "tool_use", "tool_result"})
 LONG_TTL = "1h"
+#: Blocks before one of a request's breakpoints within which the API finds a cache entry to read.
+LOOKBACK = 20
 #: OpenAI's explicit breakpoint, on a text part (openai-python's ``ChatCompletionContentPartTextParam`` and
 #: ``ResponseInputTextParam``): ``{"mode": "explicit"}``.
 OPENAI_FIELD = "prompt_cache_breakpoint"
@@ -91,6 +93,23 @@ def breakpoints(payload: Mapping[str, Any], items: Sequence[Item]) -> int:
     """The breakpoints a request holds: ``payload``'s fields (tools, system, a top-level one) and ``items``, the
     messages that go (the view, not the client's ``messages``)."""
     return len(_fields_marks(payload)) + len(marks(list(items)))
+
+
+def caches_tail(payload: Mapping[str, Any]) -> bool:
+    """Whether Anthropic caches a Messages request to (near) its end: it writes entries at breakpoints only, so a
+    client with none among its last ``LOOKBACK`` message blocks and no top-level ``cache_control`` (automatic
+    caching, on the last block) pays the full input price for everything after the proxy's breakpoints, on every
+    request (``proxy.context.view.worth``: nothing then is saved by waiting to reduce it)."""
+    if "cache_control" in payload:
+        return True
+    messages = payload.get("messages")
+    blocks: list[Any] = []
+    for message in reversed(messages if isinstance(messages, list) else []):
+        content = message.get("content") if isinstance(message, Mapping) else None
+        blocks += reversed(content) if isinstance(content, list) else [content]
+        if len(blocks) >= LOOKBACK:
+            break
+    return bool(marks(blocks[:LOOKBACK]))
 
 
 def with_breakpoints(payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds) -> list[Item]:

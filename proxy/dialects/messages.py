@@ -47,7 +47,7 @@ from proxy.dialects.base import (
     role_problem,
     text_of,
 )
-from proxy.dialects.breakpoints import with_breakpoints
+from proxy.dialects.breakpoints import caches_tail, with_breakpoints
 
 _TEXT = frozenset({"text"})
 #: Events before any content block: held back, so an error that follows can be retried unseen.
@@ -246,6 +246,10 @@ class MessagesDialect(Dialect):
         management = payload.get("context_management")
         edits = management.get("edits") if isinstance(management, Mapping) else None
         return isinstance(edits, list) and any(_rewrites(edit) for edit in edits)
+
+    def caches_tail(self, payload: Mapping[str, Any]) -> bool:
+        """Only where the client sets a breakpoint near the end (``proxy.dialects.breakpoints.caches_tail``)."""
+        return caches_tail(payload)
 
     def cache_hints(self, payload: Mapping[str, Any], items: list[Item], frozen: FrozenEnds, *,
                     adds_fields: bool) -> list[Item]:

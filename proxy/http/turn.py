@@ -258,7 +258,8 @@ class Turn:
             return self.sent_view()
         return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
                                          model=model, tools=tools, max_output=self.max_output,
-                                         complete=self.summarise, requester=self.requester)
+                                         complete=self.summarise, requester=self.requester,
+                                         tail_cached=self.dialect.caches_tail(self.parsed.payload))
 
     def sent_view(self) -> PreparedView:
         """The client's items as they are, estimated: no checkpoint, no clipping."""

@@ -42,7 +42,7 @@ from proxy.context.view.applying import ANYONE, Requester
 from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.context.view.masking import Masker, first_unmasked, mask_end
 from proxy.context.view.prepared import PreparedView
-from proxy.context.view.worth import Moment, cache_rates, timely
+from proxy.context.view.worth import CacheRates, Moment, timely
 from proxy.errors import StoreError
 from proxy.store.base import NewFact, SessionKey
 from proxy.types import Message
@@ -159,16 +159,18 @@ def maskable(engine: MaskingEngine, messages: Sequence[Message], hashes: Sequenc
 async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                      state: ConversationState | None, prepared: PreparedView, *, dialect: ItemModel, model: str,
                      window: int, tools: Sequence[Any] | None, max_output: int | None,
-                     moment: Moment, requester: Requester = ANYONE) -> PreparedView | None:
+                     moment: Moment, rates: CacheRates, requester: Requester = ANYONE) -> PreparedView | None:
     """The view after masking a batch, when one is due; None when not (or when the store fails: nothing changes).
     ``requester``: whom the view is for (``proxy.context.view.applying``): the batch is made from its checkpoint.
-    ``moment``: the provider's cache as this request finds it (``SessionPace.step``).
+    ``moment``: the provider's cache as this request finds it (``SessionPace.step``); ``rates``: its prices
+    (``proxy.context.view.worth.cache_rates``).
 
     Due when the outputs older than the last ``keep_tool_outputs`` that are not
     masked yet would free a batch of tokens, and the moment is right for the
     cache (``proxy.context.view.worth.timely``: at the trigger; after an idle gap
     when the trigger would come before the next; mid-burst only near the trigger
-    and when it saves more than it rewrites). The work before that decision
+    and when it saves more than it rewrites; at once when the prompt is not
+    cached to its end). The work before that decision
     grows with those outputs only, which a batch bounds.
     """
     share = engine.settings.mask_batch_share
@@ -202,7 +204,7 @@ async def mask_batch(engine: MaskingEngine, key: SessionKey, messages: Sequence[
 
     if not timely(moment, tokens=prepared.estimate.tokens, threshold=prepared.threshold,
                   growth=typical_growth(dialect, messages, hashes, count), freed=freed, rewritten=rewritten,
-                  rates=cache_rates(model)):
+                  rates=rates):
         return None
     started = time.perf_counter()
     try:

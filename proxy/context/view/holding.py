@@ -6,7 +6,9 @@ system prompt, and the provider writes the whole view again. So while nothing
 forces it, the view keeps standing on the checkpoint the session's previous
 view stood on, and the ready one waits for the moment ``proxy.context.view.worth``
 calls timely: an idle gap that left the cache cold, the trigger, or, near the
-trigger, reads saved worth more than the rewrite. Waiting never costs a change:
+trigger, reads saved worth more than the rewrite. A prompt not cached to its
+end (``CacheRates.cached``) holds nothing back: each step read at full price is
+a step the summary would have saved. Waiting never costs a change:
 the checkpoint is applied then anyway, and no request waits for a summary.
 
 Per process: the checkpoint each session's last view stood on is remembered
@@ -52,7 +54,7 @@ class ShownCheckpoints:
         """The view on the checkpoint the session's last view stood on (``view_on`` builds it), while ``ready``
         (the view on a checkpoint a background compaction made since, from ``made_from``) waits; None when
         ``ready`` is to be used now. ``growth``: the session's tokens a step."""
-        if moment.cold or key not in self._shown:
+        if moment.cold or not rates.cached or key not in self._shown:
             return None
         shown = self._shown[key]
         if _key(shown) != _key(made_from) or (shown is not None and not shown.matches(hashes)):

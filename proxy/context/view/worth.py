@@ -18,6 +18,11 @@ default: ``--cache-ttl``). So the same reduction costs very different amounts by
   would force or allow it anyway (tokens freed, times the steps, times the read price) exceeds what it rewrites
   at the write price.
 
+All of this assumes a prompt read from the cache up to its end mid-burst. A client of Anthropic's that sets no
+breakpoint near its prompt's end has no such cache (entries are written at breakpoints only): everything after the
+proxy's own breakpoints is read at the full input price on every request, and a reduction that frees tokens saves
+them at once (``CacheRates.cached``: the dialect says which, ``Dialect.caches_tail``).
+
 Deferring a reduction to the trigger never costs a change: the reduction comes then anyway, and the trigger's
 masking is as deep (``proxy.context.view.batches``). What it costs is the reads of the tokens it would have freed
 meanwhile, which is what the warm test weighs.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from proxy.context.view.window import model_prices
 
@@ -47,17 +52,23 @@ class CacheRates:
     write: float = WRITE_RATE
     read: float = READ_RATE
 
+    @property
+    def cached(self) -> bool:
+        """Whether a read costs less than the input price: else nothing is saved by deferring a reduction."""
+        return self.read < 1.0
+
 
 @functools.lru_cache(maxsize=256)
-def cache_rates(model: str | None) -> CacheRates:
+def cache_rates(model: str | None, *, tail_cached: bool = True) -> CacheRates:
     """``model``'s cache write and read prices over its input price: the model map's, a write at the input price
     where it names none (OpenAI's and Gemini's implicit caches bill no premium), Anthropic's for a model it does not
-    price."""
+    price. ``tail_cached``: whether the request's prompt is cached to its end (``Dialect.caches_tail``); if not, a
+    read is at the input price."""
     prices = model_prices(model) if model else None
-    if prices is None:
-        return CacheRates()
-    return CacheRates(prices.cache_write / prices.input if prices.cache_write is not None else 1.0,
-                      prices.cache_read / prices.input if prices.cache_read is not None else READ_RATE)
+    rates = CacheRates() if prices is None else CacheRates(
+        prices.cache_write / prices.input if prices.cache_write is not None else 1.0,
+        prices.cache_read / prices.input if prices.cache_read is not None else READ_RATE)
+    return rates if tail_cached else replace(rates, read=1.0)
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ def timely(moment: Moment, *, tokens: int, threshold: int, growth: int, freed: i
     """Whether a reduction freeing ``freed`` tokens of a view of ``tokens``, that makes the provider write
     ``rewritten()`` tokens it holds cached again, is to be made now (the module's docstring says when).
     ``rewritten`` is asked only near the trigger mid-burst: counting it walks the view's tail."""
-    if tokens > threshold:
+    if tokens > threshold or not rates.cached:
         return True
     left = steps_left(tokens, threshold, growth)
     if moment.cold:
