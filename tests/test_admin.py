@@ -211,7 +211,8 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
                                                   "cost_saved": 0.0, "gross_saved_tokens": 0, "gross_cost_saved": 0.0,
                                                   "summary_calls": 0, "summary_tokens": 0, "summary_cost": None,
                                                   # a first request writes its whole prompt to the cache
-                                                  "cache_write_tokens": prompt, "peak_tokens": prompt,
+                                                  "cache_write_tokens": prompt, "ttl_write_tokens": 0,
+                                                  "peak_tokens": prompt,
                                                   "rewrite_factor": 1.0,
                                                   "prefix_changes": {"compaction": 0, "masking": 0, "client": 0,
                                                                      "ttl": 0},

@@ -66,6 +66,14 @@ def opening(dialect: Dialect, parsed: ParsedRequest) -> str:
     return digest.hexdigest()
 
 
+def conversation(dialect: Dialect, parsed: ParsedRequest) -> str:
+    """What tells a session's conversations apart (``proxy.prefixes``): the ``opening``, and whether the request offers
+    tools. A side call has a system prompt of its own (opencode's title call, Claude Code's small calls) or offers no
+    tools (Gemini CLI's next-speaker check: the run's history and one question, answered as JSON); a client that
+    edits, rewinds or compacts its history keeps both."""
+    return opening(dialect, parsed) + (":tools" if parsed.tools else "")
+
+
 def separate(dialect: Dialect, sent: ParsedRequest, hashes: Sequence[str], state: ConversationState | None) -> bool:
     """Whether a request is another agent's conversation in a session with ``state``: ``sent`` as the client sent
     it (a Codex compaction item not yet expanded), ``hashes`` those of its conversation (expanded)."""
