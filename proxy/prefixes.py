@@ -117,7 +117,7 @@ class PrefixTracker:
         session.conversations[conversation] = _Seen(tuple(view), len(client), joined(client), checkpoint, now)
         while len(session.conversations) > CONVERSATIONS:
             session.conversations.popitem(last=False)
-        if last is None:
+        if last is None:  # a conversation's first request: nothing of it is known to be cached
             return PrefixChange(False, None, 0)
         kept, added = shared(last.view, view), last.client
         if now - last.at > self.ttl:
@@ -125,8 +125,9 @@ class PrefixTracker:
         if kept == len(last.view):
             return PrefixChange(False, None, kept, added)
         if not extends(client, last):
-            if any(extends(client, other) for name, other in session.conversations.items() if name != conversation):
-                return PrefixChange(False, None, 0)  # a side call on another conversation's history, asked again
+            for name, other in session.conversations.items():
+                if name != conversation and extends(client, other):  # a side call on another's history, asked again
+                    return PrefixChange(False, None, shared(other.view, view), other.client)
             return PrefixChange(True, "client", kept, len(client))
         return PrefixChange(True, checkpoint_cause(checkpoint, last.checkpoint), kept, added)
 

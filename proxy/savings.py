@@ -22,7 +22,7 @@ summaries have not yet paid for themselves. A summary call whose answer was not
 kept leaves no entry, and is not counted.
 
 Nor is changing the prompt's prefix: each reply entry says how its view's prefix
-compared with the session's previous view (``prefix``: ``changed``, ``cause``,
+compared with its conversation's previous view (``prefix``: ``changed``, ``cause``,
 ``kept_tokens``; ``proxy.prefixes``), and the tokens the request wrote to the
 prompt cache are the upstream's ``cache_creation_input_tokens`` (Anthropic) or,
 where the upstream reports none (OpenAI, Gemini), an estimate: the view's tokens
@@ -33,14 +33,18 @@ compacting too, at the model's cache-write price (the map's
 Anthropic model, else the input price: a token the cache no longer serves is
 billed as plain input), and come off the net figures: those writes less the request's
 new items (``prefix.added_tokens``: the previous reply and the client's new
-messages, which an unchanged prefix would have written as well; scaled to the
-upstream's tokenizer by its prompt count over the proxy's), never below 0.
+messages, which an unchanged prefix would have written as well; in the
+upstream's tokens, ``CacheFigures.ratio``), never below 0.
 
 The re-write factor is the issue's "cache-creation tokens over peak context"
 as bench/lastingcost.py measures it: the session's cache writes, less those
 an expired cache made (cause ``ttl``, beyond the request's new items: the
 TTL's doing, nobody's choice), over the peak context as the client sent it
-(its largest request, ``tokens.client``, in the writes' units). That is the
+(its largest request, ``tokens.client``, in the writes' units: the proxy
+counts the client's items, and an upstream that reports its writes counts
+them with its own tokenizer, so the part of the request the view left out is
+scaled by what the session's last unchanged request wrote, its new items, over
+the proxy's count of them, ``context_of``). That is the
 conversation's size, which a warm cache writes once, token by token: 1.0 when
 no token was written twice. Over the largest prompt the proxy sent (the
 view's peak) a session longer than its window could never come near 1.0.
@@ -163,15 +167,13 @@ def cache_figures(usage: Mapping[str, Any] | None, prompt: int | None, client: i
 
 def context_of(usage: Mapping[str, Any] | None, prompt: int | None, client: int, view_tokens: int,
                ratio: float | None) -> int:
-    """The client's request in the units of the writes. Where the upstream counted them, it counted the view
+    """The client's request in the units of the writes. Where the upstream reported them, it counted the view
     (``prompt``); what the client sent beyond the view (``client - view_tokens``, the proxy's count: what
     compaction took out, the client's own items) is scaled by ``ratio``, the two counts of the client's items that
     the session's last unchanged request wrote (its new items), else by the prompt's (a summary's text and a tool
     output's tokenize differently: scaling all by the prompt's was 30% off on the fake's tokenizer)."""
-    if not prompt or not view_tokens:
+    if not _reported(usage) or not prompt or not view_tokens:  # writes estimated: the proxy's count, as theirs
         return client
-    if not _reported(usage):  # the upstream's count where it gave one: the prompt's two counts scale the client's
-        return round(client * prompt / view_tokens)
     return prompt + round(max(0, client - view_tokens) * (ratio if ratio is not None else prompt / view_tokens))
 
 

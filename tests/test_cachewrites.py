@@ -16,7 +16,7 @@ from proxy.context.view.pace import SessionPace
 from proxy.keys import engine_key, prefixes_key, store_key
 from proxy.savings import UsageTotals, cache_write_price, saved_text
 from proxy.sessions import tenant_of
-from proxy.store.base import SessionKey
+from proxy.store.base import NewFact, SessionKey
 from tests.fakemessages import FakeMessages, uncontrolled
 from tests.fakescript import Recorded, Script
 from tests.prefixchanges import MESSAGES, proxy_made
@@ -274,3 +274,27 @@ async def test_a_long_session_rewrites_its_conversation_about_once_whatever_the_
     assert metrics["ctxproxy_cache_write_tokens_total"] == written
     assert metrics["ctxproxy_ttl_write_tokens_total"] == totals.ttl_write_tokens
     assert metrics["ctxproxy_peak_context_tokens_total"] == totals.peak_tokens
+
+
+def test_the_factor_is_the_writes_less_the_expired_caches_over_the_clients_largest_request_in_the_writes_units(
+        ) -> None:
+    """Folded from a log (proxy.savings): the client's requests, counted by the proxy, are scaled to the upstream's
+    tokenizer by what the last unchanged request wrote (its new items, 2 upstream tokens per proxy token here), not
+    by the prompt's two counts (a compaction's view tokenizes otherwise); the writes after the cache expired, past
+    the request's new items, are the TTL's and are left out."""
+    def answered(n: int, client: int, view: int, prompt: int, written: int, cause: str | None) -> NewFact:
+        fact = reply(n, client, view, {"input_tokens": prompt - written, "cache_creation_input_tokens": written,
+                                       "cache_read_input_tokens": 0, "output_tokens": 5}, "claude-opus-5-5",
+                     "messages")
+        fact.extra["prefix"] = {"changed": cause is not None, "cause": cause, "kept_tokens": 0, "added_tokens": 500}
+        return fact
+
+    totals = fold(question(0), answered(1, 1_000, 1_000, 2_000, 2_000, None),
+                  question(2), answered(3, 1_500, 1_500, 3_000, 1_000, None),
+                  question(4), answered(5, 2_000, 800, 1_800, 1_800, "compaction"),
+                  question(6), answered(7, 2_500, 1_300, 2_800, 2_800, "ttl"))
+    assert totals.cache_write_tokens == 7_600
+    assert totals.caused_write_tokens == 1_800 - 2 * 500 and totals.ttl_write_tokens == 2_800 - 2 * 500
+    assert totals.peak_tokens == 2_800 + 2 * (2_500 - 1_300)
+    assert totals.rewrite_factor == (7_600 - 1_800) / 5_200
+    assert totals.to_json()["ttl_write_tokens"] == 1_800 and "re-write factor 1.12" in saved_text(totals)

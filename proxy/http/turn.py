@@ -208,7 +208,8 @@ class Turn:
 
     def prefix(self, view: PreparedView) -> dict[str, Any]:
         """How what went upstream compares with its conversation's previous request (``proxy.prefixes``): the reply
-        entry's ``prefix``. ``kept_tokens``: the proxy's count of the part shared (0 when the cache had lapsed)."""
+        entry's ``prefix``. ``kept_tokens``: the proxy's count of the part shared (0 when the cache had lapsed or the
+        conversation had nothing to share yet)."""
         dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
         if self.settings.shadow:  # what went upstream is the client's conversation
             sent, digests, checkpoint = items, list(hashes), None
@@ -226,7 +227,7 @@ class Turn:
         counter = self.engine.counter
         added = sum(counter.message_tokens(dialect, message, digest)
                     for message, digest in zip(items[change.added:], hashes[change.added:], strict=True))
-        if change.cause == "ttl":
+        if change.cause == "ttl" or (not change.changed and not change.kept):  # lapsed, or the conversation's first
             return change.entry(0, added)
         past = sum(counter.message_tokens(dialect, message, digest)
                    for message, digest in zip(sent[change.kept:], digests[change.kept:], strict=True))
