@@ -17,11 +17,11 @@ names why, in this order:
 "Previous" is the previous request of the same conversation, not of the session: a client sends side calls under
 its session id between two requests of its run (opencode's title call, Claude Code's small calls, Gemini CLI's
 next-speaker check), and compared with those, the run's next request would look like the client's own edit, and a
-change the proxy made to it would be filed as the client's. A conversation is told by what it opens with
-(``conversation``: its system prompt, and whether it offers tools; ``proxy.http.subagents.opening``): a side call has
-its own system prompt or offers no tools, while a client that edits or rewinds its history, or compacts it itself,
-keeps both. The session's lineage would not tell them apart: a side call branching off the run and a rewind of the
-run are both branches of the log's tree. A side call on the run's history (Gemini CLI's next-speaker check: the
+change the proxy made to it would be filed as the client's. A conversation is told by its system prompt and
+whether it offers tools (``conversation``, ``proxy.http.subagents.conversation``): a side call has its own system
+prompt or offers no tools, while a client that edits or rewinds its history, or compacts it itself, keeps both.
+The session's lineage would not tell them apart: a side call branching off the run and a rewind of the run are
+both branches of the log's tree. A side call on the run's history (Gemini CLI's next-speaker check: the
 run's items and a question) does not extend the previous one, which asked about an older history; it extends the
 run's last request instead, and is no change of anyone's (the run's next request counts what the proxy changed).
 
@@ -70,7 +70,7 @@ class _Seen:
 
 @dataclass
 class _Session:
-    #: The last request of each conversation, by what it opens with, the least recently seen first.
+    #: The last request of each conversation, by its key, the least recently seen first.
     conversations: OrderedDict[str, _Seen] = field(default_factory=OrderedDict)
     #: The session's peak context, and the ratio its requests are scaled by (``grow``).
     peak: int = 0
@@ -105,7 +105,7 @@ class PrefixTracker:
 
     def compare(self, key: SessionKey, conversation: str, view: Sequence[str], client: Sequence[str],
                 checkpoint: Checkpoint | None) -> PrefixChange:
-        """``conversation``: what the request opens with (the key of its conversation in the session); ``view``:
+        """``conversation``: the key of the request's conversation in the session; ``view``:
         the digests of the items sent; ``client``: of the items the client sent; ``checkpoint``: the checkpoint the
         view stands on. Remembers this request as its conversation's last."""
         now = self.clock()

@@ -298,3 +298,4 @@ def test_the_factor_is_the_writes_less_the_expired_caches_over_the_clients_large
     assert totals.peak_tokens == 2_800 + 2 * (2_500 - 1_300)
     assert totals.rewrite_factor == (7_600 - 1_800) / 5_200
     assert totals.to_json()["ttl_write_tokens"] == 1_800 and "re-write factor 1.12" in saved_text(totals)
+
