@@ -126,12 +126,12 @@ async def test_the_proxys_prefix_changes_are_counted_by_cause_and_their_billed_c
     listed = await (await proxy.get("/admin/savings", headers={"Authorization": f"Bearer {TOKEN}"})).json()
     row = listed["sessions"][0]
     # the peak context is the client's largest request (not the largest the proxy sent): the proxy's count of it,
-    # scaled to the upstream's tokenizer by the two counts of the prompt it sent (a summary, not padded outputs):
-    # within 15% of the fake's count
+    # the part left out of the view scaled to the upstream's tokenizer by what the last unchanged request wrote:
+    # within 5% of the fake's count here (scaled by the prompt's two counts, a summary beside padded outputs, 13%)
     peak = client_peak(fake, client)
     assert peak > max(turn.tokens or 0 for turn in turns)
-    assert row["cache_write_tokens"] == written and row["peak_tokens"] == pytest.approx(peak, rel=0.15)
-    assert row["rewrite_factor"] == written / row["peak_tokens"] == pytest.approx(written / peak, rel=0.15)
+    assert row["cache_write_tokens"] == written and row["peak_tokens"] == pytest.approx(peak, rel=0.1)
+    assert row["rewrite_factor"] == written / row["peak_tokens"] == pytest.approx(written / peak, rel=0.1)
     assert metrics["ctxproxy_peak_context_tokens_total"] == row["peak_tokens"]  # the factor in /metrics: writes over it
     assert row["prefix_changes"] == {cause: int(count) for cause, count in by_cause.items()}
     assert row["saved_tokens"] == totals.saved_tokens and row["caused_write_tokens"] == caused_by
@@ -267,7 +267,7 @@ async def test_a_long_session_rewrites_its_conversation_about_once_whatever_the_
 
     totals = await totals_of(proxy, client.session)
     assert totals.prefix_changes["ttl"] == 1 and totals.prefix_changes["compaction"] >= 1
-    assert totals.cache_write_tokens == written and totals.ttl_write_tokens == pytest.approx(lapsed, rel=0.1)
+    assert totals.cache_write_tokens == written and totals.ttl_write_tokens == pytest.approx(lapsed, rel=0.02)
     assert totals.rewrite_factor == pytest.approx(factor, rel=0.05)
     assert written / max(turn.tokens or 0 for turn in turns) > 7
     metrics = await figures(proxy)
