@@ -27,9 +27,10 @@ conversation's (what the direct run sends last, which a warm cache writes once,
 token by token) and the writes after an idle gap (the TTL's, nobody's doing)
 left out of both sides: warm cache writes over the direct run's warm writes.
 1.0: no token was written twice. Over the proxied run's own peak (its largest
-prompt, as ``proxy.savings`` divides per session) no run longer than its window
-could come near 1.0: 60 outputs of 2,500 tokens are 150,000 tokens to write
-once, past a peak of 12,800.
+prompt, as ``proxy.savings`` divided per session before this issue) no run
+longer than its window could come near 1.0: 60 outputs of 2,500 tokens are
+150,000 tokens to write once, past a peak of 12,800. ``proxy.savings`` now
+divides as here: by the client's largest request, less the writes after a gap.
 
 The engine's pace runs on the same simulated clock, so it sees the gaps as a
 cold cache (``proxy.context.view.worth``; the default ``--cache-ttl`` of 300 s).

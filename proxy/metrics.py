@@ -37,7 +37,7 @@ from proxy.context.compactor import CompactionResult
 from proxy.context.engine import Trigger
 from proxy.dialects import DIALECTS
 from proxy.prefixes import CAUSES
-from proxy.savings import summary_cost
+from proxy.savings import CacheFigures, summary_cost
 from proxy.store.base import Kind, SessionKey, StoredFact
 
 #: The label values the HELP texts list (the contract's): routes, compaction triggers, the in-memory caches.
@@ -169,9 +169,14 @@ class Metrics:
         self.cache_writes = Counter("ctxproxy_cache_write_tokens", "Tokens written to the upstream's prompt cache: "
                                     "its cache_creation_input_tokens, else the view past the prefix it kept.",
                                     registry=r)
-        self.peak_tokens = Counter("ctxproxy_peak_context_tokens", "Each session's largest prompt, summed (as it "
-                                   "grows; per process): ctxproxy_cache_write_tokens_total over it is the re-write "
-                                   "factor, 1.0 when every token was written to the cache once.", registry=r)
+        self.ttl_writes = Counter("ctxproxy_ttl_write_tokens", "Of those, the ones the cache's expiry made: a request "
+                                  "after an idle gap past the cache's life (cause ttl) rewrote what it would have "
+                                  "read, beyond its new items.", registry=r)
+        self.peak_tokens = Counter("ctxproxy_peak_context_tokens", "Each session's peak context, summed (as it grows; "
+                                   "per process): the client's largest request, as it sent it, whatever the proxy "
+                                   "sent instead. (ctxproxy_cache_write_tokens_total - "
+                                   "ctxproxy_ttl_write_tokens_total) over it is the re-write factor, 1.0 when every "
+                                   "token was written to the cache once.", registry=r)
         self.sessions_active = Gauge("ctxproxy_sessions_active", "Sessions seen in the last 15 minutes.",
                                      multiprocess_mode="livesum", registry=r)
         if not self.multiprocess:
@@ -237,18 +242,20 @@ class Metrics:
         if dollars is not None and dollars > 0:
             self.cost_saved.inc(dollars)
 
-    def prefix_seen(self, cause: str | None, written: int | None, caused: int, dollars: float | None,
-                    peak_growth: int = 0) -> None:
-        """Count one request's prefix change (``cause`` None: unchanged), cache writes and how much it raised its
-        session's peak prompt; the ``caused`` writes (``dollars``) come off the savings, as in ``/admin/savings``."""
+    def prefix_seen(self, cause: str | None, cache: CacheFigures, dollars: float | None, peak_growth: int) -> None:
+        """Count one request's prefix change (``cause`` None: unchanged), what it did to the cache and how much it
+        raised its session's peak context; the writes the proxy caused (``dollars``) come off the savings, as in
+        ``/admin/savings``."""
         if peak_growth > 0:
             self.peak_tokens.inc(peak_growth)
         if cause is not None:
             self.prefix_changes.labels(cause=cause).inc()
-        if written:
-            self.cache_writes.inc(written)
-        if caused:
-            self.tokens_saved.dec(caused)
+        if cache.written:
+            self.cache_writes.inc(cache.written)
+        if cache.lapsed:
+            self.ttl_writes.inc(cache.lapsed)
+        if cache.caused:
+            self.tokens_saved.dec(cache.caused)
             self.cost_saved.dec(dollars or 0.0)
 
     def session_seen(self, key: SessionKey, now: float | None = None) -> None:

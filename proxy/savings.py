@@ -22,7 +22,7 @@ summaries have not yet paid for themselves. A summary call whose answer was not
 kept leaves no entry, and is not counted.
 
 Nor is changing the prompt's prefix: each reply entry says how its view's prefix
-compared with the session's previous view (``prefix``: ``changed``, ``cause``,
+compared with its conversation's previous view (``prefix``: ``changed``, ``cause``,
 ``kept_tokens``; ``proxy.prefixes``), and the tokens the request wrote to the
 prompt cache are the upstream's ``cache_creation_input_tokens`` (Anthropic) or,
 where the upstream reports none (OpenAI, Gemini), an estimate: the view's tokens
@@ -33,11 +33,21 @@ compacting too, at the model's cache-write price (the map's
 Anthropic model, else the input price: a token the cache no longer serves is
 billed as plain input), and come off the net figures: those writes less the request's
 new items (``prefix.added_tokens``: the previous reply and the client's new
-messages, which an unchanged prefix would have written as well; scaled to the
-upstream's tokenizer by its prompt count over the proxy's), never below 0.
-The re-write factor is all the cache writes over
-the session's peak context (the largest prompt): 1.0 when every token was
-written once.
+messages, which an unchanged prefix would have written as well; in the
+upstream's tokens, ``CacheFigures.ratio``), never below 0.
+
+The re-write factor is the issue's "cache-creation tokens over peak context"
+as bench/lastingcost.py measures it: the session's cache writes, less those
+an expired cache made (cause ``ttl``, beyond the request's new items: the
+TTL's doing, nobody's choice), over the peak context as the client sent it
+(its largest request, ``tokens.client``, in the writes' units: the proxy
+counts the client's items, and an upstream that reports its writes counts
+them with its own tokenizer, so the part of the request the view left out is
+scaled by what the session's last unchanged request wrote, its new items, over
+the proxy's count of them, ``context_of``). That is the
+conversation's size, which a warm cache writes once, token by token: 1.0 when
+no token was written twice. Over the largest prompt the proxy sent (the
+view's peak) a session longer than its window could never come near 1.0.
 
 The log is append-only, so ``SavingsCache`` folds a session once and then only
 what was appended since.
@@ -91,10 +101,9 @@ def cache_write_price(model: str | None) -> float | None:
     return prices.cache_write if prices.cache_write is not None else prices.input
 
 
-def prefix_of(fact: StoredFact) -> tuple[bool, str | None, int, int] | None:
+def prefix_fields(prefix: object) -> tuple[bool, str | None, int, int] | None:
     """(changed, cause, kept_tokens, added_tokens) of a reply entry's ``prefix``, or None for one logged without
     it (``added_tokens`` 0 where an entry predates it: its caused writes are then an upper bound)."""
-    prefix = fact.extra.get("prefix")
     if not isinstance(prefix, Mapping) or not isinstance(kept := prefix.get("kept_tokens"), int):
         return None
     cause, added = prefix.get("cause"), prefix.get("added_tokens")
@@ -111,16 +120,61 @@ def cache_writes(usage: Mapping[str, Any] | None, view_tokens: int, kept_tokens:
     return max(0, view_tokens - kept_tokens) if kept_tokens is not None else None
 
 
-def caused_writes(usage: Mapping[str, Any] | None, written: int | None, added_tokens: int, prompt: int | None,
-                  view_tokens: int) -> int:
-    """The cache writes a prefix change the proxy made is charged for: those beyond what the unchanged prompt would
-    have written anyway, its new items (the previous reply and the client's new messages, ``added_tokens``).
-    ``added_tokens`` is the proxy's count: where the upstream reported the writes, it is scaled to the upstream's
-    tokenizer by the request's ``prompt`` (reported) over ``view_tokens`` (the proxy's count of the same prompt)."""
-    reported = usage is not None and isinstance(usage.get("cache_creation_input_tokens"), int)
-    if reported and prompt and view_tokens:
-        added_tokens = round(added_tokens * prompt / view_tokens)
-    return max(0, (written or 0) - added_tokens)
+def in_write_units(tokens: int, usage: Mapping[str, Any] | None, prompt: int | None, view_tokens: int) -> int:
+    """``tokens`` of the proxy's count in the units of the request's cache writes: where the upstream reported them,
+    its tokenizer's (scaled by the request's ``prompt``, reported, over ``view_tokens``, the proxy's count of the
+    same prompt); else the proxy's own, the units the writes were estimated in."""
+    return round(tokens * prompt / view_tokens) if _reported(usage) and prompt and view_tokens else tokens
+
+
+def _reported(usage: Mapping[str, Any] | None) -> bool:
+    return usage is not None and isinstance(usage.get("cache_creation_input_tokens"), int)
+
+
+@dataclass(frozen=True)
+class CacheFigures:
+    """What one request did to the prompt cache, in the units of its writes (``in_write_units``)."""
+
+    #: Tokens it wrote (``cache_writes``; 0 where unknown).
+    written: int
+    #: Of those, the ones a prefix change made beyond the request's new items (the previous reply and the client's
+    #: new messages, which the unchanged prompt would have written too), never below 0: ``caused`` when the proxy
+    #: changed the prefix (``compaction``, ``masking``), ``lapsed`` when the cache had expired (``ttl``).
+    caused: int
+    lapsed: int
+    #: The client's request: the re-write factor's peak context is the session's largest.
+    context: int
+    #: The upstream's tokens per token of the proxy's count of the client's own items (``context_of``).
+    ratio: float | None
+
+
+def cache_figures(usage: Mapping[str, Any] | None, prompt: int | None, client: int, view_tokens: int,
+                  prefix: tuple[bool, str | None, int, int] | None, ratio: float | None = None) -> CacheFigures:
+    """One request's ``CacheFigures``: ``prompt`` the upstream's count of it (None: unreported), ``client`` and
+    ``view_tokens`` the proxy's counts of what the client sent and of the view, ``prefix`` its ``prefix_fields``,
+    ``ratio`` the session's so far (``CacheFigures.ratio``)."""
+    written = cache_writes(usage, view_tokens, prefix[2] if prefix is not None else None) or 0
+    beyond = 0
+    if prefix is not None and prefix[0] and (prefix[1] in PROXY_CAUSES or prefix[1] == "ttl"):
+        new = round(prefix[3] * ratio) if ratio is not None and _reported(usage) else None
+        beyond = max(0, written - (new if new is not None else in_write_units(prefix[3], usage, prompt, view_tokens)))
+    proxys = prefix is not None and prefix[1] in PROXY_CAUSES
+    if _reported(usage) and prefix is not None and not prefix[0] and written and prefix[3]:
+        ratio = written / prefix[3]  # what an unchanged prompt wrote is the client's new items: their two counts
+    return CacheFigures(written, beyond if proxys else 0, 0 if proxys else beyond,
+                        context_of(usage, prompt, client, view_tokens, ratio), ratio)
+
+
+def context_of(usage: Mapping[str, Any] | None, prompt: int | None, client: int, view_tokens: int,
+               ratio: float | None) -> int:
+    """The client's request in the units of the writes. Where the upstream reported them, it counted the view
+    (``prompt``); what the client sent beyond the view (``client - view_tokens``, the proxy's count: what
+    compaction took out, the client's own items) is scaled by ``ratio``, the two counts of the client's items that
+    the session's last unchanged request wrote (its new items), else by the prompt's (a summary's text and a tool
+    output's tokenize differently: scaling all by the prompt's was 30% off on the fake's tokenizer)."""
+    if not _reported(usage) or not prompt or not view_tokens:  # writes estimated: the proxy's count, as theirs
+        return client
+    return prompt + round(max(0, client - view_tokens) * (ratio if ratio is not None else prompt / view_tokens))
 
 
 @dataclass(frozen=True)
@@ -174,14 +228,18 @@ class UsageTotals:
     summary_tokens: int = 0
     #: None while no summary was made by a model the bundled map prices.
     summary_cost: float | None = None
-    #: Tokens written to the prompt cache (reported or estimated), and the largest prompt: the re-write factor.
+    #: Tokens written to the prompt cache (reported or estimated), those of them the cache's expiry made (cause
+    #: ``ttl``, beyond the requests' new items), and the client's largest request: the re-write factor.
     cache_write_tokens: int = 0
+    ttl_write_tokens: int = 0
     peak_tokens: int = 0
     #: Prefix changes by cause (``proxy.prefixes.CAUSES``), and the cache writes of those the proxy caused.
     prefix_changes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CAUSES, 0))
     caused_write_tokens: int = 0
     #: None while no caused write was of a model the bundled map prices.
     caused_write_cost: float | None = None
+    #: The session's ``CacheFigures.ratio`` so far.
+    _ratio: float | None = None
     #: The seq and the figures of the last entry counted: every item of one reply carries its reply's figures.
     _last: tuple[int, Any, Any, Any] = (-2, None, None, None)
 
@@ -199,9 +257,13 @@ class UsageTotals:
 
     @property
     def rewrite_factor(self) -> float | None:
-        """Cache writes over the peak context: 1.0 when each token was written once (None while no write is known:
-        replies logged before the prefix was recorded, by an upstream that reports none)."""
-        return self.cache_write_tokens / self.peak_tokens if self.peak_tokens and self.cache_write_tokens else None
+        """The cache writes, less those the cache's expiry made, over the peak context as the client sent it (its
+        largest request): 1.0 when each token of the conversation was written once, whatever the proxy sent
+        instead (None while no write is known: replies logged before the prefix was recorded, by an upstream that
+        reports none)."""
+        if not self.peak_tokens or not self.cache_write_tokens:
+            return None
+        return (self.cache_write_tokens - self.ttl_write_tokens) / self.peak_tokens
 
     def add(self, fact: StoredFact) -> None:
         if (cost := summary_cost(fact)) is not None:
@@ -237,28 +299,28 @@ class UsageTotals:
         self.model_tokens += seen
         self.client_tokens += seen + saved
         self.gross_saved_tokens += saved
-        self.peak_tokens = max(self.peak_tokens, seen)
         model = fact.extra.get("model")
         model = model if isinstance(model, str) else None
         self.gross_cost_saved = _add(self.gross_cost_saved, dollars_saved(model, saved))
-        prefix = prefix_of(fact)
-        written = cache_writes(usage, view, prefix[2] if prefix is not None else None) or 0
-        self.cache_write_tokens += written
+        prefix = prefix_fields(fact.extra.get("prefix"))
+        cache = cache_figures(usage, prompt, client, view, prefix, self._ratio)
+        self._ratio = cache.ratio
+        self.cache_write_tokens += cache.written
+        self.ttl_write_tokens += cache.lapsed
+        self.peak_tokens = max(self.peak_tokens, cache.context)
         if prefix is None or not prefix[0] or prefix[1] not in self.prefix_changes:
             return
-        cause = prefix[1]
-        self.prefix_changes[cause] += 1
-        if cause in PROXY_CAUSES:
-            caused = caused_writes(usage, written, prefix[3], prompt, view)
-            self.caused_write_tokens += caused
+        self.prefix_changes[prefix[1]] += 1
+        if prefix[1] in PROXY_CAUSES:
+            self.caused_write_tokens += cache.caused
             price = cache_write_price(model)
-            self.caused_write_cost = _add(self.caused_write_cost, caused * price if price is not None else None)
+            self.caused_write_cost = _add(self.caused_write_cost, cache.caused * price if price is not None else None)
 
     def merge(self, other: UsageTotals) -> None:
         """Add another session's totals (for a total over sessions)."""
         for name in ("replies", "prompt_tokens", "cached_tokens", "client_tokens", "model_tokens",
-                     "gross_saved_tokens", "summary_calls", "summary_tokens", "cache_write_tokens", "peak_tokens",
-                     "caused_write_tokens"):
+                     "gross_saved_tokens", "summary_calls", "summary_tokens", "cache_write_tokens", "ttl_write_tokens",
+                     "peak_tokens", "caused_write_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for cause, count in other.prefix_changes.items():
             self.prefix_changes[cause] = self.prefix_changes.get(cause, 0) + count
@@ -274,7 +336,8 @@ class UsageTotals:
                 "gross_saved_tokens": self.gross_saved_tokens, "gross_cost_saved": self.gross_cost_saved,
                 "summary_calls": self.summary_calls, "summary_tokens": self.summary_tokens,
                 "summary_cost": self.summary_cost, "cache_write_tokens": self.cache_write_tokens,
-                "peak_tokens": self.peak_tokens, "rewrite_factor": self.rewrite_factor,
+                "ttl_write_tokens": self.ttl_write_tokens, "peak_tokens": self.peak_tokens,
+                "rewrite_factor": self.rewrite_factor,
                 "prefix_changes": dict(self.prefix_changes), "caused_write_tokens": self.caused_write_tokens,
                 "caused_write_cost": self.caused_write_cost}
 

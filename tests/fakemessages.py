@@ -27,7 +27,8 @@ is refused. The tokens recorded (and held against ``window``) are the prompt as 
 edits.
 Its prompt cache holds every prompt of the session (``cache_control`` markers aside): the longest shared prefix
 is billed as ``cache_read_input_tokens``, and what lies past it up to the request's last breakpoint as
-``cache_creation_input_tokens``, as the API bills a changed prefix, summary calls' prompts included; the output
+``cache_creation_input_tokens``, as the API bills a changed prefix, summary calls' prompts included (with a
+``clock``, a session idle longer than ``ttl`` finds its cache empty, as the API's lapses); the output
 as the tokenizer counts what the model wrote (``written``). Each request's billed usage is kept in its record
 (``Recorded.usage``).
 ``/v1/messages/count_tokens`` answers ``{"input_tokens": N}``. A request whose
@@ -43,6 +44,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -96,6 +98,10 @@ class FakeMessages(Recorder):
         self._issued: set[tuple[str, str]] = set()
         #: Every prompt of each session (by Claude Code's session header), for the longest cached prefix.
         self._prompts: dict[str, list[list[Any]]] = {}
+        #: The cache's clock (None: it never lapses), its life in seconds, and each session's last request on it.
+        self.clock: Callable[[], float] | None = None
+        self.ttl = 300.0
+        self._last_at: dict[str, float] = {}
         self.require_claude_code = False
         #: The content of every compaction block handed out, so one sent back can be checked.
         self._compactions: set[str] = set()
@@ -198,7 +204,13 @@ class FakeMessages(Recorder):
         """(read, written): what the session's prompt cache serves of ``prompt`` (the longest prefix it shares with
         an earlier prompt) and what the prompt writes to it (``cache_written``); the prompt is cached from now on."""
         plain = uncontrolled(prompt)  # the cache holds content: moving a breakpoint keeps what it marked cached
-        seen = self._prompts.setdefault(request.headers.get("X-Claude-Code-Session-Id", ""), [])
+        session = request.headers.get("X-Claude-Code-Session-Id", "")
+        seen = self._prompts.setdefault(session, [])
+        if self.clock is not None:  # an idle gap past the cache's life: it holds nothing any more
+            now, last = self.clock(), self._last_at.get(session)
+            if last is not None and now - last > self.ttl:
+                seen.clear()
+            self._last_at[session] = now
         cached = max((cached_prefix(earlier, plain, counts) for earlier in seen), default=0)
         seen.append(plain)
         return cached, cache_written(prompt, counts, cached)

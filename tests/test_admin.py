@@ -205,13 +205,16 @@ async def test_view_without_a_checkpoint_is_the_conversation(make_proxy, fake) -
     reply = (await resp.json())["choices"][0]["message"]
     view = await (await proxy.get(f"/admin/sessions/{TENANT}/plain/view", headers=ADMIN)).json()
     prompt = fake.count({"messages": [hello]})  # what the fake reports: its tokenizer's count of the request
+    # an upstream that reports no cache writes: they are the proxy's estimate, and the peak its count of the request
+    sent = int(resp.headers["X-Ctxproxy-View-Tokens"])
     assert view == {"messages": [hello, reply], "estimate": view["estimate"],
                     "checkpoint": None, "usage": {"replies": 1, "prompt_tokens": prompt, "cached_tokens": 0,
                                                   "client_tokens": prompt, "model_tokens": prompt, "saved_tokens": 0,
                                                   "cost_saved": 0.0, "gross_saved_tokens": 0, "gross_cost_saved": 0.0,
                                                   "summary_calls": 0, "summary_tokens": 0, "summary_cost": None,
                                                   # a first request writes its whole prompt to the cache
-                                                  "cache_write_tokens": prompt, "peak_tokens": prompt,
+                                                  "cache_write_tokens": sent, "ttl_write_tokens": 0,
+                                                  "peak_tokens": sent,
                                                   "rewrite_factor": 1.0,
                                                   "prefix_changes": {"compaction": 0, "masking": 0, "client": 0,
                                                                      "ttl": 0},

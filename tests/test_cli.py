@@ -176,7 +176,7 @@ def test_view_prints_what_the_next_request_would_send(logged: str) -> None:
                     "usage": {"replies": 1, "prompt_tokens": 30, "cached_tokens": 0, "client_tokens": 30,
                               "model_tokens": 30, "saved_tokens": 0, "cost_saved": None, "gross_saved_tokens": 0,
                               "gross_cost_saved": None, "summary_calls": 0, "summary_tokens": 0,
-                              "summary_cost": None, "cache_write_tokens": 0, "peak_tokens": 30,
+                              "summary_cost": None, "cache_write_tokens": 0, "ttl_write_tokens": 0, "peak_tokens": 30,
                               "rewrite_factor": None, "caused_write_tokens": 0, "caused_write_cost": None,
                               "prefix_changes": {"compaction": 0, "masking": 0, "client": 0, "ttl": 0}}}
     text = run("sessions", "view", "run-1", "--store", logged).output

@@ -85,7 +85,9 @@ def test_usage_where_reported_the_view_where_not_and_the_saved_part_at_the_model
                                 "client_tokens": 1_100 + 2_200 + 2_500 + saved, "cost_saved": dollars,
                                 "gross_saved_tokens": saved, "gross_cost_saved": dollars,
                                 "summary_calls": 0, "summary_tokens": 0, "summary_cost": None,
-                                "cache_write_tokens": 0, "peak_tokens": 2_500, "rewrite_factor": None,
+                                # the peak context: the client's largest request, not the largest view
+                                "cache_write_tokens": 0, "ttl_write_tokens": 0, "peak_tokens": 6_000,
+                                "rewrite_factor": None,
                                 "prefix_changes": {"compaction": 0, "masking": 0, "client": 0, "ttl": 0},
                                 "caused_write_tokens": 0, "caused_write_cost": None}
     assert saved_text(totals) == ("12,300 tokens sent by the client, 5,800 seen by the model (1,024 cached), "

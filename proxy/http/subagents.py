@@ -55,11 +55,26 @@ SIDE_CALL_ITEMS = 2
 
 def opening(dialect: Dialect, parsed: ParsedRequest) -> str:
     """A digest of what a conversation opens with: its system prompt fields and its leading system items."""
-    digest = hashlib.blake2b(b"ctxproxy-opening-v1\x00", digest_size=12)
+    return _system_digest(b"ctxproxy-opening-v1\x00", dialect, parsed,
+                          parsed.items[:leading_system_count(dialect, parsed.items)])
+
+
+def conversation(dialect: Dialect, parsed: ParsedRequest) -> str:
+    """What tells a session's conversations apart (``proxy.prefixes``): its system prompt fields, and whether the
+    request offers tools. A side call has a system prompt of its own (opencode's title call, Claude Code's small
+    calls) or offers no tools (those, and Gemini CLI's next-speaker check: the run's history and one question); a
+    client that edits, rewinds or compacts its history keeps both. A system prompt carried as an item (Chat
+    Completions) is left out: it is the conversation's first item, which the comparison covers, and a Chat side
+    call is told by the tools it does not offer."""
+    return _system_digest(b"ctxproxy-conversation-v1\x00", dialect, parsed, ()) + (":tools" if parsed.tools else "")
+
+
+def _system_digest(tag: bytes, dialect: Dialect, parsed: ParsedRequest, items: Sequence[Any]) -> str:
+    digest = hashlib.blake2b(tag, digest_size=12)
     option = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
     try:
         digest.update(orjson.dumps([parsed.payload.get(name) for name in SYSTEM_FIELDS], option=option))
-        for item in parsed.items[:leading_system_count(dialect, parsed.items)]:
+        for item in items:
             digest.update(orjson.dumps(dialect.identity(item), option=option))
     except orjson.JSONEncodeError:  # nested too deeply to write: such a prompt opens as nothing else does
         digest.update(b"\x00unwritable")

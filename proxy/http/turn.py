@@ -35,8 +35,7 @@ from proxy.http.relay import (
 from proxy.keys import client_key, history_key, prefixes_key, tracing_key
 from proxy.metrics import Metrics
 from proxy.overflow import Overflow
-from proxy.prefixes import PROXY_CAUSES
-from proxy.savings import cache_write_price, cache_writes, caused_writes, dollars_saved
+from proxy.savings import cache_figures, cache_write_price, dollars_saved, prefix_fields
 from proxy.settings import Settings
 from proxy.store.base import SessionKey
 from proxy.store.codec import check_encodable
@@ -193,14 +192,14 @@ class Turn:
                                    extra_opening=lambda: {"opening": subagents.opening(dialect, self.parsed)})
                 saved = max(0, tokens["client"] - tokens["view"])
                 self.metrics.request_saved(saved, dollars_saved(model, saved) if saved else None)
-                written = cache_writes(usage, tokens["view"], prefix["kept_tokens"])
-                price = cache_write_price(model)
                 prompt = dialect.prompt_tokens(usage) if usage is not None else None
-                growth = self.request.app[prefixes_key].grow(self.key, prompt if prompt is not None else tokens["view"])
-                caused = (caused_writes(usage, written, prefix["added_tokens"], prompt, tokens["view"])
-                          if prefix["cause"] in PROXY_CAUSES else 0)
-                self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, written, caused,
-                                         caused * price if caused and price is not None else None, growth)
+                tracker = self.request.app[prefixes_key]
+                cache = cache_figures(usage, prompt, tokens["client"], tokens["view"], prefix_fields(prefix),
+                                      tracker.ratio(self.key))
+                price = cache_write_price(model)
+                self.metrics.prefix_seen(prefix["cause"] if prefix["changed"] else None, cache,
+                                         cache.caused * price if cache.caused and price is not None else None,
+                                         tracker.grow(self.key, cache.context, cache.ratio))
             except StoreError as exc:
                 self.metrics.store_errors.inc()
                 logger.warning("store error while logging the reply of session %s: %s", self.key.session, exc)
@@ -208,8 +207,9 @@ class Turn:
         return sink
 
     def prefix(self, view: PreparedView) -> dict[str, Any]:
-        """How what went upstream compares with the session's previous request (``proxy.prefixes``): the reply
-        entry's ``prefix``. ``kept_tokens``: the proxy's count of the part shared (0 when the cache had lapsed)."""
+        """How what went upstream compares with its conversation's previous request (``proxy.prefixes``): the reply
+        entry's ``prefix``. ``kept_tokens``: the proxy's count of the part shared (0 when the cache had lapsed or the
+        conversation had nothing to share yet)."""
         dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
         if self.settings.shadow:  # what went upstream is the client's conversation
             sent, digests, checkpoint = items, list(hashes), None
@@ -222,11 +222,12 @@ class Turn:
             known.update((id(item), digest) for item, digest in zip(items[-reach:], hashes[-reach:], strict=True))
             digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
             checkpoint = view.checkpoint
-        change = self.request.app[prefixes_key].compare(self.key, digests, hashes, checkpoint)
+        change = self.request.app[prefixes_key].compare(self.key, subagents.conversation(dialect, self.parsed), digests,
+                                                        hashes, checkpoint)
         counter = self.engine.counter
         added = sum(counter.message_tokens(dialect, message, digest)
                     for message, digest in zip(items[change.added:], hashes[change.added:], strict=True))
-        if change.cause == "ttl":
+        if change.cause == "ttl" or (not change.changed and not change.kept):  # lapsed, or the conversation's first
             return change.entry(0, added)
         past = sum(counter.message_tokens(dialect, message, digest)
                    for message, digest in zip(sent[change.kept:], digests[change.kept:], strict=True))
