@@ -28,11 +28,13 @@ from proxy.context.checkpoint import (
 from proxy.context.items import ItemModel, cut_points, leading_system_count, round_start_for
 from proxy.context.keep.literals import LiteralMaker, shown_text
 from proxy.context.keep.pins import carry as carry_pins
+from proxy.context.keep.room import Caps, caps
 from proxy.context.keep.userwords import carry
 from proxy.context.keep.workingset import WorkingSetMaker, refreshed
 from proxy.context.summary.callusage import CallUsage
 from proxy.context.summary.fallback import reduced_checkpoint
 from proxy.context.summary.summarizer import SummaryGenerator
+from proxy.context.view.batches import typical_growth
 from proxy.context.view.clipping import Measure
 from proxy.context.view.masking import first_unmasked, mask_end
 from proxy.context.view.projection import ProjectionBuilder
@@ -190,6 +192,7 @@ class ContextCompactor:
         pins_budget: int = 0,
         working_set_of: WorkingSetMaker | None = None,
         literals_of: LiteralMaker | None = None,
+        context_window: int = 0,
     ) -> None:
         self.summarizer = summarizer
         self.count = count
@@ -206,6 +209,8 @@ class ContextCompactor:
         self.pins_budget = pins_budget
         self.working_set_of = working_set_of
         self.literals_of = literals_of
+        #: The window the parts' floors are shares of (``proxy.context.keep.room``).
+        self.context_window = context_window
 
     def view_tokens(self, view: Sequence[Message], known: Mapping[int, str]) -> int:
         """Tokens of a view; ``known`` maps ``id()`` of conversation messages to their hashes."""
@@ -246,6 +251,8 @@ class ContextCompactor:
         fallback: bool = False,
         use_model: bool = True,
         fixed: int = 0,
+        soft: int | None = None,
+        lands_after: int = 0,
     ) -> CompactionResult:
         """Reduce the view: mask when that reaches ``mask_target`` (None: go straight to a summary), else summarise.
 
@@ -256,6 +263,10 @@ class ContextCompactor:
         call (0 when the view is over the window: any gain is then worth it). The gain is a share of the whole
         request: the messages and the ``fixed`` part no compaction frees (tool definitions, the answer's room);
         measured on the messages alone, a summary freeing 9 % of what Codex sent (8.5k of tools) passed.
+        ``soft``: the tokens the view's messages may take before the next summary starts (the soft threshold); a
+        summary item whose parts would leave the view nearer it than the rule of ``proxy.context.keep.room``
+        allows carries less of them (None: no such rule); ``lands_after``: what the conversation is expected to
+        grow before the checkpoint lands.
         ``seqs`` and ``keys`` are the log's seqs and prefix hashes of the
         conversation, which name masked outputs and carried user words.
 
@@ -329,6 +340,8 @@ class ContextCompactor:
             created_at=self.clock(), tokens_before=before, pins=pins, working_set=in_hand[0], files=in_hand[1])
         checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys)
         after = tokens(checkpoint)
+        checkpoint, after = self._leaving_room(checkpoint, after, (soft, lands_after), messages, hashes, previous,
+                                               split_from, seqs, keys, tokens)
         if not worth(after) and not (folding_back and error is None):
             skipped = CompactionResult("skipped", None, before, after, f"summary left it over {1 - gain:.0%}",
                                        usage=usage)
@@ -353,19 +366,48 @@ class ContextCompactor:
             artifacts, trail = self.trail_of(artifacts, messages, split_from, start, seqs)
         return words, artifacts, trail
 
+    def _leaving_room(self, checkpoint: Checkpoint, after: int, room: tuple[int | None, int],
+                      messages: Sequence[Message], hashes: Sequence[str], previous: Checkpoint | None,
+                      split_from: int, seqs: Sequence[int], keys: Sequence[str],
+                      tokens: Callable[[Checkpoint | None], int]) -> tuple[Checkpoint, int]:
+        """``checkpoint`` (a view of ``after`` tokens) with its files in hand and literals capped as
+        ``proxy.context.keep.room`` says, so that the view, when it lands (after growing ``room[1]``), sits steps of
+        the session's growth below ``room[0]``, where the next summary starts (None: as it is); the view's tokens
+        with it."""
+        soft, lands_after = room
+        if self.measure is None or soft is None:
+            return checkpoint, after
+        limits = caps(view=after, soft=soft,
+                      growth=typical_growth(self.projection.dialect, messages, hashes, self.count),
+                      literals=self.measure.text_tokens(checkpoint.literals_text) if checkpoint.literals_text else 0,
+                      files=self.measure.text_tokens(checkpoint.files) if checkpoint.files else 0,
+                      window=self.context_window, lands_after=lands_after)
+        if limits == Caps():
+            return checkpoint, after
+        start = checkpoint.retain_start_idx
+        if limits.files is not None and self.working_set_of is not None:
+            rows, files = self.working_set_of(messages, start, checkpoint.masked_until, seqs, limits.files)
+            checkpoint = replace(checkpoint, working_set=rows, files=files)
+        checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys,
+                                         cap=limits.literals)
+        return checkpoint, tokens(checkpoint)
+
     def _with_literals(self, checkpoint: Checkpoint, messages: Sequence[Message], previous: Checkpoint | None,
-                       split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str]) -> Checkpoint:
+                       split_from: int, start: int, seqs: Sequence[int], keys: Sequence[str],
+                       cap: int | None = None) -> Checkpoint:
         """``checkpoint`` with the exact literals of ``messages[:start]`` its view lacks added back
-        (``proxy.context.keep.literals``), and its receipt; as it is without ``literals_of``. The previous checkpoint's
-        literals stand for ``messages[:split_from]``; one without a receipt read none, so all is read."""
+        (``proxy.context.keep.literals``; at most ``cap`` tokens of them, None: their budget), and its receipt; as it
+        is without ``literals_of``. The previous checkpoint's literals stand for ``messages[:split_from]``; one
+        without a receipt read none, so all is read."""
         if self.literals_of is None:
             return checkpoint
         dialect = self.projection.dialect
-        shown = shown_text(dialect, self.projection.build(messages, checkpoint, seqs=seqs, keys=keys))
+        shown = shown_text(dialect, self.projection.build(messages, replace(checkpoint, literals_text=""), seqs=seqs,
+                                                          keys=keys))
         if previous is not None and not previous.literal_receipt:  # made before literals were read: read it all
             previous, split_from = None, leading_system_count(dialect, messages)
         rows, text, receipt = self.literals_of(previous.literals if previous is not None else (), messages,
-                                               split_from, start, seqs, shown, checkpoint.files)
+                                               split_from, start, seqs, shown, checkpoint.files, cap=cap)
         return replace(checkpoint, literals=rows, literals_text=text, literal_receipt=receipt.to_json())
 
     def _pins(self, messages: Sequence[Message], previous: Checkpoint | None, split_from: int, start: int,

@@ -473,7 +473,9 @@ class ContextEngine:
                     messages, hashes, previous, model=model, level=level, budget=budget, instructions=instructions,
                     min_gain=0.0 if over_limit or level > 0 or trigger == "manual" else None, mask_target=target,
                     seqs=seqs, keys=keys, fallback=fallback, use_model=use_model,
-                    fixed=policy.fixed_beside(fresh.estimate, tools, max_output))
+                    fixed=policy.fixed_beside(fresh.estimate, tools, max_output),
+                    soft=soft - policy.tools_tokens(tools),
+                    lands_after=fresh.threshold - fresh.estimate.tokens)
                 if result.checkpoint is not None and result.outcome in ("ok", "fallback"):
                     state, recorded = await self._record(key, result.checkpoint, dialect, (previous, made_from),
                                                          hashes, planned_at, requester,
@@ -515,7 +517,8 @@ class ContextEngine:
                                 working_set_of=self.working_set_of(dialect, window, key),
                                 literals_of=literal_maker(dialect, int(window * self.settings.literal_share),
                                                           policy.text_tokens,
-                                                          lent=int(window * self.settings.working_set_share)))
+                                                          lent=int(window * self.settings.working_set_share)),
+                                context_window=window)
 
     def working_set_of(self, dialect: ItemModel, window: int, key: SessionKey | None = None) -> WorkingSetMaker:
         """The files in hand a checkpoint carries (``proxy.context.keep.workingset``), in ``working_set_share`` of

@@ -35,7 +35,7 @@ import hashlib
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -111,11 +111,15 @@ class Receipt:
         return {"in_range": self.in_range, "kept": self.kept, "added": self.added, "dropped": self.dropped}
 
 
-#: The compactor's hook: from the previous checkpoint's rows, the conversation, the range ``[start, end)`` newly
-#: compacted, the log's seqs, the text the view shows without add-back and the files in hand it carries (their
-#: section): the rows, the section and its receipt.
-LiteralMaker = Callable[[tuple[object, ...], Sequence[Message], int, int, Sequence[int], str, str],
-                        tuple[tuple[object, ...], str, Receipt]]
+class LiteralMaker(Protocol):
+    """The compactor's hook: from the previous checkpoint's rows, the conversation, the range ``[start, end)``
+    newly compacted, the log's seqs, the text the view shows without add-back and the files in hand it carries
+    (their section): the rows, the section and its receipt. ``cap``: tokens the section may take at most, below
+    its budget (``proxy.context.keep.room``); the rows are kept as without it, for a later compaction to show."""
+
+    def __call__(self, previous: tuple[object, ...], messages: Sequence[Message], start: int, end: int,
+                 seqs: Sequence[int], shown: str, files: str = "", /,
+                 cap: int | None = None) -> tuple[tuple[object, ...], str, Receipt]: ...
 
 
 def strings(value: Any, out: list[str]) -> list[str]:
@@ -369,7 +373,8 @@ def literal_maker(dialect: ItemModel, budget: int, count: Callable[[str], int], 
     cannot be known, or are all in view, has commands to carry)."""
 
     def make(previous: tuple[object, ...], messages: Sequence[Message], start: int, end: int,
-             seqs: Sequence[int], shown: str, files: str = "") -> tuple[tuple[object, ...], str, Receipt]:
+             seqs: Sequence[int], shown: str, files: str = "", /,
+             cap: int | None = None) -> tuple[tuple[object, ...], str, Receipt]:
         try:
             carried = from_json(list(previous))
         except ValueError:
@@ -378,7 +383,8 @@ def literal_maker(dialect: ItemModel, budget: int, count: Callable[[str], int], 
         most = max(0, budget) + max(0, lent)
         literals = bounded(live([*carried, *new], runs), most * LONG_CHARS_PER_TOKEN)
         spare = max(0, lent - (count(files) if files else 0))
-        text, receipt = add_back(literals, shown, max(0, budget) + spare, count)
+        most = max(0, budget) + spare
+        text, receipt = add_back(literals, shown, most if cap is None else min(most, cap), count)
         return tuple(tuple(row) for row in to_json(literals)), text, receipt
 
     return make

@@ -63,7 +63,7 @@ import re
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel
@@ -428,9 +428,13 @@ def _reread(known: FileText | None, path: str, text: str, at: int, seq: int) -> 
 
 # -- the section in the summary item --------------------------------------------------------------------------------
 
-#: The working set for a checkpoint: from the conversation, the split, where masking ends and the log's seqs, the
-#: rows the checkpoint records (``[path, seq, index, first line, last line]``) and the rendering.
-WorkingSetMaker = Callable[[Sequence[Message], int, int, Sequence[int]], tuple[tuple[object, ...], str]]
+class WorkingSetMaker(Protocol):
+    """The working set for a checkpoint: from the conversation, the split, where masking ends and the log's seqs,
+    the rows the checkpoint records (``[path, seq, index, first line, last line]``) and the rendering; ``cap``:
+    tokens the section may take at most, below its budget (``proxy.context.keep.room``)."""
+
+    def __call__(self, messages: Sequence[Message], start: int, masked_until: int, seqs: Sequence[int], /,
+                 cap: int | None = None) -> tuple[tuple[object, ...], str]: ...
 
 
 def lost(files: Sequence[FileText], start: int, masked_until: int) -> list[FileText]:
@@ -560,8 +564,8 @@ def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], in
     from where ``tracks`` holds the last tracking of ``key`` (None: no key, no carrying) up to."""
     held: list[tuple[Sequence[Message], Sequence[int], list[FileText]]] = []
 
-    def make(messages: Sequence[Message], start: int, masked_until: int,
-             seqs: Sequence[int]) -> tuple[tuple[object, ...], str]:
+    def make(messages: Sequence[Message], start: int, masked_until: int, seqs: Sequence[int], /,
+             cap: int | None = None) -> tuple[tuple[object, ...], str]:
         if not held or held[0][0] is not messages or held[0][1] is not seqs:
             if tracks is not None and key is not None:
                 files, last = tracked(dialect, messages, len(messages), seqs, tracks.get(key))
@@ -569,7 +573,8 @@ def working_set_maker(dialect: ItemModel, budget: int, count: Callable[[str], in
             else:
                 files = track(dialect, messages, len(messages), seqs)
             held[:] = [(messages, seqs, files)]
-        rows, text = render(ranked(lost(held[0][2], start, masked_until)), max(0, budget), count)
+        most = budget if cap is None else min(budget, cap)
+        rows, text = render(ranked(lost(held[0][2], start, masked_until)), max(0, most), count)
         return tuple(tuple(row) for row in rows), text
 
     return make
