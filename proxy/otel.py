@@ -148,8 +148,10 @@ class _RequestSpan(RequestSpan):
                     span.set_attribute("ctxproxy.client_tokens", turn.tokens["client"])
                 set_usage(span, self._dialect, turn.usage, turn.answered)
             if view is not None:
+                # The proxy's own count, as ``client_tokens`` is: the estimate (the header's) carries the upstream's
+                # usage, which counts more than the proxy's measure, and the view seemed larger than the request.
                 span.set_attributes({"ctxproxy.compacted": view.compacted,
-                                     "ctxproxy.view_tokens": view.estimate.tokens})
+                                     "ctxproxy.view_tokens": view.estimate.local})
         finally:
             span.end()
             context.detach(self._token)

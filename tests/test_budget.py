@@ -174,6 +174,20 @@ def test_usage_after_a_rewind_is_ignored() -> None:
     assert policy().estimate(CHAT, VIEW[:1], usage=sample).usage is None
 
 
+def test_what_the_upstream_counted_more_carries_over_to_another_base_per_item() -> None:
+    """500 tokens upstream where the proxy counted 15, over 2 items: 242 a item more. A masked view (the same items,
+    11 tokens by the proxy's count) keeps all of it; a view of one item, half; a rewound one, per item too."""
+    sample = UsageSample.of(CHAT, 500, VIEW, "base", local=15)
+    masked = [VIEW[0], {"role": "user", "content": "one"}]
+    assert policy().estimate(CHAT, masked, usage=sample, view_key="masked") == Estimate(496, 11, 496, None)
+    assert policy().estimate(CHAT, VIEW[:1], usage=sample, view_key="summary").usage == 10 + 242
+    edited = [VIEW[0], {"role": "user", "content": "something else"}, {"role": "assistant", "content": "ok"}]
+    assert policy().estimate(CHAT, edited, usage=sample, view_key="base").usage == 16 + 485 * 3 // 2
+    # Nothing to carry: the proxy's count of the measured view unknown, or the upstream counted no more.
+    assert policy().estimate(CHAT, masked, usage=UsageSample.of(CHAT, 500, VIEW, "base"), view_key="m").usage is None
+    assert policy().estimate(CHAT, masked, usage=UsageSample.of(CHAT, 15, VIEW, "base", 15), view_key="m").usage is None
+
+
 def test_usage_counts_even_when_smaller() -> None:
     sample = UsageSample.of(CHAT, 2, VIEW, "")
     assert policy().estimate(CHAT, VIEW, usage=sample) == Estimate(tokens=15, chars=15, usage=2, tokenizer=None)

@@ -111,7 +111,9 @@ def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageS
     # A shadow view (``--shadow``) was never sent: the usage measured the client's request, not it.
     if not isinstance(view, Mapping) or not isinstance(prompt, int) or view.get("shadow") is True:
         return None
-    return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")))
+    counted = (state.last_tokens or {}).get("view")
+    return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")),
+                       counted if isinstance(counted, int) else None)
 
 
 def _backoff_key(key: SessionKey) -> str:

@@ -108,8 +108,9 @@ class ConversationState:
     #: The last message logged from each upstream reply that has an id (``response_id``: the Responses API's,
     #: which a ``previous_response_id`` request continues).
     _by_response: dict[str, int] = field(default_factory=dict)
-    #: (seq of the reply, its ``usage``, the view it measured), newest last.
-    _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None]] = field(default_factory=list)
+    #: (seq of the reply, its ``usage``, the view it measured, the proxy's counts beside it), newest last.
+    _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None]] = field(
+        default_factory=list)
 
     @property
     def bytes(self) -> int:
@@ -152,9 +153,10 @@ class ConversationState:
             if fact.source == "upstream" and isinstance(reply, str):
                 self._by_response[reply] = fact.seq
             if fact.source == "upstream" and isinstance(usage, Mapping):
-                view = fact.extra.get("view")
-                self._usages = [*self._usages[1 - USAGES_KEPT:], (fact.seq, usage,
-                                                                  view if isinstance(view, Mapping) else None)]
+                view, tokens = fact.extra.get("view"), fact.extra.get("tokens")
+                self._usages = [*self._usages[1 - USAGES_KEPT:], (
+                    fact.seq, usage, view if isinstance(view, Mapping) else None,
+                    tokens if isinstance(tokens, Mapping) else None)]
             return
         self._parents.append(NOT_A_MESSAGE)
         self._depths.append(-1)
@@ -346,7 +348,14 @@ class ConversationState:
         found = self._last_usage()
         return found[2] if found is not None else None
 
-    def _last_usage(self) -> tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None:
+    @property
+    def last_tokens(self) -> Mapping[str, Any] | None:
+        """The proxy's own counts (``client``, ``view``) logged beside ``last_usage``: what the upstream counted
+        more than the proxy carries over to a view the usage did not measure (``ContextBudgetPolicy.estimate``)."""
+        found = self._last_usage()
+        return found[3] if found is not None else None
+
+    def _last_usage(self) -> tuple[int, Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None] | None:
         for entry in self._usages[::-1]:
             if self._on_lineage(entry[0]):
                 return entry

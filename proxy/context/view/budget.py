@@ -9,7 +9,10 @@ upstream rejection, a high one only an early compaction:
 - ``chars``: characters ÷ 3 of the view, tool definitions included (the seed);
 - ``usage``: the upstream's real ``prompt_tokens`` for the last call on the same
   view base, plus what the view gained since, counted by the per-message
-  measure of the estimator (always on: it is the only measured figure);
+  measure of the estimator (always on: it is the only measured figure); on
+  another base (the first view after a compaction) or after a rewind, the
+  proxy's own count plus what the upstream counted more on the last call, per
+  item (``carried``);
 - ``tokenizer``: a tiktoken count (see ``tokens.py``).
 
 ``estimator`` picks ``chars`` (chars + usage), ``tokenizer`` (tokenizer + usage)
@@ -69,17 +72,37 @@ class UsageSample:
 
     ``view_key`` names the base (``Checkpoint.view_key``, or ``""`` for no
     checkpoint); ``last_hash`` is the hash of the view's last message, so a
-    client that rewound history does not inherit a stale figure.
+    client that rewound history does not inherit a stale figure. ``local`` is
+    the proxy's own count of that view (``Estimate.local``, the log's
+    ``tokens.view``; None when not logged): what the upstream counted beyond it
+    is carried over to a view on another base (``carried``).
     """
 
     prompt_tokens: int
     view_key: str
     view_length: int
     last_hash: str
+    local: int | None = None
 
     @classmethod
-    def of(cls, dialect: ItemModel, prompt_tokens: int, view: Sequence[Message], view_key: str = "") -> UsageSample:
-        return cls(prompt_tokens, view_key, len(view), dialect.hash(view[-1]) if view else "")
+    def of(cls, dialect: ItemModel, prompt_tokens: int, view: Sequence[Message], view_key: str = "",
+           local: int | None = None) -> UsageSample:
+        return cls(prompt_tokens, view_key, len(view), dialect.hash(view[-1]) if view else "", local)
+
+    def carried(self, local: int, length: int) -> int | None:
+        """The upstream's count of a view of ``length`` items the proxy counts ``local``, which this usage did not
+        measure: ``local`` plus what the upstream counted beyond the proxy's count on the measured view, per item
+        (None when it counted no more, or the proxy's count of that view is unknown).
+
+        The upstream counts what the proxy's measure leaves out (the wire format's framing, ids, thinking
+        signatures) on every item, and a masked item keeps all of it: right after a masking batch the proxy's
+        count alone said 1,877 tokens where the upstream counted 6,748 (a fake billing the serialised prompt, 16k
+        window), then 6,933 on the next request, when its usage applied again. A summary drops items, and what
+        they carried with them: per item, the figure shrinks with the view.
+        """
+        if self.local is None or self.view_length <= 0 or self.prompt_tokens <= self.local:
+            return None
+        return local + (self.prompt_tokens - self.local) * length // self.view_length
 
 
 @dataclass(frozen=True)
@@ -276,23 +299,26 @@ class ContextBudgetPolicy:
             counted = self.counter.count_many(dialect, view, digests, session=session)
             counted += self.counter.tools_tokens(tools)
             tokenized = counted + REPLY_PRIMING_TOKENS
-        measured = self._usage_estimate(dialect, view, digests, usage, view_key)
+        measured = self._usage_estimate(dialect, view, digests, usage, view_key,
+                                        Estimate(0, chars, None, tokenized).local)
         figures = [figure for figure in (chars, measured, tokenized) if figure is not None]
         return Estimate(max(figures, default=0), chars, measured, tokenized)
 
     def _usage_estimate(self, dialect: ItemModel, view: Sequence[Message], digests: Sequence[str | None],
-                        usage: UsageSample | None, view_key: str) -> int | None:
-        """The upstream's count of the base, plus what was added since, measured like any message.
+                        usage: UsageSample | None, view_key: str, local: int) -> int | None:
+        """The upstream's count of the base, plus what was added since, measured like any message; for a view on
+        another base, or a rewound one, the count carried over from it (``UsageSample.carried``).
 
         Characters ÷ 3 of a large tool result added since the last call more
         than doubled the estimate (15,025 against a true 6,912 for 66,756
         characters of prose); the tokenizer's counts are cached, so this costs
         nothing the estimate has not already paid.
         """
-        if usage is None or usage.view_key != view_key or not 0 < usage.view_length <= len(view):
+        if usage is None:
             return None
-        if dialect.hash(view[usage.view_length - 1]) != usage.last_hash:
-            return None
+        if (usage.view_key != view_key or not 0 < usage.view_length <= len(view)
+                or dialect.hash(view[usage.view_length - 1]) != usage.last_hash):
+            return usage.carried(local, len(view))
         start = usage.view_length
         added = sum(self.message_tokens(dialect, m, d) for m, d in zip(view[start:], digests[start:], strict=True))
         return usage.prompt_tokens + added
