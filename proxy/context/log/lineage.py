@@ -337,19 +337,36 @@ class ConversationState:
     @property
     def last_usage(self) -> Mapping[str, Any] | None:
         """The newest upstream ``usage`` measured on the current lineage (a reply on another branch does not count)."""
-        found = self._last_usage()
-        return found[1] if found is not None else None
+        found = self.usage_for(self.hashes)
+        return found[0] if found is not None else None
 
     @property
     def last_view(self) -> Mapping[str, Any] | None:
         """The view (key, length, last hash) ``last_usage`` measured."""
-        found = self._last_usage()
-        return found[2] if found is not None else None
+        found = self.usage_for(self.hashes)
+        return found[1] if found is not None else None
 
-    def _last_usage(self) -> tuple[int, Mapping[str, Any], Mapping[str, Any] | None] | None:
-        for entry in self._usages[::-1]:
-            if self._on_lineage(entry[0]):
-                return entry
+    def usage_for(self, hashes: Sequence[str]) -> tuple[Mapping[str, Any], Mapping[str, Any] | None] | None:
+        """The newest upstream ``usage`` measured on the conversation ``hashes``' path, and the view it measured.
+
+        The path, not the current lineage: a side call the client sent since
+        (a title call on the run's first message, a question on its history)
+        moved the head to a branch of its own, and its reply measured another
+        prompt (another system prompt, no tools); the run's next request
+        estimated from it read hundreds of tokens short and was never compacted.
+        """
+        shared = common_prefix(self.hashes, hashes)
+        branch: list[str] | None = None
+        for seq, usage, view in self._usages[::-1]:
+            depth = self._depths[seq]
+            if depth < shared:
+                if self.seqs[depth] == seq:
+                    return usage, view
+                continue
+            if branch is None:
+                branch = self.known_prefixes(hashes, shared)
+            if depth < shared + len(branch) and self._by_prefix[branch[depth - shared]] == seq:
+                return usage, view
         return None
 
     @property
