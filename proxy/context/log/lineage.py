@@ -99,6 +99,9 @@ class ConversationState:
     #: What the session's conversations open with (the ``opening`` of each first message): a request that shares
     #: no message with the log and opens otherwise is another agent's conversation (``proxy.http.subagents``).
     openings: set[str] = field(default_factory=set)
+    #: Messages in the session's longest lineage, wherever the head is: whether it holds more than a side call
+    #: (``proxy.http.subagents``) is not a question of the branch a title call left the head on.
+    longest: int = 0
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -244,6 +247,7 @@ class ConversationState:
         self.hashes.append(digest)
         self.prefixes.append(prefix)
         self.seqs.append(seq)
+        self.longest = max(self.longest, len(self.seqs))
 
     def _is_message(self, seq: int) -> bool:
         return 0 <= seq < len(self._parents) and self._parents[seq] != NOT_A_MESSAGE
