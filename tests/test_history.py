@@ -227,3 +227,29 @@ def test_last_usage_follows_the_lineage() -> None:
     _sync(state, log, [*main, *_user("next")])
     assert state.last_usage == {"prompt_tokens": 9}, "back on the lineage, its last measurement applies again"
 
+
+
+def test_the_usage_for_a_conversation_is_the_newest_on_its_path_wherever_the_head_is() -> None:
+    """A side call on the run's first message and one on its whole history each log a reply with a usage of its
+    own and move the head there: the run's next request is measured by the run's last reply, not by theirs (a
+    title call's 43 tokens made the run's estimate read hundreds of tokens short); the question on the history
+    is measured by the run's reply too, on its path."""
+    state, log = ConversationState(), []
+
+    def logged(messages: list[Any], usage: int) -> None:
+        facts = plan_sync(state, messages, [message_hash(m) for m in messages], len(messages) - 1, {},
+                          {"usage": {"prompt_tokens": usage}, "view": {"length": len(messages) - 1}})
+        for fact in _stored(state, facts):
+            state.apply(fact)
+            log.append(fact)
+
+    run = [*_user("task"), {"role": "assistant", "content": "step 1"}]
+    logged(run, 900)
+    logged([*_user("task"), {"role": "assistant", "content": "A title"}], 43)
+    logged([*run, *_user("who speaks next?"), {"role": "assistant", "content": "user"}], 950)
+    assert state.last_usage == {"prompt_tokens": 950}, "the head is the question's reply"
+    following = [message_hash(m) for m in [*run, *_user("step 1 done")]]
+    assert state.usage_for(following)[:2] == ({"prompt_tokens": 900}, {"length": 1})
+    asked = [message_hash(m) for m in [*run, *_user("who speaks next?")]]
+    assert state.usage_for(asked)[:2] == ({"prompt_tokens": 900}, {"length": 1})
+    assert state.usage_for([message_hash(_user("another task")[0])]) is None

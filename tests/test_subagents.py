@@ -234,3 +234,31 @@ async def test_a_run_whose_first_request_was_a_side_call_is_the_session_not_a_su
     sessions = sorted([info.session async for info in store.sessions()])
     assert sessions == [SESSION]
     assert replay(await read_log(store, SessionKey(tenant_of(KEY), SESSION)))[:len(run)] == run
+
+
+#: A title call on the parent's first message, per door: its own system prompt, no tools (Claude Code's, opencode's).
+TITLES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gemini": (f"/v1beta/models/{MODEL}:generateContent", {
+        "contents": [{"role": "user", "parts": [{"text": TASK}]}],
+        "systemInstruction": {"parts": [{"text": "Write a five-word title."}]}}),
+    "messages": ("/v1/messages", {
+        "model": "claude-opus-5-5", "max_tokens": 64, "system": [{"type": "text", "text": "Write a five-word title."}],
+        "messages": [{"role": "user", "content": TASK}]}),
+}
+
+
+@pytest.mark.parametrize("door", list(TITLES))
+async def test_a_sub_agent_right_after_a_title_call_is_still_a_conversation_of_its_own(
+        aiohttp_server, aiohttp_client, store_url: str, door: str) -> None:
+    """A title call just before a sub-agent (no header) starts moves the log's head to a lone exchange on the
+    parent's first message; the session still holds the parent's conversation, so the sub-agent is split off
+    to a session of its own, not logged over the parent's as a rewind."""
+    fake = DOORS[door][0]()
+    proxy = await proxy_on(aiohttp_server, aiohttp_client, store_url, fake)
+    await parent_run(door, proxy)
+    path, title = TITLES[door]
+    resp = await proxy.post(path, json=title, headers={"x-goog-api-key": KEY, "x-api-key": KEY,
+                                                       "anthropic-version": "2023-06-01", HEADER_SESSION: SESSION})
+    assert resp.status == 200, await resp.text()
+    child = child_of(door, proxy, {})
+    assert (await child_step(child)).headers[HEADER_SESSION].startswith(f"{SESSION}/auto-")

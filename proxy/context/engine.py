@@ -103,15 +103,17 @@ class EngineSettings:
     cache_ttl: float = DEFAULT_CACHE_TTL
 
 
-def _usage_sample(dialect: ItemModel, state: ConversationState | None) -> UsageSample | None:
-    if state is None or state.last_usage is None:
+def _usage_sample(dialect: ItemModel, state: ConversationState | None, hashes: Sequence[str]) -> UsageSample | None:
+    """The upstream's count of the last view on the conversation ``hashes``' path (``ConversationState.usage_for``)."""
+    found = state.usage_for(hashes) if state is not None else None
+    if found is None:
         return None
-    view = state.last_view
-    prompt = dialect.prompt_tokens(state.last_usage)
+    usage, view, tokens = found
+    prompt = dialect.prompt_tokens(usage)
     # A shadow view (``--shadow``) was never sent: the usage measured the client's request, not it.
     if not isinstance(view, Mapping) or not isinstance(prompt, int) or view.get("shadow") is True:
         return None
-    counted = (state.last_tokens or {}).get("view")
+    counted = (tokens or {}).get("view")
     return UsageSample(prompt, str(view.get("key", "")), int(view.get("length", 0)), str(view.get("last", "")),
                        counted if isinstance(counted, int) else None)
 
@@ -127,6 +129,16 @@ def _failed(job: asyncio.Task[Any]) -> bool:
         return True
     result, _ = job.result()
     return bool(result.outcome in ("failed", "timeout"))
+
+
+def side_call(state: ConversationState | None, hashes: Sequence[str], conversation: str | None) -> bool:
+    """Whether a request of ``conversation`` is a side call on another conversation's history: the newest reply
+    on its path (``ConversationState.usage_for``) answered a request of another conversation (Gemini CLI's
+    next-speaker check: the run's history and a question, without the run's tools). A conversation whose path
+    holds no reply yet (a title call on the run's first message) is nobody's side call: it is its own, and small."""
+    found = state.usage_for(hashes) if state is not None and conversation is not None else None
+    measured = found.view.get("conversation") if found is not None and found.view is not None else None
+    return isinstance(measured, str) and measured != conversation
 
 
 def step_tokens(policy: ContextBudgetPolicy, dialect: ItemModel, messages: Sequence[Message],
@@ -251,7 +263,7 @@ class ContextEngine:
         view, frozen = self.projection(dialect).layout(messages, checkpoint, seqs=seqs, keys=keys)
         changed = len(view) != len(messages) or any(a is not b for a, b in zip(view, messages, strict=True))
         policy = self.policy(window)
-        estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state),
+        estimate = policy.estimate(dialect, view, tools=tools, usage=_usage_sample(dialect, state, hashes),
                                    view_key=checkpoint.view_key if checkpoint else "",
                                    source=(view if not changed else messages, hashes), made=self.masker.digests,
                                    session=session)
@@ -274,7 +286,8 @@ class ContextEngine:
     async def prepare(self, key: SessionKey, messages: Sequence[Message], hashes: Sequence[str],
                       state: ConversationState | None, *, dialect: ItemModel, model: str,
                       tools: Sequence[Any] | None, max_output: int | None, complete: Complete,
-                      requester: Requester = ANYONE, tail_cached: bool = True) -> PreparedView:
+                      requester: Requester = ANYONE, tail_cached: bool = True,
+                      conversation: str | None = None) -> PreparedView:
         """The proactive path: summarise ahead in the background, and make a request wait only when it must.
 
         Past the soft threshold (``precompact_threshold``) a background
@@ -293,7 +306,21 @@ class ContextEngine:
         ``tail_cached``: whether the provider reads the prompt from its cache to
         its end (the dialect says, ``caches_tail``); when not, waiting for the
         cache's moment saves nothing (``proxy.context.view.worth``).
+
+        ``conversation``: which of the session's conversations the request is
+        (its system prompt and tools, named by the caller). A side call on
+        another conversation's history (``side_call``) leaves the session's
+        reductions to that conversation: it goes over the checkpoint that
+        serves its history, clipped if over the hard limit, and compacts only
+        when even that is over; it starts no summary and no masking batch,
+        and steps neither the session's pace nor its shown checkpoint, so the
+        run compacts when and as it would without it.
         """
+        if side_call(state, hashes, conversation):
+            side = self.view(messages, hashes, state, dialect=dialect, window=self.window_for(model), tools=tools,
+                             max_output=max_output, requester=requester)
+            if side.estimate.tokens <= side.limit:
+                return side
         prepared = await self._prepare(key, messages, hashes, state, dialect=dialect, model=model, tools=tools,
                                        max_output=max_output, complete=complete, requester=requester,
                                        rates=cache_rates(model, tail_cached=tail_cached))

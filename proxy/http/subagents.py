@@ -14,9 +14,10 @@ What tells a sub-agent from the parent is how it opens: its own system prompt
 conversation's first message in the log carries (``ConversationState.openings``).
 A request is another agent's conversation when the log holds none of its
 messages and it opens as none of the session's conversations did, the
-session's current conversation is more than a side call (a lone exchange:
-Claude Code's first request is its quota probe, and the run after it is the
-parent, not a sub-agent of the probe), and it does
+session holds more than side calls (a lone exchange: Claude Code's first
+request is its quota probe, and the run after it is the parent, not a
+sub-agent of the probe; a title call sent since the parent's last request
+leaves the head on such an exchange, but not the parent's lineage), and it does
 not continue a compaction the client made itself (Claude Code's and Codex's
 summaries, Codex's compaction items, Gemini CLI's ``<state_snapshot>``), which
 restarts the parent's conversation. A client that edits its first message keeps
@@ -86,7 +87,7 @@ def separate(dialect: Dialect, sent: ParsedRequest, hashes: Sequence[str], state
     it (a Codex compaction item not yet expanded), ``hashes`` those of its conversation (expanded)."""
     if state is None or not state.openings or not hashes or "previous_response_id" in sent.payload:
         return False
-    if len(state.hashes) <= SIDE_CALL_ITEMS:  # the log's conversation so far is a side call: no parent to keep
+    if state.longest <= SIDE_CALL_ITEMS:  # the log's conversations so far are side calls: no parent to keep
         return False
     if state.locate(hashes)[0] > 0 or opening(dialect, sent) in state.openings:
         return False

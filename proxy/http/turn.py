@@ -8,6 +8,7 @@ imported here, so ``http/`` has no import circle.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -90,6 +91,12 @@ class Turn:
     answered: str | None = None
     tokens: dict[str, int] | None = None
 
+    @functools.cached_property
+    def conversation(self) -> str:
+        """Which of the session's conversations this request is (``proxy.http.subagents.conversation``): the run's,
+        or a side call's."""
+        return subagents.conversation(self.dialect, self.parsed)
+
     @property
     def max_output(self) -> int | None:
         return self.dialect.max_output(self.parsed.payload)
@@ -139,7 +146,8 @@ class Turn:
         dialect, items, hashes = self.dialect, self.parsed.items, self.hashes
         last = view.messages[-1]
         view_info: dict[str, Any] = {"key": view.view_key, "length": len(view.messages),
-                                     "last": hashes[-1] if last is items[-1] else dialect.hash(last)}
+                                     "last": hashes[-1] if last is items[-1] else dialect.hash(last),
+                                     "conversation": self.conversation}
         if view.clipped:  # which items went upstream cut to fit (the inspector marks them; the log has them whole)
             view_info["clipped"] = list(view.clipped)
         if self.settings.shadow:  # the view was computed, not sent: the inspector says so
@@ -222,8 +230,7 @@ class Turn:
             known.update((id(item), digest) for item, digest in zip(items[-reach:], hashes[-reach:], strict=True))
             digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
             checkpoint = view.checkpoint
-        change = self.request.app[prefixes_key].compare(self.key, subagents.conversation(dialect, self.parsed), digests,
-                                                        hashes, checkpoint)
+        change = self.request.app[prefixes_key].compare(self.key, self.conversation, digests, hashes, checkpoint)
         counter = self.engine.counter
         added = sum(counter.message_tokens(dialect, message, digest)
                     for message, digest in zip(items[change.added:], hashes[change.added:], strict=True))
@@ -260,7 +267,8 @@ class Turn:
         return await self.engine.prepare(self.key, self.parsed.items, self.hashes, self.state, dialect=self.dialect,
                                          model=model, tools=tools, max_output=self.max_output,
                                          complete=self.summarise, requester=self.requester,
-                                         tail_cached=self.dialect.caches_tail(self.parsed.payload))
+                                         tail_cached=self.dialect.caches_tail(self.parsed.payload),
+                                         conversation=self.conversation)
 
     def sent_view(self) -> PreparedView:
         """The client's items as they are, estimated: no checkpoint, no clipping."""

@@ -38,7 +38,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.context.log.chain import chain_hash
 from proxy.context.view.applying import ANYONE, LiveCheckpoint, Requester, choose, descendants
@@ -76,6 +76,16 @@ def covered(payload: Mapping[str, Any]) -> int:
     return max(int(payload.get("retain_start_idx", 0)), int(payload.get("masked_until", 0)))
 
 
+class Measured(NamedTuple):
+    """An upstream reply's ``usage``, the view it measured (key, length, last hash) and the proxy's own counts of it
+    (``client``, ``view``): what the upstream counted more than the proxy carries over to a view the usage did not
+    measure (``ContextBudgetPolicy.estimate``)."""
+
+    usage: Mapping[str, Any]
+    view: Mapping[str, Any] | None
+    tokens: Mapping[str, Any] | None
+
+
 @dataclass
 class ConversationState:
     """The tree of lineages of one session, derived from its facts; never stored on its own."""
@@ -99,6 +109,9 @@ class ConversationState:
     #: What the session's conversations open with (the ``opening`` of each first message): a request that shares
     #: no message with the log and opens otherwise is another agent's conversation (``proxy.http.subagents``).
     openings: set[str] = field(default_factory=set)
+    #: Messages in the session's longest lineage, wherever the head is: whether it holds more than a side call
+    #: (``proxy.http.subagents``) is not a question of the branch a title call left the head on.
+    longest: int = 0
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -246,6 +259,7 @@ class ConversationState:
         self.hashes.append(digest)
         self.prefixes.append(prefix)
         self.seqs.append(seq)
+        self.longest = max(self.longest, len(self.seqs))
 
     def _is_message(self, seq: int) -> bool:
         return 0 <= seq < len(self._parents) and self._parents[seq] != NOT_A_MESSAGE
@@ -339,26 +353,37 @@ class ConversationState:
     @property
     def last_usage(self) -> Mapping[str, Any] | None:
         """The newest upstream ``usage`` measured on the current lineage (a reply on another branch does not count)."""
-        found = self._last_usage()
-        return found[1] if found is not None else None
+        found = self.usage_for(self.hashes)
+        return found.usage if found is not None else None
 
     @property
     def last_view(self) -> Mapping[str, Any] | None:
         """The view (key, length, last hash) ``last_usage`` measured."""
-        found = self._last_usage()
-        return found[2] if found is not None else None
+        found = self.usage_for(self.hashes)
+        return found.view if found is not None else None
 
-    @property
-    def last_tokens(self) -> Mapping[str, Any] | None:
-        """The proxy's own counts (``client``, ``view``) logged beside ``last_usage``: what the upstream counted
-        more than the proxy carries over to a view the usage did not measure (``ContextBudgetPolicy.estimate``)."""
-        found = self._last_usage()
-        return found[3] if found is not None else None
+    def usage_for(self, hashes: Sequence[str]) -> Measured | None:
+        """The newest upstream ``usage`` measured on the conversation ``hashes``' path, with the view it measured and
+        the proxy's own counts beside it.
 
-    def _last_usage(self) -> tuple[int, Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None] | None:
-        for entry in self._usages[::-1]:
-            if self._on_lineage(entry[0]):
-                return entry
+        The path, not the current lineage: a side call the client sent since
+        (a title call on the run's first message, a question on its history)
+        moved the head to a branch of its own, and its reply measured another
+        prompt (another system prompt, no tools); the run's next request
+        estimated from it read hundreds of tokens short and was never compacted.
+        """
+        shared = common_prefix(self.hashes, hashes)
+        branch: list[str] | None = None
+        for seq, usage, view, tokens in self._usages[::-1]:
+            depth = self._depths[seq]
+            if depth < shared:
+                if self.seqs[depth] == seq:
+                    return Measured(usage, view, tokens)
+                continue
+            if branch is None:
+                branch = self.known_prefixes(hashes, shared)
+            if depth < shared + len(branch) and self._by_prefix[branch[depth - shared]] == seq:
+                return Measured(usage, view, tokens)
         return None
 
     @property
