@@ -1,6 +1,6 @@
 """Holding a ready background summary back (proxy.context.view.holding): only over the view the session's last
-request stood on, as this process saw it, when that is the checkpoint the ready one was made from, and only while the
-provider's cache is warm and nothing forces it."""
+request stood on, as the log names it (any replica's) or else as this process sent it, when that is the checkpoint
+the ready one was made from, and only while the provider's cache is warm and nothing forces it."""
 
 from __future__ import annotations
 
@@ -29,25 +29,33 @@ from tests.test_worth import Agent, Clock, engine_over
 KEY = SessionKey("tenant", "holding")
 
 
-def view(tokens: int) -> PreparedView:
-    return PreparedView([], True, Estimate(tokens, None, None, tokens), None, "none", 12_800, 12_800)
+READY = Checkpoint("a background summary", 0, "", None, 0, 0, "m", 0.0)
+
+
+def view(tokens: int, checkpoint: Checkpoint | None = None) -> PreparedView:
+    return PreparedView([], True, Estimate(tokens, None, None, tokens), checkpoint, "none", 12_800, 12_800)
 
 
 def held(shown: ShownCheckpoints, key: SessionKey = KEY, moment=WARM, tokens: int = 6_000,
-         made_from: Checkpoint | None = None) -> PreparedView | None:
-    return shown.held(key, moment, view(3_000), [], made_from, view_on=lambda checkpoint: view(tokens), growth=500,
-                      rates=CacheRates())
+         made_from: Checkpoint | None = None, logged: str | None = None) -> PreparedView | None:
+    return shown.held(key, moment, view(3_000, READY), [], made_from, view_on=lambda checkpoint: view(tokens),
+                      growth=500, rates=CacheRates(), logged=logged)
 
 
-def test_a_ready_summary_waits_only_over_a_view_this_process_sent_while_the_cache_is_warm() -> None:
+def test_a_ready_summary_waits_only_over_the_view_last_sent_while_the_cache_is_warm() -> None:
     shown = ShownCheckpoints(size=2)
-    assert held(shown) is None, "a session this process has not served: used at once"
+    assert held(shown) is None, "a session neither the log nor this process has seen served: used at once"
+    assert held(shown, logged="") == view(6_000), "the log's last view (any replica's) stood on none: it stays"
+    assert held(shown, logged=READY.view_key) is None, "the last view already used the ready checkpoint"
     shown.remember(KEY, None)
     assert held(shown) == view(6_000), "warm, 13 steps from the trigger: the last view's checkpoint stays"
+    assert held(shown, logged=READY.view_key) is None, "another replica's view since used the ready checkpoint"
     assert held(shown, moment=COLD) is None, "the cache is cold: it costs no extra write now"
     assert held(shown, tokens=13_000) is None, "past the trigger: forced"
     other = Checkpoint("an admin's summary", 0, "", None, 0, 0, "m", 0.0)
     assert held(shown, made_from=other) is None, "made from a checkpoint the last view did not stand on"
+    shown.remember(KEY, READY)
+    assert held(shown, logged="") is None, "this process sent the ready one since the log's last reply"
     for n in range(2):
         shown.remember(SessionKey("tenant", str(n)), None)
     assert held(shown) is None, "bounded: the least recently seen session is forgotten"
@@ -116,3 +124,41 @@ async def test_after_an_undo_the_view_never_holds_back_to_the_checkpoint_it_took
                               [message_hash(m) for m in agent.messages[:-2]])
     assert ready is not None and ready != manual
     assert view.checkpoint == ready, "the undo left the background summary: the view stands on it"
+
+
+@pytest.mark.parametrize("previous", ["this replica", "another replica"])
+async def test_the_view_holds_back_to_the_checkpoint_the_last_logged_view_stood_on(store: FactLog,
+                                                                                    previous: str) -> None:
+    """Replica B's background summary is ready mid-burst. When B itself served the previous request (on no
+    checkpoint, as its reply's log entry says) the next one holds back to that. When replica A over the same store
+    served it, on the ready checkpoint (A made none of it, so nothing waits there), the next request back on B
+    must use the ready checkpoint too: holding back to what B last sent would change the prompt prefix twice more."""
+    clock = Clock()
+    replica_b = engine_over(store, clock, precompact_threshold=0.6, **MASKING_OFF)
+    replica_a = engine_over(store, clock, precompact_threshold=0.6, **MASKING_OFF)
+    agent = Agent(replica_b, clock)
+    while replica_b.background.running(WORTH) is None:
+        await answered(agent)
+        assert len(agent.views) < 40
+    await replica_b.background.join(WORTH)
+    agent.engine = replica_b if previous == "this replica" else replica_a
+    served = await answered(agent)
+    ready = active_checkpoint(await replica_b.history.state(WORTH, refresh=True),
+                              [message_hash(m) for m in agent.messages[:-2]])
+    assert ready is not None and ready.summary
+    assert served.checkpoint == (None if previous == "this replica" else ready)
+    agent.engine = replica_b
+    view = await agent.step()
+    assert view.checkpoint == served.checkpoint, "the view stands on what the last view sent, whichever replica sent it"
+    assert agent.kept_prefix()
+
+
+async def answered(agent: Agent) -> PreparedView:
+    """A step whose reply (the tool call) is logged as the proxy logs it: with the view it answered and its usage."""
+    view = await agent.step()
+    hashes = [message_hash(m) for m in agent.messages[:-1]]
+    await agent.engine.history.sync(WORTH, agent.messages[:-1], hashes, upstream_from=len(hashes) - 1,
+                                    extra_upstream={"view": {"key": view.view_key, "length": len(view.messages),
+                                                             "last": hashes[-2]},
+                                                    "usage": {"prompt_tokens": view.estimate.tokens}})
+    return view

@@ -35,7 +35,7 @@ from proxy.context.view.applying import ANYONE, Requester
 from proxy.context.view.batches import checkpoint_fact, mask_batch, maskable, typical_growth
 from proxy.context.view.budget import ContextBudgetPolicy, UsageSample
 from proxy.context.view.clipping import entry_namer, fit_by_clipping
-from proxy.context.view.holding import ShownCheckpoints
+from proxy.context.view.holding import ShownCheckpoints, last_logged
 from proxy.context.view.learned import LearnedWindows
 from proxy.context.view.masking import KEEP_OUTPUTS_SHARE, Masker
 from proxy.context.view.pace import DEFAULT_CACHE_TTL, SessionPace
@@ -415,7 +415,7 @@ class ContextEngine:
             key, moment, prepared, hashes, made_from, growth=typical_growth(
                 dialect, messages, hashes, self.policy(options["window"]).counter_for(dialect)),
             view_on=lambda shown: self.view(messages, hashes, state, fit=False, session=key, checkpoint=shown,
-                                            exactly=True, **options), rates=rates)
+                                            exactly=True, **options), rates=rates, logged=last_logged(state, hashes))
         if held is not None:
             return held, True
         del self._unannounced[key]  # the first view that uses a background compaction's checkpoint says so

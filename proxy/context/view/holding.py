@@ -11,8 +11,15 @@ end (``CacheRates.cached``) holds nothing back: each step read at full price is
 a step the summary would have saved. Waiting never costs a change:
 the checkpoint is applied then anyway, and no request waits for a summary.
 
-Per process: the checkpoint each session's last view stood on is remembered
-here (bounded); a session this process has not served is not held back. And
+The checkpoint the session's last view stood on is the one the log names
+(each upstream reply's entry names the view it answered, ``view``), so any
+replica's: a view another replica over the same store already sent on the
+ready checkpoint is not followed by one held back to the older, which would
+change the prompt prefix twice more. Where the log names no view on the
+request's path (no reply logged yet, or none with ``usage``: an upstream that
+reports none, a call that failed), the one this process last sent does
+(remembered per session, bounded); a session neither names is not held back,
+nor one where either already used the ready checkpoint. And
 only back to the checkpoint the ready one was made from, as the log names it
 (``made_from``): a compaction made outside the request path in the meantime (an
 admin ``/compact``, a client's compaction answered by the proxy, a reactive
@@ -27,7 +34,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from proxy.context.checkpoint import Checkpoint
-from proxy.context.view.prepared import PreparedView
+from proxy.context.log.lineage import ConversationState
+from proxy.context.view.prepared import CLIPPED, PreparedView
 from proxy.context.view.worth import CacheRates, Moment, timely
 from proxy.store.base import SessionKey
 
@@ -36,30 +44,33 @@ MAX_SESSIONS = 10_000
 
 
 class ShownCheckpoints:
-    """The checkpoint each recent session's last view stood on, the least recently seen dropped first."""
+    """The checkpoint each recent session's last view this process sent stood on (its ``view_key``, "" for none),
+    the least recently seen dropped first."""
 
     def __init__(self, size: int = MAX_SESSIONS) -> None:
         self.size = size
-        self._shown: OrderedDict[SessionKey, Checkpoint | None] = OrderedDict()
+        self._shown: OrderedDict[SessionKey, str] = OrderedDict()
 
     def remember(self, key: SessionKey, checkpoint: Checkpoint | None) -> None:
-        self._shown[key] = checkpoint
+        self._shown[key] = _key(checkpoint)
         self._shown.move_to_end(key)
         if len(self._shown) > self.size:
             self._shown.popitem(last=False)
 
     def held(self, key: SessionKey, moment: Moment, ready: PreparedView, hashes: Sequence[str],
              made_from: Checkpoint | None, view_on: Callable[[Checkpoint | None], PreparedView], growth: int,
-             rates: CacheRates) -> PreparedView | None:
-        """The view on the checkpoint the session's last view stood on (``view_on`` builds it), while ``ready``
-        (the view on a checkpoint a background compaction made since, from ``made_from``) waits; None when
-        ``ready`` is to be used now. ``growth``: the session's tokens a step."""
-        if moment.cold or not rates.cached or key not in self._shown:
+             rates: CacheRates, logged: str | None) -> PreparedView | None:
+        """The view on ``made_from`` (``view_on`` builds it) when the session's last view stood on it, while
+        ``ready`` (the view on a checkpoint a background compaction made since, from ``made_from``) waits; None
+        when ``ready`` is to be used now. ``logged``: the checkpoint the last view the log names stood on
+        (``last_logged``); ``growth``: the session's tokens a step."""
+        sent = self._shown.get(key)
+        last = logged if logged is not None else sent
+        if moment.cold or not rates.cached or last is None or _key(ready.checkpoint) in (logged, sent):
             return None
-        shown = self._shown[key]
-        if _key(shown) != _key(made_from) or (shown is not None and not shown.matches(hashes)):
+        if last != _key(made_from) or (made_from is not None and not made_from.matches(hashes)):
             return None
-        held = view_on(shown)
+        held = view_on(made_from)
         if timely(moment, tokens=held.estimate.tokens, threshold=held.threshold, growth=growth,
                   freed=held.estimate.tokens - ready.estimate.tokens,
                   rewritten=lambda: ready.estimate.tokens - ready.unfreed, rates=rates):
@@ -67,5 +78,13 @@ class ShownCheckpoints:
         return held
 
 
-def _key(checkpoint: Checkpoint | None) -> str | None:
-    return checkpoint.view_key if checkpoint is not None else None
+def last_logged(state: ConversationState | None, hashes: Sequence[str]) -> str | None:
+    """The ``view_key`` of the checkpoint the newest reply logged on the conversation ``hashes``' path answered
+    ("" for none; a clipped view's base), whichever replica sent it; None when the log names none."""
+    found = state.usage_for(hashes) if state is not None else None
+    key = found.view.get("key") if found is not None and found.view is not None else None
+    return key.removesuffix(CLIPPED) if isinstance(key, str) else None
+
+
+def _key(checkpoint: Checkpoint | None) -> str:
+    return checkpoint.view_key if checkpoint is not None else ""

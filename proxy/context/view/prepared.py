@@ -15,6 +15,8 @@ from proxy.types import Message
 
 #: ``X-Ctxproxy-Compacted``: how this request's view came to be.
 Compacted = Literal["none", "proactive", "reactive", "background"]
+#: What ``PreparedView.view_key`` adds to a clipped view's base.
+CLIPPED = "+clipped"
 
 
 @dataclass(frozen=True)
@@ -44,4 +46,4 @@ class PreparedView:
     def view_key(self) -> str:
         """Names the view's base for a later ``UsageSample``; a clipped view's count fits no other view."""
         key = self.checkpoint.view_key if self.checkpoint is not None else ""
-        return f"{key}+clipped" if self.clipped else key
+        return f"{key}{CLIPPED}" if self.clipped else key
