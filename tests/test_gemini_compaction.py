@@ -58,18 +58,24 @@ def compression_call(history: list[dict[str, Any]], *tail: dict[str, Any]) -> di
                                  "thinkingConfig": {"includeThoughts": True, "thinkingLevel": "HIGH"}}}
 
 
+async def compacted_run(aiohttp_server: Any, aiohttp_client: Any, tmp_path: Path) -> tuple[Rig, GeminiClient, str]:
+    """A Gemini CLI run of 12 steps in a 4,000-token window, which the proxy compacted: the rig, the client, and
+    its session. Outputs are kept by count only: a summary checkpoint is what answers a compression call (a masking
+    one has no summary to give)."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=30)), context_window=4_000,
+                      min_retain_rounds=1, keep_tool_output_share=1.0)
+    agent = GeminiClient(parts.client, padding=" lorem ipsum" * 150)
+    await agent.run("Run the steps. FACT-gemini7 matters.", 12)
+    return parts, agent, agent.answers[-1].headers[HEADER_SESSION]
+
+
 async def test_gemini_cli_compression_is_answered_from_the_checkpoint_with_no_upstream_call(
         aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
     """The oldest 70% of its history, as Gemini CLI asks: a checkpoint whose whole covered prefix that holds
     answers it."""
     share = 0.7
-    fake = FakeGemini(Script(steps=30))
-    # Kept outputs by count only: a summary checkpoint is what answers it (a masking one has no summary to give).
-    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, fake, context_window=4_000, min_retain_rounds=1,
-                      keep_tool_output_share=1.0)
-    agent = GeminiClient(parts.client, padding=" lorem ipsum" * 150)
-    await agent.run("Run the steps. FACT-gemini7 matters.", 12)
-    session = agent.answers[-1].headers[HEADER_SESSION]
+    parts, agent, session = await compacted_run(aiohttp_server, aiohttp_client, tmp_path)
+    fake = parts.fake
     assert any(f.kind == "checkpoint" for f in await log_of(parts.store, session)), "the proxy compacted"
     before = len(fake.requests)
     rewinds = [f for f in await log_of(parts.store, session) if f.kind == "rewind"]
@@ -309,3 +315,23 @@ async def test_an_empty_compression_call_under_a_key_linked_by_a_shared_start_ge
     for text in await compress(parts.client, [], key=other, prefix=f"/s/{session}"):
         assert "FACT-owner3" not in text and not steps_in(text), text[:300]
     assert [r.kind for r in fake.requests[before:]] == ["client_compaction"] * 2, "relayed as it came"
+
+
+async def test_a_compression_call_right_after_a_side_call_leaves_the_log_where_the_run_is(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """A title call (the run's first prompt under a system prompt of its own) moves the log's head to a branch of
+    its own; the compression call after it asks about the older part of the run, which the log holds on the run's
+    path: it is answered from the checkpoint and logs no rewind to that part (the run's next request would log
+    another one back)."""
+    parts, agent, session = await compacted_run(aiohttp_server, aiohttp_client, tmp_path)
+    fake = parts.fake
+    url = f"/v1beta/models/{MODEL}:generateContent"
+    title = await parts.client.post(url, headers={"x-goog-api-key": KEY}, json={
+        "contents": agent.contents[:1], "systemInstruction": {"parts": [{"text": "Write a five-word title."}]}})
+    assert title.status == 200, await title.text()
+    rewinds = [f for f in await log_of(parts.store, session) if f.kind == "rewind"]
+    before = len(fake.requests)
+
+    snapshot, _ = await compress(parts.client, agent.contents[: int(len(agent.contents) * 0.7) // 2 * 2 + 1])
+    assert "FACT-gemini7" in snapshot and len(fake.requests) == before, "answered from the checkpoint"
+    assert [f for f in await log_of(parts.store, session) if f.kind == "rewind"] == rewinds

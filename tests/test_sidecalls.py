@@ -13,6 +13,7 @@ the run compacts at the same steps as a run with no side calls.
 
 from __future__ import annotations
 
+import random
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,11 +21,18 @@ from typing import Any
 
 import orjson
 
+from proxy.dialects import CHAT
+from proxy.dialects.chat import message_hash
+from proxy.store.base import FactLog
 from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakescript import Recorded, Script
 from tests.scripted import PADDING, TASK, Claude, blocks_of, rig
 from tests.test_cachewrites import next_speaker
+from tests.test_compaction_e2e import prose
+from tests.test_engine import KEY as ENGINE_KEY
+from tests.test_engine import WINDOW as ENGINE_WINDOW
+from tests.test_engine import engine_over
 from tests.test_gemini import KEY, MODEL, SYSTEM, TOOLS, GeminiClient, chunks_of, kept
 from tests.test_gemini import rig as gemini_rig
 
@@ -148,3 +156,24 @@ async def test_gemini_side_calls_leave_the_runs_compactions_as_they_are_and_no_r
     assert made_for_the_run(fake.requests), "a side call compacted the run"
     assert answers[1::2] == [{"reasoning": "The model's last turn was complete.", "next_speaker": "user"}] * (STEPS - 1)
     assert set(answers[::2]) == {"No run_shell_command tool was offered."}
+
+
+async def test_a_clip_after_a_side_call_names_the_entry_on_the_runs_path(store: FactLog) -> None:
+    """A title call (the run's first message) logged since the run's last request leaves the log's head on a
+    branch of its own: a result of the run's history clipped to fit is still named by the entry that logged it,
+    which is on the run's path, not the head's (the recall tool reads it back by that seq)."""
+    engine = engine_over(store)
+    run = [{"role": "system", "content": "sys"}, {"role": "user", "content": "Read the build log."},
+           {"role": "assistant", "content": None, "tool_calls": [
+               {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]},
+           {"role": "tool", "tool_call_id": "call_1", "content": prose(random.Random(4), 6_000)}]
+    hashes = [message_hash(m) for m in run]
+    logged = await engine.history.sync(ENGINE_KEY, run, hashes)
+    result_seq = logged.seqs[3]
+    title = [*run[:2], {"role": "assistant", "content": "A five-word title here."}]
+    state = await engine.history.sync(ENGINE_KEY, title, [message_hash(m) for m in title])
+    assert state.hashes[:2] == hashes[:2] and state.hashes[2] != hashes[2], "the head is on the title's branch"
+
+    view = engine.view(run, hashes, state, dialect=CHAT, window=ENGINE_WINDOW, tools=None, max_output=None)
+    assert view.clipped == (3,)
+    assert f"full text in the fact log, entry seq {result_seq} …]" in view.messages[3]["content"]

@@ -414,10 +414,11 @@ async def test_undoing_one_lineages_compaction_leaves_the_other_lineages_checkpo
     await compact(proxy, ADMIN_TENANT, "two")
     in_force = await view_of(proxy, ADMIN_TENANT, "two")
     facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "two"))
-    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+    first_seq, _ = [f.seq for f in facts if f.kind == "checkpoint"]
 
     resp = await uncompact(proxy, ADMIN_TENANT, "two", {"checkpoint": first_seq})
-    assert await resp.json() == {"retired": [first_seq], "entry": facts[-1].seq + 1, "checkpoint": second_seq}
+    # The answer names what the first lineage's view uses now: the whole history.
+    assert await resp.json() == {"retired": [first_seq], "entry": facts[-1].seq + 1, "checkpoint": None}
     assert await view_of(proxy, ADMIN_TENANT, "two") == in_force, "the other lineage's checkpoint stays in force"
     fake.script.append(Reply(content="On the second lineage."))
     await chat(proxy, [*second, {"role": "user", "content": "next"}], "two")
@@ -497,3 +498,34 @@ async def test_an_undo_past_the_lock_during_a_foreground_compaction_still_sends_
 def early_seq(facts: list[StoredFact], made: dict[str, Any]) -> int:
     """The seq of the checkpoint entry an admin compaction answered with."""
     return next(f.seq for f in facts if f.kind == "checkpoint" and f.extra["checkpoint"] == made["checkpoint"])
+
+
+# ---- an undo right after a side call ------------------------------------------------------------------------------
+
+
+async def side_call(proxy: Any, fake: FakeUpstream, session: str, messages: list[dict[str, Any]]) -> None:
+    """A title call under the run's session: the run's first user message alone, on a branch of its own that the
+    log's head moves to."""
+    fake.script.append(Reply(content="A five-word title here."))
+    await chat(proxy, messages[:2], session)
+
+
+async def test_an_undo_right_after_a_side_call_reports_the_runs_view(make_proxy, fake: FakeUpstream) -> None:
+    """Two compactions of the run, then a title call, which leaves the log's head on a branch of its own: the undo
+    addresses the run's compaction, retiring the newest, and says the run's view uses the first checkpoint again
+    (not what the title call's branch uses: none), and the run's next request gets that view."""
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    messages = await rounds(proxy, fake, "sides", [{"role": "system", "content": "You are helpful."}], 4, seed=32)
+    await compact(proxy, ADMIN_TENANT, "sides")
+    await rounds(proxy, fake, "sides", messages, 3, seed=33)
+    once = await view_of(proxy, ADMIN_TENANT, "sides")
+    await compact(proxy, ADMIN_TENANT, "sides")
+    await side_call(proxy, fake, "sides", messages)
+    facts = await read_log(proxy.app[store_key], SessionKey(ADMIN_TENANT, "sides"))
+    first_seq, second_seq = [f.seq for f in facts if f.kind == "checkpoint"]
+
+    resp = await uncompact(proxy, ADMIN_TENANT, "sides")
+    assert await resp.json() == {"retired": [second_seq], "entry": facts[-1].seq + 1, "checkpoint": first_seq}
+    fake.script.append(Reply(content="Where the first summary left us."))
+    await chat(proxy, [*messages, {"role": "user", "content": "go on"}], "sides")
+    assert fake.requests[-1]["messages"] == [*once["messages"], {"role": "user", "content": "go on"}]

@@ -27,7 +27,7 @@ from proxy.context.keep.pins import SHARE as PINS_SHARE
 from proxy.context.keep.trail import trail_maker
 from proxy.context.keep.workingset import WORKING_SET_SHARE, Tracks, WorkingSetMaker, working_set_maker
 from proxy.context.log.history import HistoryManager
-from proxy.context.log.lineage import ConversationState, common_prefix
+from proxy.context.log.lineage import ConversationState
 from proxy.context.log.sessionlock import CompactionLock
 from proxy.context.summary.callusage import CallUsage
 from proxy.context.summary.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
@@ -273,7 +273,8 @@ class ContextEngine:
         if not fit or estimate.tokens <= limit:
             return prepared
         # Over the limit after compaction had its chance: rare, so whole-view work is fine here.
-        seqs = state.seqs[: common_prefix(state.hashes, hashes)] if state is not None else []
+        # The entries on the request's own path: a side call since (a title call) left the head on another branch.
+        seqs = state.entries_for(hashes, len(hashes))[0] if state is not None else []
         fitted = fit_by_clipping(
             dialect, view, estimate.tokens - limit, limit, policy, entry_namer(messages, seqs),
             lambda clipped: policy.estimate(dialect, clipped, tools=tools, source=(messages, hashes)))

@@ -81,8 +81,9 @@ async def answer(turn: Turn, request: CompactionRequest) -> web.Response | None:
     # session's newer checkpoints, of this lineage or another, cover what the request never showed.
     checkpoint = active_checkpoint(turn.state, hashes, turn.requester)
     # A client asking about the older part of the conversation its log holds: nothing to log (logging it would
-    # rewind the log to that part).
-    logged = request.prefix_only and turn.state is not None and list(turn.state.hashes[:len(hashes)]) == hashes
+    # rewind the log to that part). Held anywhere in the log's tree, not only on the head's lineage, which a side
+    # call (a title call, Gemini CLI's next-speaker check) may have left on a branch of its own.
+    logged = request.prefix_only and turn.state is not None and turn.state.locate(hashes)[0] == len(hashes)
     model = turn.parsed.model or ""
     window = turn.engine.window_for(model)
     if checkpoint is None or not checkpoint.summary.strip() or request.instructions:

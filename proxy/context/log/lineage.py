@@ -220,6 +220,26 @@ class ConversationState:
             node = self._parents[node]
         return self._node_prefixes[node] == prefix
 
+    def lineage_through(self, covers: int, prefix: object) -> list[str]:
+        """Message hashes of the newest logged conversation whose path starts with the ``covers`` messages hashed
+        ``prefix`` (a checkpoint's covered prefix), the current lineage when none does.
+
+        What a checkpoint served: a side call since (a title call on the
+        run's first message) moved the head to a branch the checkpoint never
+        covered, but the run's own newest message is still on its path.
+        """
+        for seq in range(len(self._parents) - 1, -1, -1):
+            if self._parents[seq] != NOT_A_MESSAGE and self._path_starts_with(seq, covers, prefix):
+                path: list[str] = []
+                node = seq
+                while node != ROOT:
+                    digest = self._node_hashes[node]
+                    assert digest is not None  # a node on a path is a message
+                    path.append(digest)
+                    node = self._parents[node]
+                return path[::-1]
+        return self.hashes
+
     def _retire(self, fact: StoredFact) -> None:
         """Take back the checkpoint the entry names and the live ones made from it; naming no live one changes
         nothing."""

@@ -45,7 +45,8 @@ UNDO_WAIT = 2.0
 @dataclass(frozen=True, slots=True)
 class Undone:
     """What an undo did: the checkpoint entries it retired (the one named, then those made from it), the ``retire``
-    entry, and the checkpoint the current lineage's view uses now (None: the whole history)."""
+    entry, and the checkpoint the view of the conversation it served uses now (None: the whole history): that
+    conversation, not the log's head, which a side call since (a title call) left on a branch of its own."""
 
     retired: tuple[int, ...]
     entry: int
@@ -74,14 +75,17 @@ async def uncompact(history: HistoryManager, key: SessionKey, checkpoint_seq: in
     up to ``UNDO_WAIT`` seconds (``CompactionRunning`` past them); the append is planned on the log as it is, so two
     undos at once take back two checkpoints, never one twice. ``StoreError`` when the store fails."""
     retired: list[int] = []
+    served: list[tuple[int, object]] = []  # the retired checkpoint's covered prefix: its length and prefix hash
 
     def plan(state: ConversationState) -> list[NewFact]:
         fact = retire_fact(state, checkpoint_seq)
-        retired[:] = [state.live[at].seq for at in state.retiring(fact.extra["checkpoint_seq"])]
+        gone = state.retiring(fact.extra["checkpoint_seq"])
+        retired[:] = [state.live[at].seq for at in gone]
+        served[:] = [(state.live[gone[0]].covers, state.live[gone[0]].payload.get("prefix_hash"))]
         return [fact]
 
     async with CompactionLock(history.log, wait=UNDO_WAIT).held(key) as taken:
         if not taken:
             raise CompactionRunning("A compaction of this session is running; undo it once it is done.")
         state = await history.append_planned(key, plan)
-    return Undone(tuple(retired), state.last_retire, state.checkpoint_seq_for(state.hashes))
+    return Undone(tuple(retired), state.last_retire, state.checkpoint_seq_for(state.lineage_through(*served[0])))
