@@ -188,7 +188,7 @@ def sessions_view(session: str, tenant: str | None, model: str | None, store: st
     async def work() -> None:
         async with _opened(settings.store) as log:
             key = await _resolve(log, session, tenant)
-            lineage = await render.replay(log, key)
+            lineage = await render.replay(log, key, run=True)
             engine = ContextEngine(HistoryManager(log, clock=time.time), engine_settings(settings))
         if not lineage.facts:
             raise click.ClickException(f"no session {session!r} under tenant {key.tenant!r}")

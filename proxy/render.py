@@ -105,6 +105,8 @@ class Lineage:
     usage: UsageTotals = field(default_factory=UsageTotals)
     _by_seq: dict[int, Message] = field(default_factory=dict, repr=False)
     _messages: list[Message] | None = field(default=None, repr=False)
+    #: Seqs and hashes of the conversation described when it is not the head's (``replay(run=True)``).
+    _path: tuple[list[int], list[str]] | None = field(default=None, repr=False)
 
     def apply(self, fact: StoredFact) -> None:
         """Fold one fact. The head's messages are kept up to date as the lineage grows by one message (the
@@ -129,16 +131,17 @@ class Lineage:
     @property
     def messages(self) -> list[Message]:
         if self._messages is None:
-            self._messages = [self._by_seq[seq] for seq in self.state.seqs]
+            self._messages = [self._by_seq[seq] for seq in (self._path[0] if self._path else self.state.seqs)]
         return self._messages
 
     @property
     def hashes(self) -> list[str]:
-        return self.state.hashes
+        return self._path[1] if self._path else self.state.hashes
 
 
-async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -> Lineage:
-    """The lineage after the whole log, or after entry ``until`` (the conversation as it stood then).
+async def replay(store: FactLog, key: SessionKey, *, until: int | None = None, run: bool = False) -> Lineage:
+    """The lineage after the whole log, or after entry ``until`` (the conversation as it stood then); with ``run``,
+    the run's conversation (``run_end``) instead of the head's.
 
     A log is a tree, and any later rewind may return to any branch, so one
     pass would have to hold every branch's messages; two passes hold only the
@@ -149,19 +152,48 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None) -
     state = ConversationState()
     dialect: Dialect = CHAT
     usage = UsageTotals()
+    with_tools: int | None = None
     async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
             usage.add(fact)
             if fact.kind == "message":
                 dialect = dialect_of(fact)
+                if fact.source == "upstream" and offered_tools(fact):
+                    with_tools = fact.seq
     lineage = Lineage(state, state.next_seq, dialect, usage=usage)
-    wanted = set(state.seqs)
+    end = run_end(state, with_tools) if run else state.head
+    if end != state.head:
+        lineage._path = state.path_to(end)
+    wanted = set(lineage._path[0] if lineage._path else state.seqs)
     async for page in pages(store, key, through=state.next_seq - 1):
         for fact in page:
             if fact.seq in wanted:
                 lineage._by_seq[fact.seq] = dict(fact.message or {})
     return lineage
+
+
+def offered_tools(fact: StoredFact) -> bool:
+    """Whether a reply's entry says the request it answered offered tools (its view's ``conversation``)."""
+    view = fact.extra.get("view")
+    conversation = view.get("conversation") if isinstance(view, Mapping) else None
+    return isinstance(conversation, str) and conversation.endswith(":tools")
+
+
+def run_end(state: ConversationState, with_tools: int | None) -> int:
+    """The last message of the run's conversation: what an admin action on a session (its view, a compaction)
+    addresses, wherever a side call left the log's head.
+
+    Clients send side calls under the run's session (opencode's title call,
+    Claude Code's small calls, Gemini CLI's next-speaker check), each on a
+    branch of its own that the head moves to; none offers tools, and every
+    real client's run does. So: the newest reply to a request that offered
+    tools (``with_tools``; a run's request not answered yet is left out, as a
+    compaction covers only older messages anyway), else the head. Nothing
+    tells a tool-less client's side call from its rewind to an earlier
+    message, and the head is right for the rewind.
+    """
+    return with_tools if with_tools is not None else state.head
 
 
 @dataclass(frozen=True)

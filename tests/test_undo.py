@@ -27,7 +27,7 @@ from proxy.settings import Secret
 from proxy.store.base import FactLog, NewFact, SessionKey, StoredFact
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import MASKING_OFF, read_log
-from tests.test_admin import ADMIN, TOKEN, chat, error_of
+from tests.test_admin import ADMIN, TENANT_KEY, TOKEN, chat, error_of
 from tests.test_admin import TENANT as ADMIN_TENANT
 from tests.test_background import WINDOW, compactions
 from tests.test_compaction_e2e import prose, send, tool_call
@@ -529,3 +529,43 @@ async def test_an_undo_right_after_a_side_call_reports_the_runs_view(make_proxy,
     fake.script.append(Reply(content="Where the first summary left us."))
     await chat(proxy, [*messages, {"role": "user", "content": "go on"}], "sides")
     assert fake.requests[-1]["messages"] == [*once["messages"], {"role": "user", "content": "go on"}]
+
+
+
+async def tool_rounds(proxy: Any, fake: FakeUpstream, session: str, messages: list[dict[str, Any]], count: int,
+                      seed: int) -> list[dict[str, Any]]:
+    """``rounds``, each request offering a tool, as a real client's run does (its side calls offer none)."""
+    rng = random.Random(seed)
+    tools = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
+    for n in range(count):
+        messages.append({"role": "user", "content": f"Round {seed}.{n}: " + prose(rng, 220)})
+        fake.script.append(Reply(content=prose(rng, 160)))
+        body = {"model": "gpt-4o", "messages": messages, "tools": tools}
+        resp = await proxy.post("/v1/chat/completions", data=orjson.dumps(body),
+                                headers={"Authorization": f"Bearer {TENANT_KEY}", "X-Session-Id": session})
+        assert resp.status == 200, await resp.text()
+        messages.append((await resp.json())["choices"][0]["message"])
+    return messages
+
+
+async def test_the_admin_view_and_compaction_right_after_a_side_call_address_the_run(make_proxy,
+                                                                                     fake: FakeUpstream) -> None:
+    """A run (offering tools) compacts, then a title call (offering none) leaves the log's head on a branch of its
+    own: the session's view is still the run's projection (its checkpoint, its newest message), and a manual
+    compaction compacts the run's lineage, whose next request then goes upstream with the new checkpoint."""
+    proxy = await make_proxy(admin_token=Secret(TOKEN), min_retain_rounds=1)
+    messages = await tool_rounds(proxy, fake, "runs", [{"role": "system", "content": "You are helpful."}], 4, seed=34)
+    first = await compact(proxy, ADMIN_TENANT, "runs")
+    await tool_rounds(proxy, fake, "runs", messages, 3, seed=35)
+    before = await view_of(proxy, ADMIN_TENANT, "runs")
+    await side_call(proxy, fake, "runs", messages)
+
+    shown = await view_of(proxy, ADMIN_TENANT, "runs")
+    assert shown["checkpoint"] == first["checkpoint"]
+    assert shown["messages"] == before["messages"]
+    second = await compact(proxy, ADMIN_TENANT, "runs")
+    assert second["checkpoint"]["retain_start_idx"] > first["checkpoint"]["retain_start_idx"]
+    twice = await view_of(proxy, ADMIN_TENANT, "runs")
+    assert twice["checkpoint"] == second["checkpoint"]
+    await tool_rounds(proxy, fake, "runs", messages, 1, seed=36)
+    assert fake.requests[-1]["messages"] == [*twice["messages"], messages[-2]]

@@ -185,8 +185,9 @@ async def session_log(request: web.Request) -> web.StreamResponse:
 
 
 async def session_view(request: web.Request) -> web.Response:
+    """The run's view (``proxy.render.run_end``): a title call sent since does not change what it shows."""
     key = _key(request)
-    lineage = await replay(request.app[store_key], key)
+    lineage = await replay(request.app[store_key], key, run=True)
     if not lineage.facts:
         raise _not_found(key)
     return _json(build_view(request.app[engine_key], lineage, _model(request)).to_json())
@@ -229,12 +230,13 @@ async def _instructions(request: web.Request) -> str | None:
 
 
 async def compact_session(request: web.Request) -> web.Response:
-    """Compact now, as the proactive path would but regardless of the threshold (``trigger="manual"``)."""
+    """Compact the run's conversation now (``proxy.render.run_end``: not a side call's branch the log's head is on),
+    as the proactive path would but regardless of the threshold (``trigger="manual"``)."""
     key = _key(request)
     instructions = await _instructions(request)
     app = request.app
     settings, engine = app[settings_key], app[engine_key]
-    lineage = await replay(app[store_key], key)
+    lineage = await replay(app[store_key], key, run=True)
     if not lineage.facts:
         raise _not_found(key)
     model = _model(request)

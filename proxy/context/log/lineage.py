@@ -228,17 +228,28 @@ class ConversationState:
         run's first message) moved the head to a branch the checkpoint never
         covered, but the run's own newest message is still on its path.
         """
+        seq = self.newest_through(covers, prefix)
+        return self.path_to(seq)[1] if seq is not None else self.hashes
+
+    def newest_through(self, covers: int, prefix: object) -> int | None:
+        """Seq of the newest logged message whose path starts with the ``covers`` messages hashed ``prefix``."""
         for seq in range(len(self._parents) - 1, -1, -1):
             if self._parents[seq] != NOT_A_MESSAGE and self._path_starts_with(seq, covers, prefix):
-                path: list[str] = []
-                node = seq
-                while node != ROOT:
-                    digest = self._node_hashes[node]
-                    assert digest is not None  # a node on a path is a message
-                    path.append(digest)
-                    node = self._parents[node]
-                return path[::-1]
-        return self.hashes
+                return seq
+        return None
+
+    def path_to(self, seq: int) -> tuple[list[int], list[str]]:
+        """Seqs and hashes of the messages of the conversation that ends at message ``seq``, first to last."""
+        seqs: list[int] = []
+        hashes: list[str] = []
+        node = seq
+        while node != ROOT:
+            digest = self._node_hashes[node]
+            assert digest is not None  # a node on a path is a message
+            seqs.append(node)
+            hashes.append(digest)
+            node = self._parents[node]
+        return seqs[::-1], hashes[::-1]
 
     def _retire(self, fact: StoredFact) -> None:
         """Take back the checkpoint the entry names and the live ones made from it; naming no live one changes
