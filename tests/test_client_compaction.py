@@ -153,6 +153,27 @@ async def test_claude_codes_next_request_after_its_compaction_is_a_marked_bounda
         (0, None, "claude_code")]
 
 
+
+async def test_a_run_continuing_after_its_compaction_and_a_title_call_is_no_new_boundary(aiohttp_server,
+                                                                                          aiohttp_client,
+                                                                                          tmp_path) -> None:
+    """After Claude Code's compaction a title call (another first message) moves the log's head; the run's next
+    request returns to its own branch, which still holds the continuation, and its rewind is no client
+    compaction: only the first request of the new lineage was one."""
+    fake = FakeMessages(Script(steps=40))
+    proxy = await proxy_for(aiohttp_server, aiohttp_client, tmp_path, fake, window=6_000)
+    await claude_run(proxy, 3)
+    continued: list[dict[str, Any]] = [{"role": "user", "content": [
+        {"type": "text", "text": f"{CLAUDE_CONTINUATION}\n\nSummary:\nRan steps 1 to 3."}]}]
+    for messages in (continued, [{"role": "user", "content": "Write a five-word title for: fix the tests."}],
+                     [*continued, {"role": "assistant", "content": [{"type": "text", "text": "Going on."}]},
+                      {"role": "user", "content": "Go on."}]):
+        resp = await proxy.post("/v1/messages?beta=true", headers=CLAUDE_HEADERS, json={
+            "model": "claude-test", "max_tokens": 1024, "tools": [BASH], "messages": messages})
+        assert resp.status == 200
+    facts = await read_log(proxy.app[store_key], SessionKey(tenant_of(KEY), "cc-1"))
+    assert [f.extra.get("client_compaction") for f in facts if f.kind == "rewind"] == ["claude_code", None, None]
+
 async def test_the_trigger_phrases_inside_a_tool_result_are_a_normal_request(aiohttp_server, aiohttp_client,
                                                                              tmp_path) -> None:
     fake = FakeMessages(Script(steps=40))

@@ -22,7 +22,7 @@ from proxy import offload
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_TURN_METADATA
 from proxy.context.items import leading_system_count
-from proxy.context.log.lineage import ConversationState
+from proxy.context.log.lineage import ROOT, ConversationState
 from proxy.context.view.applying import Requester
 from proxy.context.view.prepared import PreparedView
 from proxy.dialects import RESPONSES
@@ -157,8 +157,10 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     metrics.session_seen(key)
     turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
                 requester=Requester(own.tenant, resolved.proved))
-    if state is not None and state.hashes and hashes and state.hashes[0] != hashes[0]:
-        boundary = find_boundary(dialect.name, parsed.items)  # only for a request that starts a new lineage
+    # Only a request that starts a new lineage: its first message opens none of the log's conversations (one
+    # that differs from the head's alone is a run returning to its own after a side call, e.g. a title call).
+    if state is not None and state.hashes and hashes and not state.known_prefixes(hashes[:1], 0, ROOT):
+        boundary = find_boundary(dialect.name, parsed.items)
         if boundary is not None:
             turn.rewind_extra = {"client_compaction": boundary.client}
     return turn
