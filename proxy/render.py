@@ -152,17 +152,14 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None, r
     state = ConversationState()
     dialect: Dialect = CHAT
     usage = UsageTotals()
-    with_tools: int | None = None
     async for page in pages(store, key, through=until):
         for fact in page:
             state.apply(fact)
             usage.add(fact)
             if fact.kind == "message":
                 dialect = dialect_of(fact)
-                if fact.source == "upstream" and offered_tools(fact):
-                    with_tools = fact.seq
     lineage = Lineage(state, state.next_seq, dialect, usage=usage)
-    end = run_end(state, with_tools) if run else state.head
+    end = run_end(state) if run else state.head
     if end != state.head:
         lineage._path = state.path_to(end)
     wanted = set(lineage._path[0] if lineage._path else state.seqs)
@@ -173,14 +170,7 @@ async def replay(store: FactLog, key: SessionKey, *, until: int | None = None, r
     return lineage
 
 
-def offered_tools(fact: StoredFact) -> bool:
-    """Whether a reply's entry says the request it answered offered tools (its view's ``conversation``)."""
-    view = fact.extra.get("view")
-    conversation = view.get("conversation") if isinstance(view, Mapping) else None
-    return isinstance(conversation, str) and conversation.endswith(":tools")
-
-
-def run_end(state: ConversationState, with_tools: int | None) -> int:
+def run_end(state: ConversationState) -> int:
     """The last message of the run's conversation: what an admin action on a session (its view, a compaction)
     addresses, wherever a side call left the log's head.
 
@@ -188,12 +178,13 @@ def run_end(state: ConversationState, with_tools: int | None) -> int:
     Claude Code's small calls, Gemini CLI's next-speaker check), each on a
     branch of its own that the head moves to; none offers tools, and every
     real client's run does. So: the newest reply to a request that offered
-    tools (``with_tools``; a run's request not answered yet is left out, as a
-    compaction covers only older messages anyway), else the head. Nothing
+    tools (``ConversationState.run_reply``; a run's request not answered yet
+    is left out, as a compaction covers only older messages anyway), else
+    the head. Nothing
     tells a tool-less client's side call from its rewind to an earlier
     message, and the head is right for the rewind.
     """
-    return with_tools if with_tools is not None else state.head
+    return state.run_reply if state.run_reply is not None else state.head
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from typing import Any
 from proxy.app import engine_settings
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.log.history import HistoryManager
+from proxy.context.log.lineage import TOOLS
 from proxy.context.view.prepared import PreparedView
 from proxy.context.view.worth import COLD, WARM, CacheRates, Moment, cache_rates, timely
 from proxy.dialects import CHAT
@@ -41,8 +42,9 @@ def engine_over(store: FactLog, clock: Clock, **overrides: Any) -> ContextEngine
 class Agent:
     """A tool loop of ~530-token outputs, one request per step, on the simulated clock."""
 
-    def __init__(self, engine: ContextEngine, clock: Clock, summariser: Any = None) -> None:
-        self.engine, self.clock = engine, clock
+    def __init__(self, engine: ContextEngine, clock: Clock, summariser: Any = None,
+                 conversation: str | None = None) -> None:
+        self.engine, self.clock, self.conversation = engine, clock, conversation
         self.summariser = summariser or Summariser()
         self.rng = random.Random(7)
         self.messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
@@ -54,11 +56,15 @@ class Agent:
         hashes = [message_hash(m) for m in self.messages]
         state = await self.engine.history.sync(KEY, self.messages, hashes)
         view = await self.engine.prepare(KEY, self.messages, hashes, state, dialect=CHAT, model="m", tools=None,
-                                         max_output=None, complete=self.summariser)
+                                         max_output=None, complete=self.summariser, conversation=self.conversation)
         n = len(self.views)
-        self.messages += [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"c{n}", "type": "function", "function": {"name": "run", "arguments": f'{{"n": {n}}}'}}]},
-                          {"role": "tool", "tool_call_id": f"c{n}", "content": prose(self.rng, 400)}]
+        reply = {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{n}", "type": "function", "function": {"name": "run", "arguments": f'{{"n": {n}}}'}}]}
+        if self.conversation is not None:  # the reply logged as a turn logs it, naming the request's conversation
+            await self.engine.history.sync(KEY, [*self.messages, reply], [*hashes, message_hash(reply)],
+                                           upstream_from=len(self.messages),
+                                           extra_upstream={"view": {"conversation": self.conversation}})
+        self.messages += [reply, {"role": "tool", "tool_call_id": f"c{n}", "content": prose(self.rng, 400)}]
         self.views.append(view)
         return view
 
@@ -90,6 +96,25 @@ async def test_a_due_reduction_waits_mid_burst_and_lands_at_the_first_request_af
     assert view.estimate.tokens < before - 2_000, "masked at the gap"
     await agent.step()
     assert agent.views[-1].compacted == "none" and agent.kept_prefix(), "then the prefix holds again"
+
+
+async def test_a_title_call_after_an_idle_gap_leaves_the_cold_moment_to_the_run(store: FactLog) -> None:
+    """A run offering tools bursts near the trigger, pauses past the cache's life, and a title call (the run's first
+    message under a system prompt of its own, no tools) comes first: it is no step of the run, so the run's request
+    a few seconds later still finds its cache cold and the due reduction lands there, not a whole burst later."""
+    clock = Clock()
+    engine = engine_over(store, clock)
+    agent = Agent(engine, clock, conversation="run" + TOOLS)
+    await burst_near_the_trigger(agent)
+    clock.now += 301.0
+    title = [{"role": "system", "content": "Write a five-word title."}, agent.messages[1]]
+    hashes = [message_hash(m) for m in title]
+    state = await engine.history.sync(KEY, title, hashes)
+    side = await engine.prepare(KEY, title, hashes, state, dialect=CHAT, model="m", tools=None, max_output=None,
+                                complete=agent.summariser, conversation="title")
+    assert side.compacted == "none"
+    view = await agent.step(after=5.0)
+    assert view.compacted == "proactive" and view.checkpoint is not None and view.checkpoint.masked_until > 0
 
 
 async def test_a_forced_reduction_happens_whatever_the_cache_holds(store: FactLog) -> None:

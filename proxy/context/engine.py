@@ -27,7 +27,7 @@ from proxy.context.keep.pins import SHARE as PINS_SHARE
 from proxy.context.keep.trail import trail_maker
 from proxy.context.keep.workingset import WORKING_SET_SHARE, Tracks, WorkingSetMaker, working_set_maker
 from proxy.context.log.history import HistoryManager
-from proxy.context.log.lineage import ConversationState
+from proxy.context.log.lineage import TOOLS, ConversationState
 from proxy.context.log.sessionlock import CompactionLock
 from proxy.context.summary.callusage import CallUsage
 from proxy.context.summary.summarizer import DEFAULT_MAX_OUTPUT_TOKENS, Complete, SummaryGenerator
@@ -132,11 +132,23 @@ def _failed(job: asyncio.Task[Any]) -> bool:
 
 
 def side_call(state: ConversationState | None, hashes: Sequence[str], conversation: str | None) -> bool:
-    """Whether a request of ``conversation`` is a side call on another conversation's history: the newest reply
-    on its path (``ConversationState.usage_for``) answered a request of another conversation (Gemini CLI's
-    next-speaker check: the run's history and a question, without the run's tools). A conversation whose path
-    holds no reply yet (a title call on the run's first message) is nobody's side call: it is its own, and small."""
-    found = state.usage_for(hashes) if state is not None and conversation is not None else None
+    """Whether a request of ``conversation`` is a side call, not a step of the session's run.
+
+    In a session whose run offers tools (``ConversationState.run_reply``), a
+    request that offers none (a title call, a quota probe: the run's first
+    message under a system prompt of their own, no reply on their path yet).
+    Else one on another conversation's history: the newest reply on its path
+    (``ConversationState.usage_for``) answered a request of another
+    conversation (Gemini CLI's next-speaker check: the run's history and a
+    question, without the run's tools). In a session where no request offered
+    tools, a conversation whose path holds no reply yet is nobody's side call:
+    it is its own, and small.
+    """
+    if state is None or conversation is None:
+        return False
+    if state.run_reply is not None and not conversation.endswith(TOOLS):
+        return True
+    found = state.usage_for(hashes)
     measured = found.view.get("conversation") if found is not None and found.view is not None else None
     return isinstance(measured, str) and measured != conversation
 
@@ -309,8 +321,9 @@ class ContextEngine:
         cache's moment saves nothing (``proxy.context.view.worth``).
 
         ``conversation``: which of the session's conversations the request is
-        (its system prompt and tools, named by the caller). A side call on
-        another conversation's history (``side_call``) leaves the session's
+        (its system prompt and tools, named by the caller). A side call (a
+        title call, or one on another conversation's history: ``side_call``)
+        leaves the session's
         reductions to that conversation: it goes over the checkpoint that
         serves its history, clipped if over the hard limit, and compacts only
         when even that is over; it starts no summary and no masking batch,

@@ -40,7 +40,7 @@ import orjson
 
 from proxy.clientcompact import compaction_references, find_boundary
 from proxy.context.items import leading_system_count
-from proxy.context.log.lineage import ConversationState
+from proxy.context.log.lineage import TOOLS, ConversationState
 from proxy.dialects.base import Dialect, ParsedRequest
 
 #: The request fields that hold a system prompt, by API (Messages, Responses, Gemini).
@@ -67,7 +67,7 @@ def conversation(dialect: Dialect, parsed: ParsedRequest) -> str:
     client that edits, rewinds or compacts its history keeps both. A system prompt carried as an item (Chat
     Completions) is left out: it is the conversation's first item, which the comparison covers, and a Chat side
     call is told by the tools it does not offer."""
-    return _system_digest(b"ctxproxy-conversation-v1\x00", dialect, parsed, ()) + (":tools" if parsed.tools else "")
+    return _system_digest(b"ctxproxy-conversation-v1\x00", dialect, parsed, ()) + (TOOLS if parsed.tools else "")
 
 
 def _system_digest(tag: bytes, dialect: Dialect, parsed: ParsedRequest, items: Sequence[Any]) -> str:

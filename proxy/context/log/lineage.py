@@ -48,6 +48,9 @@ from proxy.store.base import StoredFact
 ROOT = -1
 #: Parent slot of a fact that is not a message.
 NOT_A_MESSAGE = -2
+#: How a conversation key (``proxy.http.subagents.conversation``) ends when its requests offer tools: a client's
+#: run does, its side calls (a title call, a quota probe, a next-speaker check) do not.
+TOOLS = ":tools"
 #: Memory one logged message costs a state, measured (its index entries, its place in the lineage, its hash
 #: strings), and one checkpoint (its payload, with the summary text): what ``ConversationState.bytes`` counts.
 MESSAGE_BYTES = 256
@@ -112,6 +115,9 @@ class ConversationState:
     #: Messages in the session's longest lineage, wherever the head is: whether it holds more than a side call
     #: (``proxy.http.subagents``) is not a question of the branch a title call left the head on.
     longest: int = 0
+    #: Seq of the newest reply to a request that offered tools (its view's ``conversation`` ends in ``TOOLS``): the
+    #: run's, whatever side calls (which offer none) were logged since (``proxy.render.run_end``).
+    run_reply: int | None = None
     # The tree, indexed by seq (non-message facts hold NOT_A_MESSAGE / -1 / None).
     _parents: array[int] = field(default_factory=lambda: array("q"))
     _depths: array[int] = field(default_factory=lambda: array("i"))
@@ -162,14 +168,8 @@ class ConversationState:
             opening = fact.extra.get("opening") if fact.index == 0 else None
             if isinstance(opening, str):
                 self.openings.add(opening)
-            usage, reply = fact.extra.get("usage"), fact.extra.get("response_id")
-            if fact.source == "upstream" and isinstance(reply, str):
-                self._by_response[reply] = fact.seq
-            if fact.source == "upstream" and isinstance(usage, Mapping):
-                view, tokens = fact.extra.get("view"), fact.extra.get("tokens")
-                self._usages = [*self._usages[1 - USAGES_KEPT:], (
-                    fact.seq, usage, view if isinstance(view, Mapping) else None,
-                    tokens if isinstance(tokens, Mapping) else None)]
+            if fact.source == "upstream":
+                self._add_reply(fact)
             return
         self._parents.append(NOT_A_MESSAGE)
         self._depths.append(-1)
@@ -181,6 +181,19 @@ class ConversationState:
             self._add_checkpoint(fact)
         elif fact.kind == "retire":
             self._retire(fact)
+
+    def _add_reply(self, fact: StoredFact) -> None:
+        usage, reply, view = fact.extra.get("usage"), fact.extra.get("response_id"), fact.extra.get("view")
+        view = view if isinstance(view, Mapping) else None
+        if isinstance(reply, str):
+            self._by_response[reply] = fact.seq
+        if isinstance(usage, Mapping):
+            tokens = fact.extra.get("tokens")
+            self._usages = [*self._usages[1 - USAGES_KEPT:], (
+                fact.seq, usage, view, tokens if isinstance(tokens, Mapping) else None)]
+        conversation = view.get("conversation") if view is not None else None
+        if isinstance(conversation, str) and conversation.endswith(TOOLS):
+            self.run_reply = fact.seq
 
     def _add_checkpoint(self, fact: StoredFact) -> None:
         payload = fact.extra.get("checkpoint")
