@@ -22,6 +22,8 @@ from typing import Any
 import orjson
 
 from bench.latency import write_doc
+from proxy.context.keep.literals import strings
+from proxy.context.keep.shellwrites import writes_text
 from proxy.context.view.tokens import TokenCounter
 from proxy.replay.probes import KINDS
 from proxy.replay.sources import read_file
@@ -43,6 +45,38 @@ def replay(path: Path, window: int) -> dict[str, Any]:
                            "--json"], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin"})
     report: dict[str, Any] = orjson.loads(done.stdout)
     return report
+
+
+def own_lines(path: Path) -> set[str]:
+    """The corpus's error lines that the agent itself wrote in a call (a line of a file it wrote: an output that
+    echoes the command, or a read of that file, shows it again), as opposed to lines only outputs hold."""
+    raw = orjson.loads(path.read_bytes())
+    written: list[str] = []
+    for message in raw.get("messages", ()):
+        for call in message.get("tool_calls") or ():
+            arguments = call.get("function", {}).get("arguments")
+            try:
+                strings(orjson.loads(arguments) if isinstance(arguments, str) else arguments, written)
+            except orjson.JSONDecodeError:
+                written.append(arguments)
+    return {line for error in raw.get("probes", {}).get("errors", ())
+            if (line := error.get("line", "")) and any(line in text for text in written)}
+
+
+def losses(reports: list[tuple[Path, int, dict[str, Any]]]) -> str:
+    """What the last views lost, by what it is: a command that writes a whole file from a heredoc or here-string
+    (its text the file's, which the files in hand carry while the file is among the newest) or any other; an
+    error line that the agent itself wrote in a call or one only outputs hold; a file of the last three."""
+    rows = ["| session | commands lost: whole-file writes | other commands | error lines lost: the agent's own "
+            "writing | met in an output | last files lost |", "|---|---:|---:|---:|---:|---|"]
+    for path, _, r in reports:
+        missed = r["missed"]
+        writes = sum(map(writes_text, missed["commands"]))
+        own = own_lines(path)
+        echoed = sum(line in own for line in missed["errors"])
+        rows.append(f"| {path.stem} | {writes} | {len(missed['commands']) - writes} | {echoed} | "
+                    f"{len(missed['errors']) - echoed} | {', '.join(f'`{p}`' for p in missed['working_set'])} |")
+    return "\n".join(rows)
 
 
 def _share(kept: int, of: int) -> str:
@@ -91,9 +125,9 @@ def main() -> None:
     reports = []
     for path in sorted(args.corpus.glob("*.json")):
         window = window_of(path, args.share)
-        reports.append((path.stem, window, replay(path, window)))
+        reports.append((path, window, replay(path, window)))
         print(path.stem, file=sys.stderr)
-    text = table(reports)
+    text = table([(path.stem, window, report) for path, window, report in reports]) + "\n\n" + losses(reports)
     print(text)
     if args.write:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -110,7 +144,10 @@ DESCRIPTION = (
     "and replies at litellm's prices, where its map knows the model; as sent, the client's whole requests "
     "without a window. Retention counts the probes the last request itself holds, found verbatim among the last "
     "view's strings (in brackets: plain truncation, the newest messages that fit the window); the last three "
-    "files count all three, their exact final text.")
+    "files count all three, their exact final text. The last table sorts what the last views lost: a command "
+    "that writes a whole file from a heredoc or here-string, or another; an error line that the agent itself "
+    "wrote in a call (a line of a file it wrote, shown again by the output that ran the write or by a read), or one "
+    "only outputs hold.")
 
 
 if __name__ == "__main__":

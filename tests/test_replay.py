@@ -227,6 +227,22 @@ def test_a_corpus_file_brings_its_own_probes(tmp_path: Path) -> None:
         assert set(compaction["retention"]) == {"paths", "commands", "errors", "constraints", "working_set"}
     assert report["cost"]["view"] < report["cost"]["as_sent"]  # priced from the model map
     assert 0 < report["prefix_changes"] < report["steps"]
+    # What the last view lost is named, kind by kind: the counted probes it does not hold, a file by its path.
+    for kind, counted in view.items():
+        assert len(report["missed"][kind]) == counted["of"] - counted["kept"]
+    assert set(report["missed"]["working_set"]) <= set(probes["final_files"])
+    assert "src/never.py" not in report["missed"]["paths"]  # never stated: not counted, so not lost either
+
+
+def test_the_text_report_names_what_the_last_view_lost(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.json"
+    unkept = "src/mod_2.py"  # written early, its text changed by no later call: the proxy carries it, or loses it
+    path.write_bytes(orjson.dumps({"messages": chat_messages(), "probes": {
+        "files_written": [unkept], "final_files": {unkept: source_of(2) + "# not the text it ends with\n"}}}))
+    result = run(str(path), "--context-window", WINDOW)
+    assert result.exit_code == 0, result.output
+    lost = result.output.split("## What the last view lost\n", 1)[1].splitlines()
+    assert lost[:2] == ["working set (last 3 files, exact): 1", f"- {unkept}"]
 
 
 def test_two_runs_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:

@@ -141,7 +141,8 @@ class Report:
                 "compaction_attempts": len(self.compactions),
                 "cost": {"view": money(self.cost), "as_sent": money(self.cost_as_sent)},
                 "retention": {"view": self.retention.to_json() if self.retention else None,
-                              "truncation": self.truncation.to_json() if self.truncation else None}}
+                              "truncation": self.truncation.to_json() if self.truncation else None},
+                "missed": self.retention.missed_json() if self.retention else None}
 
 
 def truncated(dialect: Dialect, items: Sequence[Message], tokens: Sequence[int], window: int) -> list[Message]:

@@ -54,6 +54,13 @@ class Probes:
             return tuple(text for _, text in self.working_set)
         return tuple(getattr(self, kind))
 
+    def named(self, kind: str) -> tuple[tuple[str, str], ...]:
+        """(name, probe) of each probe of ``kind``: a file of the working set is named by its path, any other
+        probe by its own text."""
+        if kind == "working_set":
+            return self.working_set
+        return tuple((probe, probe) for probe in getattr(self, kind))
+
 
 def _unique(values: Iterable[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(v for v in values if v))
@@ -139,18 +146,25 @@ def text_of(items: Sequence[Any]) -> str:
 
 @dataclass(frozen=True)
 class Retention:
-    """Per kind: (kept, counted) probes."""
+    """Per kind: (kept, counted) probes; and the names of the counted ones the view lost (``Probes.named``), so a
+    user sees what went, not only how much."""
 
     counts: tuple[tuple[str, int, int], ...]
+    missed: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def to_json(self) -> dict[str, dict[str, int]]:
         return {kind: {"kept": kept, "of": of} for kind, kept, of in self.counts}
 
+    def missed_json(self) -> dict[str, list[str]]:
+        return {kind: list(names) for kind, names in self.missed}
+
 
 def retention(probes: Probes, view: str, request: str) -> Retention:
     """How many probes of each kind ``view`` holds, of those ``request`` holds (of all, for the working set)."""
-    counts = []
+    counts, missed = [], []
     for kind in KINDS:
-        wanted = [p for p in probes.of(kind) if kind == "working_set" or p in request]
-        counts.append((kind, sum(p in view for p in wanted), len(wanted)))
-    return Retention(tuple(counts))
+        wanted = [(name, p) for name, p in probes.named(kind) if kind == "working_set" or p in request]
+        lost = tuple(name for name, p in wanted if p not in view)
+        counts.append((kind, len(wanted) - len(lost), len(wanted)))
+        missed.append((kind, lost))
+    return Retention(tuple(counts), tuple(missed))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from proxy.context.keep.artifactparse import clip
 from proxy.replay.lab import Report
 from proxy.replay.probes import KINDS, Retention
 
@@ -10,6 +11,10 @@ CLOCKS = {"recorded": "the recording's times (a request after a gap writes its w
 SUMMARISERS = {"none": "built-in, keeps nothing", "upstream": "the configured upstream"}
 LABELS = {"paths": "written paths", "commands": "commands", "errors": "error lines",
           "constraints": "user constraints", "working_set": "working set (last 3 files, exact)"}
+
+
+#: Lost probes shown per kind, and characters of each (a heredoc command is a whole file).
+SHOWN, LINE_CHARS = 5, 120
 
 
 def _share(kept: int, of: int) -> str:
@@ -53,4 +58,18 @@ def render(report: Report) -> str:
     cut = dict((k, (a, b)) for k, a, b in report.truncation.counts) if report.truncation else {}
     for kind in KINDS:
         lines.append(f"{LABELS[kind]:36} {_share(*view.get(kind, (0, 0))):>14} {_share(*cut.get(kind, (0, 0))):>14}")
-    return "\n".join(lines)
+    return "\n".join(lines + _missed(report.retention))
+
+
+def _missed(retention: Retention | None) -> list[str]:
+    """What the last view lost, kind by kind: the first ``SHOWN`` of each, each on one line (``--json`` has all)."""
+    lost = [(kind, names) for kind, names in retention.missed if names] if retention is not None else []
+    if not lost:
+        return []
+    lines = ["", "## What the last view lost"]
+    for kind, names in lost:
+        lines.append(f"{LABELS[kind]}: {len(names)}")
+        lines += [f"- {clip(name, LINE_CHARS)}" for name in names[:SHOWN]]
+        if len(names) > SHOWN:
+            lines.append(f"- and {len(names) - SHOWN} more (--json lists them all)")
+    return lines
