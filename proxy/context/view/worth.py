@@ -26,6 +26,11 @@ them at once (``CacheRates.cached``: the dialect says which, ``Dialect.caches_ta
 Deferring a reduction to the trigger never costs a change: the reduction comes then anyway, and the trigger's
 masking is as deep (``proxy.context.view.batches``). What it costs is the reads of the tokens it would have freed
 meanwhile, which is what the warm test weighs.
+
+A summary call's own cost is in no test here: the engine starts a summary only past the soft threshold (the trigger
+a few steps of growth away), and only where masking would not bring the view back under it
+(``ContextEngine.prepare``), so every way to the trigger pays for that summary, and once made it is spent. When it
+lands is the one choice left, and ``timely`` makes it.
 """
 
 from __future__ import annotations
