@@ -7,8 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.context.keep.artifactparse import command_text, outcome, patch_files
+from proxy.context.keep.artifactparse import NAME_CHARS, clip, command_text, outcome, patch_files
 from proxy.context.keep.artifacts import ARTIFACTS_HEADING, Artifact, collect, from_json, merge, render, to_json
+from proxy.context.keep.literals import extract
 from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 
@@ -334,11 +335,52 @@ def test_command_lines_join_argv_and_unwrap_the_shell(value: Any, expected: str 
     assert command_text(value) == expected
 
 
-def test_long_commands_are_clipped_and_folded_to_one_line() -> None:
-    script = "python - <<'EOF'\n" + "print(1)\n" * 100 + "EOF"
-    (found,) = collect(CHAT, [chat_call(("1", "bash", {"command": script}))], 0, 1)
-    assert found.name.startswith("python - <<'EOF' print(1) print(1)") and len(found.name) == 200
-    assert found.name.endswith("…") and "\n" not in found.name
+def names(*commands: str) -> list[str]:
+    """The trail's names of shell calls running ``commands``, as the Codex CLI makes them (``shell_command``)."""
+    call = chat_call(*((str(n), "shell_command", {"command": c}) for n, c in enumerate(commands)))
+    return [a.name for a in collect(CHAT, [call], 0, 1)]
+
+
+def lines(count: int, text: str = "x = 1") -> str:
+    return "".join(f"{text}  # {n}\n" for n in range(count))
+
+
+@pytest.mark.parametrize(("command", "expected"), [
+    ("cat > app/main.py <<'EOF'\n" + lines(42) + "EOF", "cat > app/main.py <<'EOF' …(42 lines)… EOF"),
+    ("cat <<EOF > .env && chmod 600 .env\n" + lines(30, "KEY=value") + "EOF\necho done",
+     "cat <<EOF > .env && chmod 600 .env …(30 lines)… EOF echo done"),
+    ("tee web/nginx.conf <<-\"END\" >/dev/null\n" + lines(20, "\tlisten 80;") + "\tEND",
+     'tee web/nginx.conf <<-"END" >/dev/null …(20 lines)… END'),
+    # PowerShell, as the Codex CLI on Windows writes a file: the target comes after the body.
+    ("@'\n" + lines(120, 'APP_NAME = "x"') + "'@ | Set-Content app\\core\\config.py",
+     "@' …(120 lines)… '@ | Set-Content app\\core\\config.py"),
+    # A script writing two files and then testing them: every body gives way, the one-line one too.
+    ("mkdir -p pkg && cat > pkg/a.py <<'EOF'\n" + lines(40) + "EOF\ncat > pkg/b.py <<'EOF'\nb = 2\nEOF\n"
+     "python -m pytest -q pkg",
+     "mkdir -p pkg && cat > pkg/a.py <<'EOF' …(40 lines)… EOF cat > pkg/b.py <<'EOF' …(1 line)… EOF "
+     "python -m pytest -q pkg"),
+], ids=["cat > path <<EOF", "cat <<EOF > path", "tee path <<-EOF", "here-string | Set-Content", "two heredocs"])
+def test_a_long_command_shows_each_heredoc_body_as_its_line_count_so_what_it_does_survives_the_clip(
+        command: str, expected: str) -> None:
+    assert names(command) == [expected]
+    ran = [chat_call(("1", "shell_command", {"command": command})), chat_result("1", "Exit code: 0")]
+    found, _ = extract(CHAT, ran, 0, len(ran))
+    assert [e.text for e in found if e.kind == "command"] == [command]  # the literals carry it as it ran
+
+
+def test_only_a_command_the_clip_would_cut_loses_its_bodies_and_only_those_its_delimiter_closes() -> None:
+    long_heredoc = "cat > a.py <<'EOF'\n" + lines(40) + "EOF"
+    short_heredoc = "cat > .env <<'EOF'\nPORT=8080\nEOF"
+    unterminated = "cat > b.py <<'EOF'\n" + lines(40)
+    script = "\n".join(f"echo step {n} >> build.log" for n in range(30))
+    assert names(long_heredoc, short_heredoc, unterminated, script, f"{long_heredoc}\n{unterminated}") == [
+        "cat > a.py <<'EOF' …(40 lines)… EOF",
+        "cat > .env <<'EOF' PORT=8080 EOF",  # it fits: shown whole
+        clip(unterminated, NAME_CHARS),  # no delimiter closes it: shown as the clip leaves it
+        clip(script, NAME_CHARS),  # no heredoc: clipped and folded to one line
+        clip("cat > a.py <<'EOF' …(40 lines)… EOF\n" + unterminated, NAME_CHARS),
+    ]
+    assert len(names(script)[0]) == NAME_CHARS and names(script)[0].endswith("…")
 
 
 SAMPLE = (Artifact("file", "src/a.py", "edited", 3, 12), Artifact("command", "pytest -x", "exit 1: boom", 4, -1),

@@ -20,6 +20,8 @@ from typing import Any
 
 import orjson
 
+from proxy.context.keep.shellwrites import bodies
+
 #: Longest command text or error line an artifact carries.
 NAME_CHARS = 200
 LINE_CHARS = 160
@@ -51,6 +53,22 @@ def clip(text: str, limit: int) -> str:
     """``text`` with whitespace folded to single spaces, cut to ``limit`` characters with an ellipsis."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def command_name(command: str) -> str:
+    """``command`` as a trail line names it: clipped to ``NAME_CHARS``, and when it is longer, each heredoc or
+    here-string body that its delimiter closes shown as how many lines it had (``cat > a.py <<'EOF' …(42 lines)…
+    EOF``), so that what the command does with a body (its target, what follows it) survives the clip. The body is
+    not lost: the log holds the whole command, and the literals a heredoc write's text
+    (``proxy.context.keep.literals``)."""
+    closed = [body for body in bodies(command) if body.closed and body.end > body.start]
+    if not closed or len(" ".join(command.split())) <= NAME_CHARS:
+        return clip(command, NAME_CHARS)
+    lines = command.splitlines()
+    for body in reversed(closed):
+        count = body.end - body.start
+        lines[body.start:body.end] = [f"…({count} line{'' if count == 1 else 's'})…"]
+    return clip("\n".join(lines), NAME_CHARS)
 
 
 def patch_files(patch: str) -> list[tuple[str, str]]:

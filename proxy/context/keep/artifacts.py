@@ -16,7 +16,8 @@ made in a range of the conversation (through ``ItemModel.calls`` and
   out; read-only tools are never artifacts.
 - **commands** run by shell tools, with the exit status or first error line
   where the result states one (``proxy.context.keep.artifactparse``), and nothing
-  where it does not.
+  where it does not; a long one with its heredoc and here-string bodies shown
+  as their line counts (``command_name``), so that the clip keeps what it did.
 
 Lines are de-duplicated by path or command text, keeping the last touch, newest
 last. ``collect`` costs O(range): it looks results up only for the calls the
@@ -34,8 +35,7 @@ from typing import Any, Literal
 
 from proxy.context.items import ItemModel, get_path
 from proxy.context.keep.artifactparse import (
-    NAME_CHARS,
-    clip,
+    command_name,
     outcome,
     parsed_arguments,
     patch_files,
@@ -181,7 +181,7 @@ def _artifacts(name: str, arguments: Any, result: Result | None) -> list[tuple[K
             patch = patch_in_command(command)
             if patch is None:
                 status = outcome(result.text, result.is_error) if result is not None else ""
-                return [("command", clip(command, NAME_CHARS), status)]
+                return [("command", command_name(command), status)]
             files = patch_files(patch)
     if not files or (result is not None and failed(result)):
         return []

@@ -46,6 +46,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 _HEREDOC = re.compile(
     r"(?:^|(?<=[\n;&|]))[ \t]*cat[ \t]+(?:(>>?)[ \t]*(\S+)[ \t]+<<(-?)[ \t]*(['\"]?)(\w+)\4"
@@ -243,21 +244,44 @@ def written(command: str) -> list[str]:
     descriptors and variables left out. The one reader of these for the working set (``effect``) and the literals
     (``proxy.context.keep.literals``)."""
     out: list[str] = []
-    closing: str | None = None
-    for line in command.splitlines():
-        if closing is not None:
-            if line.strip() != closing and not (closing in ("'@", '"@') and line.startswith(closing)):
-                continue
-            closing = None
-        if line.lstrip().startswith(_HERE_STRING):
-            closing = line.lstrip()[1] + "@"
-            continue
+    inside = {at for body in bodies(command) for at in range(body.start, body.end)}
+    for line in (line for at, line in enumerate(command.splitlines()) if at not in inside):
         masked = _QUOTED.sub(lambda found: found.group(0)[0] * len(found.group(0)), line)
         for found in _WRITER.finditer(masked):
             out += _targets(line, found.end(), many=found.group(0) == "tee")
-        if (heredoc := _OPENS.search(line)) is not None:
-            closing = heredoc.group(2)
     return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
+
+
+class Body(NamedTuple):
+    """A heredoc's or here-string's body: lines ``start`` to ``end`` (exclusive) of ``command.splitlines()``, its
+    opening the line before; ``closed`` when its delimiter line follows (else it runs to the command's end)."""
+
+    start: int
+    end: int
+    closed: bool
+
+
+def bodies(command: str) -> list[Body]:
+    """The heredoc and here-string bodies of ``command``, in order, read line by line: for ``written`` (their text
+    is no redirection) and the artifact trail (``artifactparse.command_name`` shows a long command without them)."""
+    out: list[Body] = []
+    closing: str | None = None
+    start = 0
+    lines = command.splitlines()
+    for at, line in enumerate(lines):
+        if closing is not None:
+            if line.strip() != closing and not (closing in ("'@", '"@') and line.startswith(closing)):
+                continue
+            out.append(Body(start, at, True))
+            closing = None
+        if line.lstrip().startswith(_HERE_STRING):
+            closing, start = line.lstrip()[1] + "@", at + 1
+            continue
+        if (heredoc := _OPENS.search(line)) is not None:
+            closing, start = heredoc.group(2), at + 1
+    if closing is not None:
+        out.append(Body(start, len(lines), False))
+    return out
 
 
 def _targets(line: str, at: int, *, many: bool) -> list[str]:
