@@ -79,8 +79,12 @@ def test_an_error_line_is_read_verbatim_with_the_command_that_produced_it() -> N
 def test_a_long_call_is_named_by_its_head_length_and_digest() -> None:
     heredoc, other = "cat > a.go <<'EOF'\n" + "x" * 2_000 + "\nEOF", "cat > a.go <<'EOF'\n" + "x" * 2_001 + "\nEOF"
     named = call_source("bash", {}, heredoc)
-    assert named.startswith("$ cat > a.go <<'EOF'\nxxx") and "(2,025 characters, " in named and len(named) < 250
+    assert named.startswith("$ cat > a.go <<'EOF' …(1 line)… EOF… (2,025 characters, ") and len(named) < 250
     assert named != call_source("bash", {}, other) and call_source("bash", {}, "ls") == "$ ls"
+    # The head names what the command wrote, its body as its line count: the trail's name for it.
+    two = "cat > a.go <<'EOF'\n" + "x\n" * 1_000 + "EOF\ncat > b.go <<'EOF'\n" + "y\n" * 1_000 + "EOF\ngo build ./..."
+    assert call_source("bash", {}, two).startswith(
+        "$ cat > a.go <<'EOF' …(1000 lines)… EOF cat > b.go <<'EOF' …(1000 lines)… EOF go build ./...… (4,")
 
 
 def test_an_error_followed_by_a_success_of_the_same_command_is_kept_as_resolved() -> None:

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.context.items import ItemModel
-from proxy.context.keep.artifactparse import clip, parsed_arguments, patch_files, status_line
+from proxy.context.keep.artifactparse import clip, command_name, parsed_arguments, patch_files, status_line
 from proxy.context.keep.artifacts import answered_calls, collect, patch_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.errorlines import call_errors
@@ -156,7 +156,8 @@ def shown_text(dialect: ItemModel, items: Sequence[Message]) -> str:
 
 def call_source(name: str, arguments: Any, command: str | None) -> str:
     """How an error's call is named: ``$ <command>`` for a shell call, ``<tool> <arguments>`` for any other; a long
-    one by its head, length and digest (a heredoc need not ride along with each of its error lines)."""
+    one by its head, length and digest (a heredoc need not ride along with each of its error lines), a long
+    command's head as the trail names it (its heredoc bodies as their line counts: what it wrote stays named)."""
     if command is not None:
         text = f"$ {command}"
     else:
@@ -165,7 +166,8 @@ def call_source(name: str, arguments: Any, command: str | None) -> str:
     if len(text) <= MAX_LITERAL_CHARS:
         return text
     digest = hashlib.blake2b(text.encode(), digest_size=6).hexdigest()  # still one key per call for resolving
-    return f"{text[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
+    head = f"$ {command_name(command)}".removesuffix("…") if command is not None else text
+    return f"{head[:SOURCE_CHARS]}… ({len(text):,} characters, {digest})"
 
 
 def _rank(literal: Exact, replaced: bool) -> float:
