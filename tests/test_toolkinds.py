@@ -33,6 +33,18 @@ def test_a_shell_read_is_whole_by_the_shell_rule() -> None:
     assert whole_read("Bash", {"command": "cat a.md | head"}) is None
 
 
+def test_a_shell_read_whose_errors_alone_are_redirected_is_whole() -> None:
+    """Its output is still the file: the errors went elsewhere. Merged into the output (``2>&1``), or the output
+    itself redirected, it is not."""
+    for command in ("cat a.md 2>/dev/null", "cat -- a.md 2> /dev/null", "cat a.md 2>>/dev/null"):
+        assert whole_read("Bash", {"command": command}) == "a.md", command
+    for command in ("Get-Content a.md -ErrorAction SilentlyContinue", "Get-Content -Raw a.md -EA Ignore 2>$null"):
+        assert whole_read("shell_command", {"command": command}) == "a.md", command
+    for command in ("cat a.md 2>&1", "cat a.md 2 >/dev/null", "cat a.md &>/dev/null", "cat a.md 1>/dev/null",
+                    "cat a.md 2>err.log", "cat file2>/dev/null", "Get-Content a.md -TotalCount 3"):
+        assert whole_read("Bash", {"command": command}) is None, command
+
+
 def test_a_shell_call_is_one_to_the_masker_and_the_literals_alike() -> None:
     assert is_shell("shell", {"command": ["apply_patch", PATCH]}), "the literals said no: a patch fed to a shell"
     assert shell_command("shell", {"command": ["apply_patch", PATCH]}) is None, "its files are the trail's"

@@ -177,6 +177,14 @@ def test_a_codex_cat_of_a_file_without_a_final_newline_reads_it_and_a_trimmed_sh
     assert Run().call("Bash", {"command": "cat a.conf"}, "port = 1\nhost = x").files() == {}
 
 
+def test_a_shell_cat_whose_errors_go_to_dev_null_reads_the_file_and_one_that_merges_them_does_not() -> None:
+    header = "Chunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\n"
+    run = (Run().call("exec_command", {"cmd": "cat a.conf 2>/dev/null"}, header + "port = 1\n")
+           .call("Bash", {"command": "cat -- b.conf 2> /dev/null"}, "host = x\n")
+           .call("Bash", {"command": "cat c.conf 2>&1"}, "cat: c.conf: Permission denied\n"))
+    assert run.files() == {"a.conf": "port = 1\n", "b.conf": "host = x\n"}
+
+
 # -- Gemini CLI and opencode ------------------------------------------------------------------------------------------
 
 

@@ -24,9 +24,13 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
   and lock files (``package.json``, ``go.mod``, …) wherever they are;
 - a program known to only read (``ls``, ``cat``, ``grep``, ``rg``, ``sed -n``,
   ``git status``/``diff``/``log``, ``mkdir``, …) drops nothing, and a plain
-  ``cat PATH`` alone is a whole read of PATH, its output the file's bytes
+  ``cat [--] PATH`` alone is a whole read of PATH, its output the file's bytes
   (PowerShell's ``Get-Content [-Raw] PATH`` alone is one too, its output the
-  file's lines, not its bytes);
+  file's lines, not its bytes; ``-ErrorAction``/``-EA`` silences its errors,
+  not its output). Only its errors may be redirected (``2>/dev/null``,
+  ``2> /dev/null``, ``2>$null``): its output is still the file; ``2>&1``
+  merges the errors into it, and any other redirection takes it elsewhere, so
+  neither is a read;
 - a test runner (``pytest``, ``python -m pytest``, ``jest``, ``vitest``,
   ``node --test``, ``npx playwright test``, …) reads the tests it is given:
   it drops nothing;
@@ -105,6 +109,10 @@ _OPTION = re.compile(r"\s+-[\w-]*")
 _OPENS = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _HERE_STRING = ("@'", '@"')
 _GLOB = re.compile(r"[*?\[$`]")
+#: A descriptor's number glued to a redirection (``2>``), outside quoted strings (matched first, and kept).
+_DESCRIPTOR = re.compile(r"""("(?:[^"\\\n]|\\.)*"|'[^'\n]*')|(?<![\w$-])\d(?=>)""")
+#: PowerShell's common parameter that says what to do with a cmdlet's errors (its value follows).
+_ERROR_ACTION = frozenset({"-erroraction", "-ea"})
 #: Interpreters: the script they run is read, not written (the arguments after it may be outputs).
 INTERPRETERS = frozenset({"python", "python3", "node", "bash", "sh", "zsh", "ruby", "perl", "deno", "bun", "tsx",
                           "ts-node", "php"})
@@ -140,13 +148,16 @@ def effect(command: str) -> ShellEffect:
         rest = rest[:found.start()] + rest[found.end():]
     try:
         # Each line a command of its own: the separator after the newline, so that a comment ends at its line.
-        lexer = shlex.shlex(rest.replace("\\\n", " ").replace("\n", "\n ; "), posix=True, punctuation_chars=True)
+        # A descriptor's number glued to its redirection (``2>``) is the operator's, not a word.
+        bare = _DESCRIPTOR.sub(lambda found: found.group(1) or "", rest)
+        lexer = shlex.shlex(bare.replace("\\\n", " ").replace("\n", "\n ; "), posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
         words = list(lexer)
     except ValueError:
         out.anything = True
         return out
-    for target in written(rest):
+    targets, output_kept = _redirected(rest)
+    for target in targets:
         if _GLOB.search(target):
             out.anything = True
             return out
@@ -161,13 +172,28 @@ def effect(command: str) -> ShellEffect:
         if _segment(segment, out):
             out.anything = True
             return out
-    if len(segments) == 1 and not out.changed and not out.writes:
+    if len(segments) == 1 and not out.changed and not out.writes and output_kept:
         words = _without_redirects(segments[0])
-        if len(words) == 2 and words[0] == "cat" and not words[1].startswith("-"):
-            out.read, out.verbatim = words[1], True
-        elif len(words) > 1 and words[0] == "Get-Content" and [w.lower() for w in words[1:-1]] in ([], ["-raw"]):
-            out.read = words[-1]
+        if words[:1] == ["cat"] and len(paths := words[2:] if words[1:2] == ["--"] else words[1:]) == 1:
+            if words[1] == "--" or not paths[0].startswith("-"):
+                out.read, out.verbatim = paths[0], True
+        elif words[:1] == ["Get-Content"]:
+            out.read = _content_path(words[1:])
     return out
+
+
+def _content_path(args: list[str]) -> str | None:
+    """The file ``Get-Content ARGS`` prints whole: one path, beside ``-Raw`` and an ``-ErrorAction`` (its errors
+    only); None for anything else (a ``-TotalCount``, a ``-Tail``, two paths)."""
+    paths: list[str] = []
+    words = iter(args)
+    for word in words:
+        if word.lower() in _ERROR_ACTION:
+            if next(words, None) is None:
+                return None
+        elif word.lower() != "-raw":
+            paths.append(word)
+    return paths[0] if len(paths) == 1 and not paths[0].startswith("-") else None
 
 
 def _without_redirects(segment: list[str]) -> list[str]:
@@ -243,13 +269,30 @@ def written(command: str) -> list[str]:
     read outside quoted strings, heredoc bodies and here-strings (their ``>`` are text, not redirections); devices,
     descriptors and variables left out. The one reader of these for the working set (``effect``) and the literals
     (``proxy.context.keep.literals``)."""
+    return _redirected(command)[0]
+
+
+def _redirected(command: str) -> tuple[list[str], bool]:
+    """``written``, and whether the command's output stays its own: nothing it writes through is an output
+    redirection but of its errors alone (``2>``, ``2>>``, not ``2>&1``, which merges them into the output)."""
     out: list[str] = []
+    kept = True
     inside = {at for body in bodies(command) for at in range(body.start, body.end)}
     for line in (line for at, line in enumerate(command.splitlines()) if at not in inside):
         masked = _QUOTED.sub(lambda found: found.group(0)[0] * len(found.group(0)), line)
         for found in _WRITER.finditer(masked):
             out += _targets(line, found.end(), many=found.group(0) == "tee")
-    return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"]
+            kept = kept and _errors_only(masked, found)
+    return [path for path in dict.fromkeys(out) if not path.startswith(("/dev/", "&", "$")) and path != "nul"], kept
+
+
+def _errors_only(masked: str, found: re.Match[str]) -> bool:
+    """Whether the writer ``found`` in ``masked`` redirects a command's errors alone: ``2>`` or ``2>>`` whose
+    ``2`` is no word's last character (``file2>out`` writes the output of ``cat file2``), not into the output
+    (``2>&1``)."""
+    before = masked[found.start() - 1] if found.start() else " "
+    return (found.group(0) in ("2>", "2>>") and not (before.isalnum() or before in "_$-")
+            and not masked[found.end():].lstrip().startswith("&"))
 
 
 class Body(NamedTuple):
