@@ -116,6 +116,56 @@ def test_a_failed_call_drops_what_it_names() -> None:
     assert run.files() == {}
 
 
+INLINE_WRITE = "python3 -c \"open('/r/a.py', 'w').write('y = 2')\""
+#: What each client answers for a command it refused before running it (``proxy.context.keep.refusals``).
+NOT_RUN = [
+    ("Bash", f"Permission to use Bash with command {INLINE_WRITE} has been denied."),
+    ("Bash", "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a file "
+             "edit, the new_string was NOT written to the file). To tell you how to proceed, the user said:\nno"),
+    ("Bash", "The user doesn't want to take this action right now. STOP what you are doing and wait for the user "
+             "to tell you how to proceed."),
+    ("Bash", "Claude requested permissions to use Bash, but you haven't granted it yet."),
+    ("shell", "exec command rejected: dangerous command"),
+    ("run_shell_command", "[Operation Cancelled] Reason: User denied execution."),
+    ("run_shell_command", "[Operation Cancelled] Reason: User did not allow tool call"),
+    ("run_shell_command", "Tool execution denied by policy."),
+]
+
+
+@pytest.mark.parametrize(("tool", "answer"), NOT_RUN)
+def test_a_command_its_client_refused_to_run_changed_no_file(tool: str, answer: str) -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(tool, {"command": INLINE_WRITE},
+                                                                                  answer)
+    assert run.files() == {"/r/a.py": APP}
+
+
+@pytest.mark.parametrize("answer", [
+    # Claude Code's answer for a call the user interrupted while it ran, too.
+    "The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a file edit, "
+    "the new_string was NOT written to the file). STOP what you are doing and wait for the user to tell you how "
+    "to proceed.",
+    "exec command rejected by user",  # Codex's after a run in the sandbox, its retry outside declined, too
+    "[Operation Cancelled] Reason: Operation cancelled by user",  # Gemini CLI's for executing calls, too
+    "[Operation Cancelled] User cancelled tool execution.",
+])
+def test_a_command_its_client_declined_perhaps_after_it_started_is_a_failure(answer: str) -> None:
+    run = Run().call("Write", {"file_path": "/r/a.py", "content": APP}, "ok").call(
+        "Bash", {"command": INLINE_WRITE}, answer)
+    assert run.files() == {}, "the command may have written it"
+    heredoc = Run().call("exec_command", {"cmd": "cat > b.txt <<'EOF'\nb\nEOF"}, answer)
+    assert heredoc.files() == {}, "a heredoc declined set the file"
+
+
+def test_a_codex_patch_the_user_declined_is_not_applied_and_a_refused_write_writes_nothing() -> None:
+    run = (Run().call("apply_patch", patch("*** Add File: a.py", "+x = 1"), OK)
+           .call("apply_patch", patch("*** Update File: a.py", "@@", "-x = 1", "+x = 2"), "patch rejected by user"))
+    assert run.files() == {}, "the declined patch was applied to the text in hand"
+    gemini = Run().call("read_file", {"absolute_path": "/w/a.md"}, "# A\n").call(
+        "write_file", {"file_path": "/w/a.md", "content": "# B\n"},
+        "[Operation Cancelled] Reason: User did not allow tool call")
+    assert gemini.files() == {"/w/a.md": "# A\n"}, "the refused write was taken for written"
+
+
 def test_a_read_that_is_not_numbered_is_no_text_for_claude_codes_read() -> None:
     run = Run().call("Read", {"file_path": "/r/a.py"}, "<tool_use_error>File does not exist.</tool_use_error>")
     assert run.files() == {}

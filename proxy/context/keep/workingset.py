@@ -18,7 +18,10 @@ knows each file's current text exactly, and knows when it stops knowing:
   CLI's ``replace``, opencode's ``edit``, ``str_replace``/``insert``, Codex's
   ``apply_patch`` hunks), exactly or not at all: an old text not found (or
   found a number of times the tool would have refused) drops the file;
-- a **failed call** (its result says so) drops what it names, a deletion
+- a **failed call** (its result says so, or that its client declined it
+  once it may have started) drops what it names, a **refused call** (its
+  client's answer says it never ran: ``proxy.context.keep.refusals``) changes
+  nothing, a deletion
   removes the file, and a **shell command** drops what it may have changed by
   the conservative rule of ``proxy.context.keep.shellwrites`` (anything it does not
   recognise drops every file). A tool that may run commands but whose command
@@ -71,6 +74,7 @@ from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patc
 from proxy.context.keep.artifacts import DESTINATION_KEYS, Result, calls_in, failed, patch_of, results_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
+from proxy.context.keep.refusals import declined, refused
 from proxy.context.keep.shellwrites import effect
 from proxy.context.keep.toolkinds import (
     RAW_READERS,
@@ -229,8 +233,8 @@ def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int,
     """One call's effect on the tracked files."""
     args = parsed_arguments(arguments)
     lowered = name.lower()
-    if isinstance(args, dict) and any(key in args for key in REMOTE_KEYS):
-        return
+    if (isinstance(args, dict) and any(key in args for key in REMOTE_KEYS)) or refused(result.text):
+        return  # a remote repository's file, or a call its client refused to run: nothing here changed
     if (source := cell_source(lowered, args)) is not None:
         _cell(files, source, result, index, seq)
         return
@@ -273,7 +277,8 @@ def _only_polls(args: Any) -> bool:
 
 
 def _is_error(result: Result) -> bool:
-    return result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
+    return (result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
+            or declined(result.text))
 
 
 def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, index: int, at: int,
