@@ -6,13 +6,16 @@ from __future__ import annotations
 import itertools
 import json
 import random
+from dataclasses import replace
 from typing import Any
 
+from proxy.context.checkpoint import Checkpoint, masking_checkpoint
 from proxy.context.compactor import ContextCompactor
 from proxy.context.engine import ContextEngine, EngineSettings
+from proxy.context.items import leading_system_count
 from proxy.context.keep.literals import LITERALS_SHARE, literal_maker
 from proxy.context.keep.room import FILES_FLOOR, Caps, caps
-from proxy.context.keep.workingset import working_set_maker
+from proxy.context.keep.workingset import refreshed, working_set_maker
 from proxy.context.log.history import HistoryManager
 from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.projection import ProjectionBuilder
@@ -59,28 +62,34 @@ def heredoc(path: str, lines: int) -> str:
 ERROR = "E   ValueError: unexpected token at line 41 of parser.py"
 
 
-async def test_a_summary_whose_parts_would_leave_the_view_near_the_soft_threshold_carries_less_in_order() -> None:
-    """An unresolved error, a long heredoc write and the files in hand, in a summary item that would leave the view
-    within the rule's steps of where the next summary starts: the heredoc goes (from the literals' section), the
-    error stays; with less room still, the older files give way and the newest stays."""
+def session() -> list[dict[str, Any]]:
+    """An unresolved error, a long heredoc write the files in hand cannot follow, and three files read."""
     messages: list[dict[str, Any]] = [*chat(1)]
     messages += [call(0, "pytest -q"), {"role": "tool", "tool_call_id": "c0", "content": f"{ERROR}\nExit code 1"}]
-    long = heredoc("gen/data.txt", 150)
-    messages += [call(1, long), {"role": "tool", "tool_call_id": "c1", "content": "Exit code: 0"}]
+    messages += [call(1, heredoc("gen/data.txt", 150)), {"role": "tool", "tool_call_id": "c1",
+                                                         "content": "Exit code: 0"}]
     # A shell edit the files in hand cannot follow: they drop the file, the heredoc is the literals' to carry.
     messages += [call(2, "sed -i s/line/row/ gen/data.txt"), {"role": "tool", "tool_call_id": "c2", "content": ""}]
     for n, path in enumerate(("src/old.py", "src/mid.py", "src/new.py"), start=3):
         messages += [call(n, f"cat {path}"), {"role": "tool", "tool_call_id": f"c{n}",
                                               "content": f"# {path}\n" + f"value_{n} = {n}\n" * 60}]
-    messages += chat(16)[1:]
+    return messages + chat(16)[1:]
+
+
+def compactor() -> ContextCompactor:
+    return ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
+                            projection=ProjectionBuilder(CHAT), min_retain_rounds=4, measure=Measure(),
+                            working_set_of=working_set_maker(CHAT, 6_000, len),
+                            literals_of=literal_maker(CHAT, 1_000, len, lent=6_000), context_window=10_000)
+
+
+async def test_a_summary_whose_parts_would_leave_the_view_near_the_soft_threshold_carries_less_in_order() -> None:
+    """An unresolved error, a long heredoc write and the files in hand, in a summary item that would leave the view
+    within the rule's steps of where the next summary starts: the heredoc goes (from the literals' section), the
+    error stays; with less room still, the older files give way and the newest stays."""
+    messages = session()
+    long = heredoc("gen/data.txt", 150)
     hashes = hashes_of(messages)
-
-    def compactor() -> ContextCompactor:
-        return ContextCompactor(SummaryGenerator(Model()), COUNT, clock=lambda: CREATED_AT,  # type: ignore[arg-type]
-                                projection=ProjectionBuilder(CHAT), min_retain_rounds=4, measure=Measure(),
-                                working_set_of=working_set_maker(CHAT, 6_000, len),
-                                literals_of=literal_maker(CHAT, 1_000, len, lent=6_000), context_window=10_000)
-
     whole = await compactor().compact(messages, hashes, None, budget=100_000, model="m")
     assert whole.checkpoint is not None
     assert long in whole.checkpoint.literals_text and ERROR in whole.checkpoint.literals_text
@@ -96,6 +105,26 @@ async def test_a_summary_whose_parts_would_leave_the_view_near_the_soft_threshol
     tight = await compactor().compact(messages, hashes, None, budget=100_000, model="m", soft=0)
     assert tight.checkpoint is not None and ERROR in tight.checkpoint.literals_text
     assert "value_5 = 5\n" * 60 in tight.checkpoint.files and "src/old.py" not in tight.checkpoint.files
+
+
+async def test_a_masking_after_a_capped_summary_renders_the_files_in_hand_within_the_cap() -> None:
+    """A masking batch renders the files in hand again (``refreshed``): within the cap the summary put on them,
+    which a checkpoint in the log keeps, not at their whole budget, which would spend the room the cap left below
+    the trigger."""
+    messages = session()
+    hashes = hashes_of(messages)
+    reducer = compactor()
+    tight = await reducer.compact(messages, hashes, None, budget=100_000, model="m", soft=0)
+    assert tight.checkpoint is not None and tight.checkpoint.files_cap > 0
+    assert len(tight.checkpoint.files) <= tight.checkpoint.files_cap < 6_000
+    stored = Checkpoint.from_json(tight.checkpoint.to_json())
+    assert stored == tight.checkpoint
+    batch = masking_checkpoint(stored, len(messages) - 2, hashes, system_end=leading_system_count(CHAT, messages),
+                               model="m", created_at=CREATED_AT)
+    masked = refreshed(batch, reducer.working_set_of, messages, ())
+    assert len(masked.files) <= tight.checkpoint.files_cap and "src/old.py" not in masked.files
+    uncapped = refreshed(replace(batch, files_cap=0), reducer.working_set_of, messages, ())
+    assert "src/old.py" in uncapped.files, "nothing here for the cap to hold back"
 
 
 class Measure:

@@ -35,7 +35,7 @@ READABLE_FORMATS = (1, 2, 3)
 UserWords = tuple[int, int, int, str, int]
 #: Fields added within version 3, each read as empty where absent (``Checkpoint.from_json``) and written only where
 #: it holds something (``Checkpoint.to_json``).
-ADDITIVE = ("pins", "working_set", "files", "literals", "literals_text", "literal_receipt")
+ADDITIVE = ("pins", "working_set", "files", "files_cap", "literals", "literals_text", "literal_receipt")
 #: One pinned text (``proxy.context.keep.pins``): its source (a file's path, or the user), the seq of the log entry it
 #: comes from (-1: not known), its tokens, and its text ("" when left out for the pin budget).
 Pin = tuple[str, int, int, str]
@@ -82,7 +82,10 @@ class Checkpoint:
     files and user-pinned text that left the tail, carried verbatim
     (``proxy.context.keep.pins``). ``working_set`` names the files whose exact text
     the summary item carries (``proxy.context.keep.workingset``: ``[path, seq it is
-    current as of, index, first line, last line]``) and ``files`` is that section.
+    current as of, index, first line, last line]``) and ``files`` is that section;
+    ``files_cap`` the tokens the section was capped to so that the summary left
+    room below the trigger (``proxy.context.keep.room``; 0: its own budget), which
+    a masking that renders it again keeps (``proxy.context.keep.workingset.refreshed``).
     ``literals`` are the exact literals of everything compacted
     (``proxy.context.keep.literals``, as JSON), ``literals_text`` those the view
     lacked without them, added back, and ``literal_receipt`` the compaction's
@@ -107,6 +110,7 @@ class Checkpoint:
     pins: tuple[Pin, ...] = ()
     working_set: tuple[Any, ...] = ()
     files: str = ""
+    files_cap: int = 0
     literals: tuple[Any, ...] = ()
     literals_text: str = ""
     literal_receipt: Mapping[str, int] = field(default_factory=dict)
@@ -196,8 +200,9 @@ class Checkpoint:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"checkpoint has malformed pins: {exc}") from exc
         values["artifacts"] = tuple(tuple(a) if isinstance(a, list) else a for a in values["artifacts"])
-        if not isinstance(values["files"], str) or not isinstance(values["working_set"], list | tuple):
-            raise ValueError("checkpoint has a malformed working_set or files")
+        if (not isinstance(values["files"], str) or not isinstance(values["working_set"], list | tuple)
+                or type(values["files_cap"]) is not int):
+            raise ValueError("checkpoint has a malformed working_set, files or files_cap")
         values["working_set"] = tuple(tuple(w) if isinstance(w, list) else w for w in values["working_set"])
         receipt = values["literal_receipt"]
         if (not isinstance(values["literals"], list | tuple) or not isinstance(values["literals_text"], str)

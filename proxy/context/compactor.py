@@ -387,7 +387,7 @@ class ContextCompactor:
         start = checkpoint.retain_start_idx
         if limits.files is not None and self.working_set_of is not None:
             rows, files = self.working_set_of(messages, start, checkpoint.masked_until, seqs, limits.files)
-            checkpoint = replace(checkpoint, working_set=rows, files=files)
+            checkpoint = replace(checkpoint, working_set=rows, files=files, files_cap=limits.files)
         checkpoint = self._with_literals(checkpoint, messages, previous, split_from, start, seqs, keys,
                                          cap=limits.literals)
         return checkpoint, tokens(checkpoint)

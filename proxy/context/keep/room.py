@@ -26,7 +26,8 @@ anything:
    the unresolved errors, constraints, paths and commands ranked first stay;
 2. the files in hand (``files``): ``render`` fills newest first, so a smaller budget drops the older files and
    shows the last of those left as its most recently touched region; down to ``FILES_FLOOR`` of the window, which
-   holds the newest files.
+   holds the newest files. The checkpoint keeps the cap (``Checkpoint.files_cap``): a masking batch that renders
+   the files again before the next summary stays within it (``proxy.context.keep.workingset.refreshed``).
 
 What the floors hold stays even where the view then sits nearer the trigger: a view that loses the errors it must
 fix or the file it is editing makes the agent re-run and re-read, which costs more steps than the summaries it

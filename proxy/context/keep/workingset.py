@@ -48,7 +48,8 @@ view (``refreshed``), the compactor asks ``working_set_maker`` for the files
 whose whole text the verbatim tail no longer shows (the read or write was
 compacted away or masked): the files the agent wrote or edited first, then
 those it only read, each newest touch first; at most ``MAX_FILES`` and
-``WORKING_SET_SHARE`` of the window, filled in that order with each file whole
+``WORKING_SET_SHARE`` of the window (or the cap the summary's room put on
+them, ``proxy.context.keep.room``, which a masking keeps), filled in that order with each file whole
 where it fits what is left, then the files that did not fit as the region most
 recently touched, with line numbers, in what remains. A file a shell heredoc wrote whole,
 unchanged since, is shown as that command verbatim: the file's text once, and
@@ -590,8 +591,11 @@ def refreshed(checkpoint: Checkpoint, make: WorkingSetMaker | None, messages: Se
     """``checkpoint`` (one that masks further) carrying the files in hand its split and masking take out of the
     view, as of the newest item: a masked read is a file text that left the view as much as a summarised one. The
     same checkpoint when the section would not change, so that a masking that takes no file's text out of the view
-    leaves the summary item byte-identical (and the prompt cache before the masked region whole)."""
+    leaves the summary item byte-identical (and the prompt cache before the masked region whole). Within the cap
+    its summary put on the files (``Checkpoint.files_cap``, ``proxy.context.keep.room``): a masking frees the
+    room that cap keeps below the trigger, it does not spend it."""
     if make is None:
         return checkpoint
-    rows, text = make(messages, checkpoint.retain_start_idx, checkpoint.masked_until, seqs)
+    rows, text = make(messages, checkpoint.retain_start_idx, checkpoint.masked_until, seqs,
+                      cap=checkpoint.files_cap or None)
     return checkpoint if text == checkpoint.files else replace(checkpoint, working_set=rows, files=text)
