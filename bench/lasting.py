@@ -44,11 +44,13 @@ from typing import Any
 
 import orjson
 
+from bench import lastingcost
 from bench.latency import write_doc
+from bench.toolloop import KEY, STEPS, SUMMARY, sized, tools_of
 from proxy.context.checkpoint import CompactionResult
 from proxy.context.engine import ContextEngine, EngineSettings, Trigger
 from proxy.context.log.history import HistoryManager
-from proxy.context.summary.summarizer import SECTIONS, SummaryAnswer
+from proxy.context.summary.summarizer import SummaryAnswer
 from proxy.context.view.masking import KEEP_OUTPUTS_SHARE
 from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT
@@ -58,19 +60,10 @@ from proxy.store.sqlite import SqliteFactLog
 
 HEADING = "## Compactions that last (issue 19)"
 WINDOW = 16_000
-STEPS = 60
 #: Items of the view's head whose change counts as a head change.
 HEAD = 4
-WORDS = ("config parser handler request retry socket buffer stream token index commit branch merge build test "
-         "fixture assert value result error module function class import return yield await async cache store "
-         "session window budget summary checkpoint").split()
 DEBUG = False
-KEY = SessionKey("bench", "lasting")
 RUNS = ((1_000, 3_000), (2_500, 3_000), (1_000, 9_000), (2_500, 9_000))
-SUMMARY = "\n".join(f"## {n}. {title.split(':')[0]}\n" + " ".join(WORDS[(n * 7 + i) % len(WORDS)] for i in range(45))
-                    for n, title in enumerate(SECTIONS, 1))
-
-
 @dataclass(frozen=True)
 class Result:
     output: int
@@ -80,24 +73,6 @@ class Result:
     summary_calls: int
     masks: int
     largest: int
-
-
-def sized(counter: TokenCounter, tokens: int, rng: random.Random) -> str:
-    """Text of about ``tokens`` tokens (one word is about one token; trimmed to the count)."""
-    words = [rng.choice(WORDS) for _ in range(tokens)]
-    while counter.text_tokens(" ".join(words)) > tokens:
-        words.pop()
-    return " ".join(words)
-
-
-def tools_of(counter: TokenCounter, tokens: int) -> list[dict[str, Any]]:
-    """Tool definitions of about ``tokens`` tokens: eight tools whose descriptions carry the instructions."""
-    rng = random.Random(tokens)
-    tools = [{"type": "function", "function": {"name": f"tool_{n}", "description": sized(counter, tokens // 8, rng),
-                                               "parameters": {"type": "object",
-                                                              "properties": {"arg": {"type": "string"}}}}}
-             for n in range(8)]
-    return tools
 
 
 async def run(output: int, fixed: int, tmp: Path) -> Result:
@@ -184,7 +159,6 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     if args.priced:
-        from bench import lastingcost
         rows = lastingcost.rows(asyncio.run(lastingcost.measure()), args.label)
         render, heading = lastingcost.section, lastingcost.HEADING
     else:

@@ -46,8 +46,8 @@ from typing import Any
 
 import orjson
 
-from bench import lasting
 from bench.costrun import SYSTEM, TOOLS, USER_EVERY, instruction, script
+from bench.toolloop import KEY, STEPS, SUMMARY, sized, tools_of
 from proxy.context.engine import ContextEngine, EngineSettings
 from proxy.context.log.history import HistoryManager
 from proxy.context.summary.summarizer import SummaryAnswer
@@ -136,9 +136,9 @@ def runs() -> list[Run]:
     for output in (1_000, 2_500):
         rng = random_for(output)
         steps = [(f"Step {n}: looking further.", f"tool_{n % 8}", orjson.dumps({"arg": f"step {n}"}).decode(),
-                  lasting.sized(counter, output, rng)) for n in range(lasting.STEPS)]
+                  sized(counter, output, rng)) for n in range(STEPS)]
         fixed.append(Run(f"16k, {output:,}-token outputs", 16_000, "You are a coding agent.",
-                         lasting.tools_of(counter, 3_000), steps))
+                         tools_of(counter, 3_000), steps))
     scripted = [(s.thought, s.tool, s.arguments, s.output) for s in script()]
     said = {n: instruction(n) for n in range(USER_EVERY, len(scripted), USER_EVERY)}
     return [*fixed, Run("32k, scripted", 32_000, SYSTEM, TOOLS, scripted[:150], said),
@@ -162,7 +162,7 @@ async def send(run: Run, tmp: Path, proxied: bool) -> Bill:
 
     async def model(messages: list[dict[str, Any]], max_tokens: int) -> SummaryAnswer:
         bill.summary_calls += 1
-        answer = f"{lasting.SUMMARY}\nSummary {bill.summary_calls}."
+        answer = f"{SUMMARY}\nSummary {bill.summary_calls}."
         bill.dollars += (sum(counter.message_tokens(CHAT, m) for m in messages) * INPUT
                          + counter.text_tokens(answer) * OUTPUT)
         return SummaryAnswer(answer)
@@ -185,11 +185,11 @@ async def send(run: Run, tmp: Path, proxied: bool) -> Bill:
         view: list[Any] = messages
         if engine is not None:
             hashes = [message_hash(m) for m in messages]
-            state = await engine.history.sync(lasting.KEY, messages, hashes)
-            prepared = await engine.prepare(lasting.KEY, messages, hashes, state, dialect=CHAT, model="m",
+            state = await engine.history.sync(KEY, messages, hashes)
+            prepared = await engine.prepare(KEY, messages, hashes, state, dialect=CHAT, model="m",
                                             tools=run.tools, max_output=None, complete=model)
-            if engine.background.running(lasting.KEY) is not None:
-                await engine.background.join(lasting.KEY)
+            if engine.background.running(KEY) is not None:
+                await engine.background.join(KEY)
             view = [orjson.loads(orjson.dumps(m)) for m in prepared.messages]
         call = {"id": f"call_{step}", "type": "function", "function": {"name": tool, "arguments": arguments}}
         answer = {"role": "assistant", "content": thought, "tool_calls": [call]}
