@@ -41,7 +41,7 @@ from proxy.context.items import Item
 from proxy.context.log.continuity import holds, opening, proof, scope, serves
 from proxy.dialects.base import Dialect, ParsedRequest
 from proxy.errors import StoreError
-from proxy.http import clientcompaction
+from proxy.http import clientcompaction, subagents
 from proxy.keys import engine_key, history_key, links_key, metrics_key, store_key
 from proxy.secret import Reference
 from proxy.store.base import FirstLook, Link, SessionKey, Tenant
@@ -113,7 +113,8 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
         if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
             payload = {**parsed.payload, dialect.items_field: expanded}
             parsed = dataclasses.replace(parsed, raw=orjson.dumps(payload), payload=payload, items=expanded)
-    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
+    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash,
+                                               subagents.conversation(dialect, parsed))
     # The newest reference to another tenant's session of this id proves that session as far as it goes.
     carried = next(((index + 1, r.tenant) for index, r in reversed(references)
                     if r.session == own.session and r.tenant != own.tenant), None)
