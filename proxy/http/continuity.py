@@ -41,7 +41,7 @@ from proxy.context.items import Item
 from proxy.context.log.continuity import holds, opening, proof, scope, serves
 from proxy.dialects.base import Dialect, ParsedRequest
 from proxy.errors import StoreError
-from proxy.http import clientcompaction, subagents
+from proxy.http import clientcompaction
 from proxy.keys import engine_key, history_key, links_key, metrics_key, store_key
 from proxy.secret import Reference
 from proxy.store.base import FirstLook, Link, SessionKey, Tenant
@@ -99,9 +99,11 @@ class Candidates:
         return self._tenants
 
 
-async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest, own: SessionKey) -> Resolved:
+async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest, own: SessionKey,
+                  conversation: str) -> Resolved:
     """The session the request is (its own key's, or the one it continues) and how far it proved it, the request
-    with its references expanded (``clientcompaction.expand``), and its items' hashes."""
+    with its references expanded (``clientcompaction.expand``), and its items' hashes (``conversation``: which of
+    the session's conversations it is, ``proxy.http.subagents.conversation``)."""
     app = request.app
     link = app[links_key].get(own)
     candidates = Candidates(request, own)
@@ -114,7 +116,7 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
             payload = {**parsed.payload, dialect.items_field: expanded}
             parsed = dataclasses.replace(parsed, raw=orjson.dumps(payload), payload=payload, items=expanded)
     hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash,
-                                               subagents.conversation(dialect, parsed))
+                                               conversation)
     # The newest reference to another tenant's session of this id proves that session as far as it goes.
     carried = next(((index + 1, r.tenant) for index, r in reversed(references)
                     if r.session == own.session and r.tenant != own.tenant), None)

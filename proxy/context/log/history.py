@@ -232,10 +232,11 @@ class HistoryManager:
         is new (one after a side call hashed its whole history again, and
         every count that knows a message by its hash counted it again).
         """
-        slot = (key, conversation, hash_item(messages[0]) if messages else "")
         if size < REUSE_FROM_BYTES:
-            self._remember_recent(slot, None)
-            return [hash_item(m) for m in messages]
+            hashes = [hash_item(m) for m in messages]
+            self._remember_recent((key, conversation, hashes[0] if hashes else ""), None)
+            return hashes
+        slot = (key, conversation, hash_item(messages[0]) if messages else "")
         hashes = await offload.run(offload.is_large(size), reused_hashes, self._recent.get(slot), messages, hash_item)
         # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
         self._remember_recent(slot, (messages, hashes, size + 400 * len(messages)))
