@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.context.log.chain import chain_hash
 from proxy.context.log.history import REUSE_FROM_BYTES, HistoryManager
-from proxy.context.log.lineage import ConversationState, common_prefix
+from proxy.context.log.lineage import ROOT, ConversationState, common_prefix
 from proxy.context.log.planning import plan_sync
 from proxy.dialects.chat import message_hash
 from proxy.store.base import NewFact, SessionKey, StoredFact
@@ -57,21 +57,50 @@ def test_recent_requests_are_bounded_by_size() -> None:
     for i in range(5):
         messages = [{"role": "user", "content": str(i)}]
         asyncio.run(history.hashes_for(SessionKey("t", f"s{i}"), messages, REUSE_FROM_BYTES, message_hash))
-    assert list(history._recent) == [SessionKey("t", "s3"), SessionKey("t", "s4")]
+    assert [key for key, _, _ in history._recent] == [SessionKey("t", "s3"), SessionKey("t", "s4")]
 
 
 def test_a_short_request_is_hashed_whole_and_not_kept() -> None:
     """Thousands of short sessions would each keep their last request's objects: under ``REUSE_FROM_BYTES`` the
-    request is hashed anew instead; a session whose requests shrink below it drops what it kept."""
+    request is hashed anew instead; a conversation whose requests shrink below it drops what it kept."""
     history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]
     key = SessionKey("t", "s")
     messages = [{"role": "user", "content": "a short request"}]
+    slot = (key, "", message_hash(messages[0]))
     assert asyncio.run(history.hashes_for(key, messages, 200, message_hash)) == [message_hash(messages[0])]
-    assert key not in history._recent
+    assert slot not in history._recent
     asyncio.run(history.hashes_for(key, messages, REUSE_FROM_BYTES, message_hash))
-    assert key in history._recent
+    assert slot in history._recent
     asyncio.run(history.hashes_for(key, messages, 200, message_hash))
-    assert key not in history._recent and history._recent_size == 0
+    assert slot not in history._recent and history._recent_size == 0
+
+
+@pytest.mark.parametrize("size", [200, REUSE_FROM_BYTES])
+@pytest.mark.parametrize("side", ["title", "probe"])
+def test_a_side_call_between_two_steps_keeps_the_runs_previous_request(size: int, side: str) -> None:
+    """A side call (short or long) between two steps of the run, a title call (another system prompt) or a probe
+    (the run's first messages, no tools: another conversation): the run's next request still gets the very hashes
+    of what it resends (what the token sums kept per session know a message by), and only its new message is
+    hashed."""
+    history = HistoryManager(log=None, clock=lambda: 0.0)  # type: ignore[arg-type]  # hashing needs no store
+    key = SessionKey("t", "s")
+    run = [{"role": "system", "content": "agent"}, *({"role": "user", "content": f"m{i}"} for i in range(4))]
+    before = asyncio.run(history.hashes_for(key, run, REUSE_FROM_BYTES, message_hash, "run:tools"))
+    if side == "title":
+        asyncio.run(history.hashes_for(key, [{"role": "system", "content": "Write a title."}, dict(run[1])], size,
+                                       message_hash, "run"))
+    else:
+        asyncio.run(history.hashes_for(key, [dict(m) for m in run[:2]], size, message_hash, "run"))
+    hashed: list[Any] = []
+
+    def counted(item: Any) -> str:
+        hashed.append(item)
+        return message_hash(item)
+
+    step = [dict(m) for m in run] + [{"role": "user", "content": "m4"}]
+    after = asyncio.run(history.hashes_for(key, step, REUSE_FROM_BYTES, counted, "run:tools"))
+    assert all(a is b for a, b in zip(after, before, strict=False))
+    assert hashed == [step[0], step[-1]], "the first message names the conversation; the new one is hashed"
 
 
 class Messages(list):  # type: ignore[type-arg]  # a list that a weak reference can follow
@@ -253,3 +282,59 @@ def test_the_usage_for_a_conversation_is_the_newest_on_its_path_wherever_the_hea
     asked = [message_hash(m) for m in [*run, *_user("who speaks next?")]]
     assert state.usage_for(asked)[:2] == ({"prompt_tokens": 900}, {"length": 1})
     assert state.usage_for([message_hash(_user("another task")[0])]) is None
+
+
+def _walk(state: ConversationState, hashes: list[str], base: int) -> list[str]:
+    """``known_prefixes(hashes, 0, base)`` worked out afresh: chain hashes from ``base`` while the log has them."""
+    prefix = ""
+    for digest in state.path_to(base)[1]:
+        prefix = chain_hash(prefix, digest)
+    known: list[str] = []
+    for digest in hashes:
+        prefix = chain_hash(prefix, digest)
+        try:
+            state.seq_of_prefix(prefix)
+        except KeyError:
+            break
+        known.append(prefix)
+    return known
+
+
+@settings(max_examples=150)
+@given(st.lists(st.tuples(st.lists(st.sampled_from("abc"), max_size=6), st.integers(0, 3)), min_size=1,
+                max_size=12))
+def test_a_remembered_walk_answers_as_a_walk_afresh_whatever_the_log_gained_since(
+        steps: list[tuple[list[str], int]]) -> None:
+    """``known_prefixes`` remembers its walks; each answer is still that of the log as it is now, for any
+    conversation asked about before or after any entries are logged."""
+    state, log = ConversationState(), []
+    asked: list[list[str]] = []
+    for texts, base_at in steps:
+        hashes = [message_hash(m) for m in _user(*texts)]
+        asked.append(hashes)
+        for earlier in asked:
+            base = state.seqs[min(base_at, len(state.seqs)) - 1] if base_at and state.seqs else ROOT
+            assert state.known_prefixes(earlier, 0, base) == _walk(state, earlier, base)
+            start = common_prefix(state.hashes, earlier)
+            assert state.known_prefixes(earlier, start) == _walk(state, earlier[start:], state.seqs[start - 1]
+                                                                 if start else ROOT)
+        _sync(state, log, _user(*texts))
+
+
+def test_the_run_walked_from_a_side_branch_follows_what_the_run_logs_since() -> None:
+    """A title call on the run's first message leaves the head on its own branch; the run's request is walked
+    from there, and the run's next request, after the run logged more, is walked as far as the log goes now."""
+    state, log = ConversationState(), []
+    run = _user("sys", "task", "step 1", "step 2")
+    _sync(state, log, run)
+    _sync(state, log, _user("sys", "title?"))
+    hashes = [message_hash(m) for m in [*run, *_user("step 3")]]
+    assert len(state.known_prefixes(hashes, 1)) == 3, "step 3 is not logged yet"
+    _sync(state, log, [*run, *_user("step 3")])
+    _sync(state, log, _user("sys", "title?"))
+    longer = [*hashes, message_hash(_user("step 4")[0])]
+    assert state.known_prefixes(longer, 1) == _walk(state, longer[1:], state.seqs[0])
+    assert len(state.known_prefixes(longer, 1)) == 4, "step 3, logged since, is on the path"
+    edited = [*hashes[:2], message_hash(_user("step 1, edited")[0]), *hashes[3:]]
+    assert state.known_prefixes(edited, 1) == _walk(state, edited[1:], state.seqs[0])
+    assert len(state.known_prefixes(edited, 1)) == 1, "a path that parts from the one walked is walked anew"

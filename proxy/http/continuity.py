@@ -99,9 +99,11 @@ class Candidates:
         return self._tenants
 
 
-async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest, own: SessionKey) -> Resolved:
+async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest, own: SessionKey,
+                  conversation: str) -> Resolved:
     """The session the request is (its own key's, or the one it continues) and how far it proved it, the request
-    with its references expanded (``clientcompaction.expand``), and its items' hashes."""
+    with its references expanded (``clientcompaction.expand``), and its items' hashes (``conversation``: which of
+    the session's conversations it is, ``proxy.http.subagents.conversation``)."""
     app = request.app
     link = app[links_key].get(own)
     candidates = Candidates(request, own)
@@ -113,7 +115,8 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
         if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
             payload = {**parsed.payload, dialect.items_field: expanded}
             parsed = dataclasses.replace(parsed, raw=orjson.dumps(payload), payload=payload, items=expanded)
-    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash)
+    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash,
+                                               conversation)
     # The newest reference to another tenant's session of this id proves that session as far as it goes.
     carried = next(((index + 1, r.tenant) for index, r in reversed(references)
                     if r.session == own.session and r.tenant != own.tenant), None)

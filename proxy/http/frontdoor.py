@@ -145,7 +145,8 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
     parsed = await offload.run(offload.is_large(len(raw)), dialect.parse, raw, request.match_info)
     own = SessionKey(tenant_of(credential(request.headers, request.query)), session_of(request, dialect, parsed))
     # The session the request continues (under another credential, when it proves it), its references expanded.
-    resolved = await continuity.resolve(request, dialect, parsed, own)
+    conversation = subagents.conversation(dialect, parsed)
+    resolved = await continuity.resolve(request, dialect, parsed, own, conversation)
     sent, (key, parsed, hashes) = parsed, (resolved.key, resolved.parsed, resolved.hashes)
     # The request's items are logged together with the reply (one append per step, after the upstream
     # answered); the view needs only the session's checkpoint, which the cached state has (caught up with the
@@ -155,7 +156,7 @@ async def open_turn(request: web.Request, dialect: Dialect) -> Turn:
         key = SessionKey(key.tenant, f"{key.session}/{fingerprint_of(dialect, parsed)}")  # a sub-agent, unnamed
         state = await session_state(app, key)
     metrics.session_seen(key)
-    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key],
+    turn = Turn(request, dialect, parsed, key, hashes, state, settings, metrics, app[engine_key], conversation,
                 requester=Requester(own.tenant, resolved.proved))
     # Only a request that starts a new lineage: its first message opens none of the log's conversations (one
     # that differs from the head's alone is a run returning to its own after a side call, e.g. a title call).

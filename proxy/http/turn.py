@@ -8,7 +8,6 @@ imported here, so ``http/`` has no import circle.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -24,7 +23,7 @@ from proxy.context.items import Item
 from proxy.context.log.lineage import ConversationState
 from proxy.context.summary.summarizer import SummaryAnswer
 from proxy.context.view.applying import ANYONE, Requester
-from proxy.context.view.budget import retry_limit
+from proxy.context.view.budget import reachable, retry_limit
 from proxy.context.view.prepared import PreparedView
 from proxy.dialects.base import Dialect, ParsedRequest, with_fields
 from proxy.errors import StoreError
@@ -71,6 +70,9 @@ class Turn:
     settings: Settings
     metrics: Metrics
     engine: ContextEngine
+    #: Which of the session's conversations this request is (``proxy.http.subagents.conversation``): the run's, or
+    #: a side call's.
+    conversation: str
     timing: RelayTiming = field(default_factory=RelayTiming)
     status: int = 502
     refusal: Refusal | None = None
@@ -90,12 +92,6 @@ class Turn:
     usage: dict[str, Any] | None = None
     answered: str | None = None
     tokens: dict[str, int] | None = None
-
-    @functools.cached_property
-    def conversation(self) -> str:
-        """Which of the session's conversations this request is (``proxy.http.subagents.conversation``): the run's,
-        or a side call's."""
-        return subagents.conversation(self.dialect, self.parsed)
 
     @property
     def max_output(self) -> int | None:
@@ -223,12 +219,9 @@ class Turn:
             sent, digests, checkpoint = items, list(hashes), None
         else:
             sent = view.messages
-            # The client's items a view holds are its leading system items and a tail no longer than the view:
-            # looked up there, so the work grows with the view, not with the whole history.
-            reach = len(sent)
-            known = {id(item): digest for item, digest in zip(items[:reach], hashes[:reach], strict=True)}
-            known.update((id(item), digest) for item, digest in zip(items[-reach:], hashes[-reach:], strict=True))
-            digests = [known.get(id(message)) or dialect.hash(message) for message in sent]
+            known = reachable((items, hashes), len(sent))
+            made = self.engine.masker.digests  # masked outputs: hashed once, when the masker made them
+            digests = [known.get(id(message)) or made.get(id(message)) or dialect.hash(message) for message in sent]
             checkpoint = view.checkpoint
         change = self.request.app[prefixes_key].compare(self.key, self.conversation, digests, hashes, checkpoint)
         counter = self.engine.counter

@@ -147,7 +147,8 @@ class HistoryManager:
         pending_bytes: int = 64 * 1024 * 1024,
     ) -> None:
         self.log = log
-        self._recent: OrderedDict[SessionKey, tuple[list[Message], list[str], int]] = OrderedDict()
+        #: The previous request of each conversation of a session, and its first message's hash (``hashes_for``).
+        self._recent: OrderedDict[tuple[SessionKey, str, str], tuple[list[Message], list[str], int]] = OrderedDict()
         self._recent_size = 0
         self._recent_bytes = recent_bytes
         self._clock = clock
@@ -212,7 +213,7 @@ class HistoryManager:
         return self._states.get(key)
 
     async def hashes_for(self, key: SessionKey, messages: list[Message], size: int,
-                         hash_item: Callable[[Message], str]) -> list[str]:
+                         hash_item: Callable[[Message], str], conversation: str = "") -> list[str]:
         """Message hashes, computed only for what differs from the session's previous request.
 
         An agent resends its whole history each step; comparing the parsed
@@ -222,24 +223,35 @@ class HistoryManager:
         ``REUSE_FROM_BYTES`` is hashed whole instead, and not kept. A request of
         ``size`` bytes from ``offload.LARGE_BYTES`` compares and hashes in the
         worker pool; the LRU is only touched here, on the loop.
+
+        Kept per conversation of the session (``conversation``: its system
+        prompt and whether it offers tools, ``proxy.http.subagents``) and its
+        first message: a side call between two steps of the run (a title
+        call, a quota probe, a sub-agent under the run's session id) keeps the
+        run's previous request, and the run's next request hashes only what
+        is new (one after a side call hashed its whole history again, and
+        every count that knows a message by its hash counted it again).
         """
         if size < REUSE_FROM_BYTES:
-            self._remember_recent(key, None)
-            return [hash_item(m) for m in messages]
-        hashes = await offload.run(offload.is_large(size), reused_hashes, self._recent.get(key), messages, hash_item)
+            hashes = [hash_item(m) for m in messages]
+            self._remember_recent((key, conversation, hashes[0] if hashes else ""), None)
+            return hashes
+        slot = (key, conversation, hash_item(messages[0]) if messages else "")
+        hashes = await offload.run(offload.is_large(size), reused_hashes, self._recent.get(slot), messages, hash_item)
         # Parsed messages cost more than their JSON: about 400 bytes of objects each, on top of the text.
-        self._remember_recent(key, (messages, hashes, size + 400 * len(messages)))
+        self._remember_recent(slot, (messages, hashes, size + 400 * len(messages)))
         return hashes
 
-    def _remember_recent(self, key: SessionKey, entry: tuple[list[Message], list[str], int] | None) -> None:
-        """Keep ``entry`` as the session's previous request (None: keep none), within ``recent_bytes``."""
-        old = self._recent.pop(key, None)
+    def _remember_recent(self, slot: tuple[SessionKey, str, str],
+                         entry: tuple[list[Message], list[str], int] | None) -> None:
+        """Keep ``entry`` as the conversation's previous request (None: keep none), within ``recent_bytes``."""
+        old = self._recent.pop(slot, None)
         dropped: list[tuple[list[Message], list[str], int]] = []
         if old is not None:
             self._recent_size -= old[2]
             dropped.append(old)
         if entry is not None:
-            self._recent[key] = entry
+            self._recent[slot] = entry
             self._recent_size += entry[2]
         while self._recent_size > self._recent_bytes and self._recent:
             dropped.append(self._recent.popitem(last=False)[1])

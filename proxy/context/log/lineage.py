@@ -57,6 +57,9 @@ MESSAGE_BYTES = 256
 CHECKPOINT_BYTES = 4096
 #: Upstream ``usage`` figures remembered per session, newest last; enough to survive a few lineage switches.
 USAGES_KEPT = 4
+#: Branch walks remembered per session (``ConversationState.known_prefixes``): a request's, and the few other
+#: walks a request makes from the root (``proxy.context.log.continuity``).
+WALKS_KEPT = 4
 
 
 def common_prefix(known: Sequence[str], incoming: Sequence[str]) -> int:
@@ -130,6 +133,9 @@ class ConversationState:
     #: (seq of the reply, its ``usage``, the view it measured, the proxy's counts beside it), newest last.
     _usages: list[tuple[int, Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None]] = field(
         default_factory=list)
+    #: The newest walks of ``known_prefixes``, by the prefix hash each starts after: the message hashes walked and
+    #: the prefix hashes found, never changed once kept.
+    _walks: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -356,17 +362,31 @@ class ConversationState:
 
         The path starts after message ``base`` (default: the current lineage's
         message at ``start - 1``); ``ROOT`` starts it at the beginning.
+        The walk is remembered by where it starts (``_walks``), and a later one
+        from there hashes only past what it shares with it: a run whose head
+        a side call left on another branch (a title call on its first
+        message) is walked whole once, not several times per request and
+        again at every step.
         """
         if base is None:
             base = self.seqs[start - 1] if start else ROOT
-        prefix = (self._node_prefixes[base] or "") if base != ROOT else ""
-        out: list[str] = []
-        for digest in hashes[start:]:
-            prefix = chain_hash(prefix, digest)
-            if prefix not in self._by_prefix:
+        origin = (self._node_prefixes[base] or "") if base != ROOT else ""
+        walked, found = self._walks.get(origin, ([], []))
+        tail = list(hashes[start:])
+        shared = common_prefix(walked, tail)
+        out = found[:shared]  # a message never leaves the tree: what a walk found is there still
+        for digest in tail[shared:]:
+            seq = self._by_prefix.get(chain_hash(out[-1] if out else origin, digest))
+            prefix = self._node_prefixes[seq] if seq is not None else None  # the tree's string: kept at no cost
+            if prefix is None:
                 break
             out.append(prefix)
-        return out
+        if len(out) == shared:
+            return out
+        walks = {begin: walk for begin, walk in self._walks.items() if begin != origin}
+        walks[origin] = (tail[:len(out)], out)
+        self._walks = dict(list(walks.items())[-WALKS_KEPT:])  # replaced whole: the offload pool may read it
+        return out[:]
 
     def seq_of_prefix(self, prefix: str) -> int:
         return self._by_prefix[prefix]

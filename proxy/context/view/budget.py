@@ -289,7 +289,7 @@ class ContextBudgetPolicy:
         if source is not None and source[0] is view:
             digests: Sequence[str | None] = source[1]
         else:
-            known = {id(m): h for m, h in zip(*source, strict=True)} if source is not None else {}
+            known = reachable(source, len(view)) if source is not None else {}
             digests = [known.get(id(m)) or made.get(id(m)) for m in view] if made else [known.get(id(m)) for m in view]
         chars = None
         if self._uses_chars:
@@ -342,6 +342,19 @@ class ContextBudgetPolicy:
 
     def should_compact(self, estimate: Estimate, max_output_tokens: int | None = None) -> bool:
         return estimate.tokens > self.threshold(max_output_tokens)
+
+
+def reachable(source: tuple[Sequence[Message], Sequence[str]], reach: int) -> dict[int, str]:
+    """``id()`` to hash of the items of a conversation (``source``: its items and their hashes) that a view of
+    ``reach`` items built from it holds: its first and its last ``reach`` (a view keeps the leading system items and
+    a tail, and makes what lies between its own: a summary, masked outputs), so that the work grows with the view,
+    not with the whole history. An item found nowhere (the opener of a round split by the summary, from the middle
+    of a long history) is hashed by whoever counts it, to the same count."""
+    items, hashes = source
+    known = dict(zip(map(id, items[:reach]), hashes[:reach], strict=True))
+    tail = max(len(items) - reach, 0)
+    known.update(zip(map(id, items[tail:]), hashes[tail:], strict=True))
+    return known
 
 
 def retry_limit(hard_limit: int, refused_tokens: int) -> int:
