@@ -220,6 +220,66 @@ def test_gemini_calls_without_ids_each_keep_their_line_and_their_own_exit_status
     assert [(a.name, a.index) for a in found if a.kind == "command"] == [(f"make t{k}", 1 + 2 * k) for k in range(4)]
 
 
+NO_SPACE = "No space left on device: /w/app.py (ENOSPC)"
+BYE = "print('bye')\n"
+OUTSIDE = ('Path not in workspace: Attempted path "/etc" resolves outside the allowed workspace directories: /w or '
+           "the project temp directory: /tmp/gemini")
+
+
+def gemini_failures() -> list[dict[str, Any]]:
+    """Gemini CLI answering a ``write_file`` that failed and a ``run_shell_command`` whose directory it refused
+    with ``{"error": message}`` (its ``createErrorResponse``), beside a write that succeeded."""
+    def fc(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"functionCall": {"id": call_id, "name": name, "args": args}}
+
+    def fr(call_id: str, name: str, response: dict[str, str]) -> dict[str, Any]:
+        return {"functionResponse": {"id": call_id, "name": name, "response": response}}
+
+    return [{"role": "user", "parts": [{"text": "Ship it."}]},
+            {"role": "model", "parts": [fc("g1", "write_file", {"file_path": "/w/app.py", "content": BYE}),
+                                        fc("g2", "write_file", {"file_path": "/w/ok.py", "content": "y\n"}),
+                                        fc("g3", "run_shell_command", {"command": "ls", "dir_path": "/etc"})]},
+            {"role": "user", "parts": [fr("g1", "write_file", {"error": NO_SPACE}),
+                                       fr("g2", "write_file", {"output": "Successfully created and wrote to new file: "
+                                                                         "/w/ok.py."}),
+                                       fr("g3", "run_shell_command", {"error": OUTSIDE})]}]
+
+
+def test_a_gemini_function_response_holding_an_error_is_a_failed_call() -> None:
+    """A write Gemini CLI answered with an ``error`` wrote nothing; a command it answered so ended in that error."""
+    messages = gemini_failures()
+    assert trail(collect(GEMINI, messages, 0, len(messages))) == [
+        ("file", "/w/ok.py", "written"), ("command", "ls", f"error: {clip(OUTSIDE, 160)}")]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("Permission to use Bash with command rm -rf build has been denied.",
+     "refused: Permission to use Bash with command rm -rf build has been denied."),
+    ("exec command rejected: dangerous command detected", "refused: exec command rejected: dangerous command detected"),
+    ("[Operation Cancelled] Reason: User denied execution.",
+     "refused: [Operation Cancelled] Reason: User denied execution."),
+    ("The user doesn't want to proceed with this tool use. The tool use was rejected (eg. if it was a file edit, the "
+     "new_string was NOT written to the file). To tell you how to proceed, the user said:\nuse pnpm, not npm\n",
+     "refused: use pnpm, not npm"),
+    ("exec command rejected by user", "error: exec command rejected by user"),  # perhaps after it ran: a failure
+])
+def test_a_call_its_client_refused_ended_refused_with_the_clients_reason(text: str, expected: str) -> None:
+    assert outcome(text, False) == expected
+    assert outcome(text, True) == expected
+
+
+def test_the_trail_lists_a_refused_command_as_refused_and_no_refused_or_declined_write() -> None:
+    messages = [chat_call(("r1", "exec_command", {"cmd": "rm -rf build"}),
+                          ("r2", "Write", {"file_path": "/r/a.py", "content": "x"}),
+                          ("r3", "apply_patch", {"input": "*** Begin Patch\n*** Update File: b.py\n@@\n-x\n+y\n"
+                                                          "*** End Patch"})),
+                chat_result("r1", "exec command rejected: rm -rf is not allowed here"),
+                chat_result("r2", "Permission to use Write has been denied."),
+                chat_result("r3", "patch rejected by user")]
+    assert trail(collect(CHAT, messages, 0, len(messages))) == [
+        ("command", "rm -rf build", "refused: exec command rejected: rm -rf is not allowed here")]
+
+
 def test_generic_writing_tools_moves_and_deletes_by_name_and_path_argument() -> None:
     messages = [chat_call(("m1", "move_file", {"source": "a.py", "destination": "b.py"}),
                           ("m2", "delete_file", {"path": "c.py"}),

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from proxy.app import create_app
 from proxy.constants import HEADER_COMPACTED, HEADER_SESSION, HEADER_VIEW_TOKENS
+from proxy.context.keep.workingset import WORKING_SET_HEADING
 from proxy.http.recall import NAME as RECALL
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
@@ -29,7 +30,7 @@ from proxy.store.base import FactLog, SessionKey
 from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
 from tests.fakescript import STEP, Script, final_text, parse_sse
 from tests.proxyfixtures import MASKING_OFF, read_log, replay
-from tests.test_artifacts import gemini_idless_run
+from tests.test_artifacts import BYE, NO_SPACE, OUTSIDE, gemini_failures, gemini_idless_run
 
 KEY = "gemini-test-key"
 MODEL = "gemini-test"
@@ -252,6 +253,40 @@ async def test_a_compacted_run_of_calls_without_ids_names_every_command_path_and
         assert f"- src/f{k}.py — written (" in summary or f"src/f{k}.py" in kept, k
         trailed += line in summary
     assert trailed >= rounds // 2, summary
+
+
+async def test_a_call_gemini_cli_answered_with_an_error_is_a_failure_in_the_compacted_view(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Gemini CLI answers a failed call with ``{"error": message}``: through the door, a compacted ``write_file``
+    that failed so is no longer a file in hand (its text is not known), nor a write in the trail, and its error
+    line stays with its call; a command answered so ends in that error, one the user did not allow is refused."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)), context_window=6_000,
+                      min_retain_rounds=1, **MASKING_OFF)
+    app = "print('hello')\n"
+    failures = gemini_failures()
+    contents = [failures[0],
+                {"role": "model", "parts": [{"functionCall": {"id": "r1", "name": "read_file",
+                                                              "args": {"file_path": "/w/app.py"}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"id": "r1", "name": "read_file",
+                                                                 "response": {"output": app}}}]},
+                *failures[1:],
+                {"role": "model", "parts": [{"functionCall": {"id": "d1", "name": "run_shell_command",
+                                                              "args": {"command": "rm -rf build"}}}]},
+                {"role": "user", "parts": [{"functionResponse": {"id": "d1", "name": "run_shell_command", "response": {
+                    "error": "[Operation Cancelled] Reason: User denied execution."}}}]},
+                *gemini_idless_run(3, "\n" + "lorem ipsum " * 400)[1:],
+                {"role": "user", "parts": [{"text": "Say what you built."}]}]
+    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
+                                   json={"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS})
+    assert resp.status == 200, await resp.text()
+    assert resp.headers[HEADER_COMPACTED] == "proactive"
+    summary = parts.fake.turns()[-1].body["contents"][0]["parts"][0]["text"]
+    files = summary[summary.index(WORKING_SET_HEADING):]
+    assert "### /w/ok.py (" in files and "/w/app.py" not in files and BYE not in files, "a failed write was taken"
+    assert "- /w/ok.py — written" in summary and "- /w/app.py — written" not in summary
+    assert f"- $ ls — error: {OUTSIDE[:40]}" in summary
+    assert f"- {NO_SPACE}\n  (from write_file " in summary
+    assert "- $ rm -rf build — refused: [Operation Cancelled] Reason: User denied execution. (" in summary
 
 
 MALFORMED = [

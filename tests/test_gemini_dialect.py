@@ -87,6 +87,21 @@ def test_masking_replaces_the_output_and_keeps_the_response_an_object() -> None:
     assert GEMINI.results(masked) == GEMINI.results(item)
 
 
+def test_a_function_response_holding_an_error_is_a_failed_call_and_one_holding_output_is_not() -> None:
+    """Gemini CLI answers a call that failed with ``{"error": message}`` (its schedulers' ``createErrorResponse``),
+    one cancelled after it ran with the ``error`` beside its ``output``, a success with ``{"output": text}``."""
+    failed = {"functionResponse": {"id": "c2", "name": "write_file",
+                                   "response": {"error": "No space left on device: /w/a.py (ENOSPC)"}}}
+    cancelled = {"functionResponse": {"id": "c3", "name": SHELL, "response": {
+        "output": "partial", "error": "[Operation Cancelled] User cancelled tool execution."}}}
+    item = {"role": "user", "parts": [response(SHELL, "c1"), failed, cancelled]}
+    paths = GEMINI.result_paths(item)
+    assert [path[-1] for path in paths] == ["output", "error", "output"]
+    assert [GEMINI.result_failed(item, path) for path in paths] == [False, True, True]
+    empty = {"role": "user", "parts": [{"functionResponse": {"name": SHELL, "response": {"output": "", "error": ""}}}]}
+    assert [GEMINI.result_failed(empty, path) for path in GEMINI.result_paths(empty)] == [False]
+
+
 def test_a_summary_call_made_from_a_gemini_request() -> None:
     payload = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}], "systemInstruction": {"parts": []},
                "tools": [], "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},

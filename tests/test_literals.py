@@ -28,12 +28,13 @@ from proxy.context.keep.shellwrites import written
 from proxy.context.keep.workingset import working_set_maker
 from proxy.context.summary.summarizer import SummaryGenerator
 from proxy.context.view.projection import ProjectionBuilder, summary_text
-from proxy.dialects import CHAT
+from proxy.dialects import CHAT, GEMINI
 from proxy.keys import store_key
 from proxy.settings import Secret
 from proxy.store.base import SessionKey
 from tests.fakeupstream import FakeUpstream, Reply
 from tests.proxyfixtures import read_log
+from tests.test_artifacts import NO_SPACE, OUTSIDE, gemini_failures
 from tests.test_compaction_e2e import prose
 from tests.test_compactor import COUNT, CREATED_AT, Model, chat, hashes_of
 from tests.test_metrics import scrape, value
@@ -108,6 +109,34 @@ def test_an_error_superseded_by_a_later_failure_of_the_same_command_gives_way_to
     # Seen again later, a literal stands once, at its newest occurrence.
     again = live([Exact("path", "src/a.py", "", 3, 3), Exact("path", "src/a.py", "", 9, 9)], [])
     assert again == [Exact("path", "src/a.py", "", 9, 9)]
+
+
+def test_a_refused_run_neither_resolves_nor_supersedes_an_error_of_the_same_command_and_its_reason_stands() -> None:
+    """A call its client refused to run (``proxy.context.keep.refusals``) ran nothing: it is no success that
+    resolves the error before it, no command run, and the client's reason is an error of that call."""
+    refusal = "exec command rejected: dangerous command detected"
+    messages = [{"role": "user", "content": "Fix the parser."}, *run(0, COMMAND, FAILED), *run(1, COMMAND, refusal)]
+    found, runs = extract(CHAT, messages, 0, len(messages), list(range(10, 15)))
+    kept = live(found, runs)
+    assert {e.text: e.kind for e in kept if e.source == f"$ {COMMAND}"} == {
+        "Exit code 1": "error", ERROR: "error", "FAILED tests/test_parse.py::test_tokens": "error", refusal: "error"}
+    assert [(e.text, e.seq) for e in kept if e.kind == "command"] == [(COMMAND, 11)], "the refused one ran nothing"
+    text, _ = add_back(kept, "", 10_000, len)
+    assert f"- {refusal}\n  (from $ {COMMAND}, log #13)" in text and "since resolved" not in text
+    # A later run that succeeds resolves them all.
+    found, runs = extract(CHAT, [*messages, *run(2, COMMAND, "3 passed")], 0, len(messages))
+    assert {e.kind for e in live(found, runs) if e.source == f"$ {COMMAND}"} == {"resolved"}
+
+
+def test_a_gemini_call_answered_with_an_error_keeps_its_error_line_with_the_call() -> None:
+    """Gemini CLI's ``{"error": message}``: the message is the error line of the call, whatever its words, and a
+    write that failed is no path written."""
+    messages = gemini_failures()
+    found, runs = extract(GEMINI, messages, 0, len(messages))
+    assert [(e.text, e.source) for e in found if e.kind == "error"] == [
+        (NO_SPACE, 'write_file {"content":"print(\'bye\')\\n","file_path":"/w/app.py"}'), (OUTSIDE, "$ ls")]
+    assert [e.text for e in found if e.kind == "path"] == ["/w/ok.py"]
+    assert [ok for _, _, ok in runs] == [False, True, False]
 
 
 def test_paths_identifiers_numbers_urls_versions_and_constraints_are_read() -> None:

@@ -11,7 +11,7 @@ from proxy.context.checkpoint import Checkpoint, masking_checkpoint, prefix_hash
 from proxy.context.keep.userwords import HEADING
 from proxy.context.log.lineage import ConversationState
 from proxy.context.view.budget import ContextBudgetPolicy
-from proxy.context.view.masking import Masker, arguments_digest, mask_end
+from proxy.context.view.masking import KEPT_ERRORS, Masker, arguments_digest, mask_end
 from proxy.context.view.projection import SUMMARY_HEADER, FrozenEnds, ProjectionBuilder
 from proxy.context.view.tokens import TokenCounter
 from proxy.dialects import CHAT, MESSAGES, RESPONSES
@@ -102,8 +102,10 @@ def test_an_anthropic_result_block_keeps_its_id_flags_and_breakpoint_and_the_use
         {"type": "tool_result", "tool_use_id": "toolu_2", "content": "a.py"},
         {"type": "text", "text": "stop, use tabs"}]}
     masked = Masker(COUNTER).item(MESSAGES, [call, result], 1, [56, 57], ["p0", "p1"])
+    # Flagged a failure whose output marks no line: its first line is kept as the error (errorlines.error_lines).
+    kept = placeholder() + "\n".join([KEPT_ERRORS, "line 0: test_parser.py::test_case_0 PASSED"])
     assert masked == {"role": "user", "content": [
-        {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True, "content": placeholder(),
+        {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True, "content": kept,
          "cache_control": {"type": "ephemeral"}},
         {"type": "tool_result", "tool_use_id": "toolu_2", "content": "a.py"},  # smaller than a placeholder: kept
         {"type": "text", "text": "stop, use tabs"}]}

@@ -25,6 +25,7 @@ from proxy.context.keep.workingset import (
 )
 from proxy.context.view.projection import summary_text
 from proxy.dialects.chat import DIALECT as CHAT
+from proxy.dialects.gemini import DIALECT as GEMINI
 
 APP = "def main():\n    print('hello')\n\n\nif __name__ == '__main__':\n    main()\n"
 
@@ -252,6 +253,25 @@ def test_a_gemini_truncated_read_or_a_wrong_replacement_count_is_no_text() -> No
     run.call("write_file", {"file_path": "s.ts", "content": "x x"}, "null").call(
         "replace", {"file_path": "s.ts", "old_string": "x", "new_string": "y"}, "Successfully modified file")
     assert run.files() == {}
+
+
+def test_a_gemini_write_answered_with_an_error_drops_the_file_and_a_refused_one_keeps_it() -> None:
+    """Gemini CLI answers a failed call with ``{"error": message}``: a write whose error does not open with "error"
+    was taken for written, the file's text then one the disk never held."""
+    def attempt(response: dict[str, str]) -> dict[str, str]:
+        contents = [
+            {"role": "user", "parts": [{"text": "Change the greeting."}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"file_path": "/w/app.py"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": APP}}}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "write_file", "args": {
+                "file_path": "/w/app.py", "content": "x = 2\n"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "write_file", "response": response}}]}]
+        return {state.path: state.text for state in track(GEMINI, contents, len(contents))}
+
+    assert attempt({"output": "Successfully overwrote file: /w/app.py."}) == {"/w/app.py": "x = 2\n"}
+    assert attempt({"error": "No space left on device: /w/app.py (ENOSPC)"}) == {}, "a failed write was taken"
+    assert attempt({"error": "Target is a directory, not a file: /w/app.py (EISDIR)"}) == {}
+    assert attempt({"error": "[Operation Cancelled] Reason: User denied execution."}) == {"/w/app.py": APP}
 
 
 def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> None:

@@ -16,6 +16,8 @@ one; it asks the conversation's ``ItemModel``:
 - ``with_summary``: how the summary enters the view (folded into a user item);
 - ``result_paths`` / ``with_output`` / ``call_of``: where an item holds tool output, how a placeholder takes its
   place (ids and pairing kept), and the name and arguments of the call it answers (masking, clipping);
+- ``result_failed``: whether the API marks an output as a failed call (Anthropic's ``is_error``, Gemini's
+  ``error`` field), the one flag the trail, the files in hand and the literals read beside the output's words;
 - ``user_text``: the user's own words in an item, carried verbatim past a summary.
 
 Everything else stays in the item's native JSON, untouched: encrypted
@@ -114,6 +116,12 @@ class ItemModel(abc.ABC):
         """``item`` with the output at ``path`` (one of ``result_paths``) replaced by ``text``, ids and pairing kept;
         None where the API takes no text in its place."""
         return set_path(item, path, text)  # type: ignore[no-any-return]
+
+    def result_failed(self, item: Item, path: Path) -> bool:
+        """Whether ``item`` marks the output at ``path`` (one of ``result_paths``) as a failed call's. Where the
+        API has no such mark (Chat, Responses) none is guessed here: the words of the output are read for one
+        (``proxy.context.keep.artifactparse``)."""
+        return False
 
     def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
         """The tool name and arguments of the call ``call_id`` made by ``item``; None if ``item`` does not make it."""

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from proxy.context.items import Item, Path, Role
+from proxy.context.items import Item, Path, Role, get_path
 from proxy.dialects.base import Dialect, ParsedRequest, Problem, ReplyReader, Verdict, positive_int, require_items
 from proxy.errors import BadRequest
 from proxy.settings import Settings
@@ -235,6 +235,13 @@ class GeminiDialect(Dialect):
                 if field is not None:
                     paths.append(("parts", index, "functionResponse", "response", field))
         return paths
+
+    def result_failed(self, item: Item, path: Path) -> bool:
+        """A function response holding an ``error``: Gemini CLI answers a call that failed, was cancelled or was
+        refused with ``{"error": message}`` (its schedulers' ``createErrorResponse``; beside the ``output`` of a
+        call cancelled after it ran), a success with ``{"output": text}`` only (``convertToFunctionResponse``)."""
+        body = get_path(item, path[:-1])
+        return isinstance(body, Mapping) and bool(body.get("error"))
 
     def call_of(self, item: Item, call_id: str) -> tuple[str, Any] | None:
         if item.get("role") != "model":

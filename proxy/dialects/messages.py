@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from proxy.context.items import Item, Path, Role
+from proxy.context.items import Item, Path, Role, get_path
 from proxy.context.view.projection import FrozenEnds
 from proxy.dialects.base import (
     Dialect,
@@ -204,6 +204,11 @@ class MessagesDialect(Dialect):
             return []
         return [("content", i, "content") for i, block in enumerate(content)
                 if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block]
+
+    def result_failed(self, item: Item, path: Path) -> bool:
+        """A ``tool_result`` block flagged ``is_error`` (Claude Code sets it on a call that failed or was refused)."""
+        block = get_path(item, path[:-1])
+        return isinstance(block, dict) and block.get("is_error") is True
 
     def max_output(self, payload: Mapping[str, Any]) -> int | None:
         return positive_int(payload, "max_tokens")

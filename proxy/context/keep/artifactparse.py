@@ -9,6 +9,8 @@ code: N`` / ``Process exited with code N`` / JSON ``metadata.exit_code``,
 Claude Code's ``Exit code N``, Gemini CLI's ``Exit Code: N``). A result that
 states none gets no status: a line that merely looks like an error in a
 command's output is the command's business, not evidence of how it ended.
+Where the client says it refused the call or declined it
+(``proxy.context.keep.refusals``), that is how it ended.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from proxy.context.keep.refusals import declined, reason, refused
 from proxy.context.keep.shellwrites import bodies
 
 #: Longest command text or error line an artifact carries.
@@ -180,7 +183,12 @@ def patch_in_command(command: str) -> str | None:
 
 
 def outcome(text: str, is_error: bool) -> str:
-    """How a command ended, as its result states it: ``exit 0``, ``exit 2: <line>``, ``error: <line>``, or ``""``."""
+    """How a call ended, as its result states it: ``exit 0``, ``exit 2: <line>``, ``error: <line>``, ``refused:
+    <line>`` (its client's answer that it never ran, and why: ``proxy.context.keep.refusals``), or ``""``. A call
+    its client declined (perhaps after it started) is an error as if the result were flagged one."""
+    if refused(text):
+        return f"refused: {clip(reason(text), LINE_CHARS)}"
+    is_error = is_error or declined(text)
     body, code = _codex_json(text)
     if code is None:
         code = _exit_code(text)

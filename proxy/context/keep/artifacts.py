@@ -12,12 +12,15 @@ made in a range of the conversation (through ``ItemModel.calls`` and
   ``write``/``edit``, Gemini CLI's ``write_file``/``replace``, Anthropic's
   text editor tool, Codex's ``apply_patch`` (as a tool, or fed to its shell as
   a heredoc), and any tool whose name says it writes and whose arguments name
-  a path. A call whose result states that it failed changed nothing and is left
-  out; read-only tools are never artifacts.
+  a path. A call whose result states that it failed (or its API flags it so:
+  ``ItemModel.result_failed``), or that its client refused or declined it,
+  changed nothing and is left out; read-only tools are never artifacts.
 - **commands** run by shell tools, with the exit status or first error line
-  where the result states one (``proxy.context.keep.artifactparse``), and nothing
-  where it does not; a long one with its heredoc and here-string bodies shown
-  as their line counts (``command_name``), so that the clip keeps what it did.
+  where the result states one (``proxy.context.keep.artifactparse``), ``refused:``
+  and the client's reason where its client refused to run it
+  (``proxy.context.keep.refusals``), and nothing where the result states
+  nothing; a long one with its heredoc and here-string bodies shown as their
+  line counts (``command_name``), so that the clip keeps what it did.
 
 Lines are de-duplicated by path or command text, keeping the last touch, newest
 last. ``collect`` costs O(range): it looks results up only for the calls the
@@ -63,8 +66,9 @@ class Artifact:
     ``action``: a file's ``created``, ``edited``, ``written`` (created or
     overwritten: the call does not say which), ``deleted``, ``moved from
     <old>`` / ``moved to <new>``; a command's ``exit 0``, ``exit N: <first
-    error line>``, ``error: <line>``, or ``""`` when its result states no
-    status (or has not come yet). ``index``/``seq``: the call's item in the
+    error line>``, ``error: <line>``, ``refused: <the client's reason>`` (it
+    never ran), or ``""`` when its result states no status (or has not come
+    yet). ``index``/``seq``: the call's item in the
     conversation and in the log (-1 when not logged yet).
     """
 
@@ -134,9 +138,10 @@ def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
     call is answered: a result answers the latest call under its key made before it and not answered yet, so
     calls that share a key pair with their results by position.
 
-    An error flag is read beside the output (``is_error`` in the object holding
-    it: Anthropic's ``tool_result`` block); where an item's ids and outputs do
-    not pair one to one, its results count as answered with nothing stated.
+    Whether the API marks the output as a failed call's is the item model's word
+    (``ItemModel.result_failed``: Anthropic's ``is_error``, Gemini's ``error``
+    field); where an item's ids and outputs do not pair one to one, its results
+    count as answered with nothing stated.
     """
     waiting: dict[str, list[int]] = {}
     for index, call_id in calls:
@@ -158,9 +163,8 @@ def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
             if len(paths) != len(ids):
                 found[call] = Result("", False, index)
                 continue
-            holder = get_path(item, paths[n][:-1])
-            is_error = isinstance(holder, dict) and holder.get("is_error") is True
-            found[call] = Result(output_text(get_path(item, paths[n]))[0], is_error, index)
+            text = output_text(get_path(item, paths[n]))[0]
+            found[call] = Result(text, dialect.result_failed(item, paths[n]), index)
         if len(found) == len(calls):
             break
     return found
@@ -215,8 +219,9 @@ def _file_action(lowered: str, args: dict[str, Any]) -> list[tuple[str, str]] | 
 
 
 def failed(result: Result) -> bool:
+    """Whether ``result`` says its call did not succeed: an error, a non-zero exit, a refusal."""
     status = outcome(result.text, result.is_error)
-    return status.startswith("error") or (status.startswith("exit ") and status != "exit 0")
+    return status.startswith(("error", "refused")) or (status.startswith("exit ") and status != "exit 0")
 
 
 def merge(previous: Sequence[Artifact], new: Sequence[Artifact]) -> tuple[Artifact, ...]:

@@ -16,7 +16,10 @@ each compaction it reads the exact literals of everything compacted so far:
 A literal no longer stands when a later entry superseded it: an error of a
 command that ran again and failed anew (the newer error stands), a literal
 seen again later (the newest occurrence stands). An error followed by a success
-of the same command stays, marked resolved. Each literal the view does not
+of the same command stays, marked resolved. A call its client refused to run
+(``proxy.context.keep.refusals``) ran nothing: its command is no command run, it
+neither resolves nor supersedes an error of the same command, and the client's
+reason stands as an error of that call. Each literal the view does not
 hold without help (the summary item, the verbatim tail) is added back in the
 summary item, one per line, within a token budget: unresolved errors first,
 then constraints, paths, commands, resolved errors, the commands that write a
@@ -40,10 +43,11 @@ from typing import Any, Protocol
 import orjson
 
 from proxy.context.items import ItemModel
-from proxy.context.keep.artifactparse import clip, command_name, parsed_arguments, patch_files, status_line
+from proxy.context.keep.artifactparse import clip, command_name, parsed_arguments, patch_files
 from proxy.context.keep.artifacts import answered_calls, collect, patch_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
-from proxy.context.keep.errorlines import call_errors
+from proxy.context.keep.errorlines import call_errors, failed_call
+from proxy.context.keep.refusals import refused
 from proxy.context.keep.shellwrites import writes_text, written
 from proxy.context.keep.toolkinds import is_shell, shell_command
 from proxy.types import Message
@@ -247,14 +251,16 @@ def extract(dialect: ItemModel, messages: Sequence[Message], start: int, end: in
         source = call_source(name, arguments, command)
         if text is None:
             continue
-        failed = is_error or bool(status_line(text))
         lines = call_errors(name, text, is_error=is_error, shell=is_shell(name, arguments))
-        runs.append((source, index, not lines))
+        ran_it = not refused(text)  # refused before it ran: its reason is an error of the call, but it is no run
+        if ran_it:
+            runs.append((source, index, not lines))
         if index >= end:
             continue
-        found += [Exact("command", ran, "", index, seq(index)) for ran in commands
-                  if len(ran) <= MAX_COMMAND_CHARS or writes_text(ran)]
-        if not failed:
+        if ran_it:
+            found += [Exact("command", ran, "", index, seq(index)) for ran in commands
+                      if len(ran) <= MAX_COMMAND_CHARS or writes_text(ran)]
+        if ran_it and not failed_call(text, is_error):
             found += [Exact("path", path, "", index, seq(index)) for ran in commands for path in written(ran)]
             found += [Exact("path", path, "", index, seq(index)) for n, a in inner or () if "patch" in n.lower()
                       and (patch := patch_of(parsed_arguments(a))) is not None for path, _ in patch_files(patch)]

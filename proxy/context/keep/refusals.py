@@ -3,11 +3,14 @@ that nothing ran.
 
 A call the user or the client's policy refused changed nothing, and the working set
 (``proxy.context.keep.workingset``) keeps the files in hand as they were (a refused
-``python3 -c "open(…, 'w')…"`` dropped them all). But a client also answers "rejected"
+``python3 -c "open(…, 'w')…"`` dropped them all); the artifact trail says the call was
+refused and why (``reason``: ``refused: exec command rejected: …``, where it listed the
+command as run), and the literals keep that reason as an error of the call, never as a
+run that resolves an earlier error of it. But a client also answers "rejected"
 for calls that had started, so only a wording that its client writes before the call
 runs, and nowhere else, counts as not run (``NOT_RUN``). The others (``DECLINED``) say
-the call did not succeed, and what it may have done is not known: the working set
-treats them as failed calls (a Codex patch the user declined is not applied to the
+the call did not succeed, and what it may have done is not known: the working set,
+the trail and the literals treat them as failed calls (a Codex patch the user declined is not applied to the
 text in hand, a heredoc the user declined does not set the file). A wording not listed
 here keeps its call read as it was. Where each comes from:
 
@@ -81,6 +84,10 @@ DECLINED = re.compile(
     ))))
 
 
+#: Claude Code's rejection with a reason: the user's words follow it (``NOT_RUN``'s second wording).
+WITH_REASON = "To tell you how to proceed, the user said:\n"
+
+
 def refused(text: str) -> bool:
     """Whether a call's result ``text`` says its client refused it before it ran (``NOT_RUN``)."""
     return NOT_RUN.match(text.lstrip()) is not None
@@ -90,3 +97,10 @@ def declined(text: str) -> bool:
     """Whether ``text`` says the client declined the call, or refused it, so it did not succeed."""
     stripped = text.lstrip()
     return DECLINED.match(stripped) is not None or NOT_RUN.match(stripped) is not None
+
+
+def reason(text: str) -> str:
+    """The line of a refusal that says why, verbatim (stripped): the first line of the user's words after Claude
+    Code's rejection with a reason (its own opening line is the same for every rejection), else the first line."""
+    words = text.partition(WITH_REASON)[2]
+    return next((line.strip() for line in (*words.splitlines(), *text.splitlines()) if line.strip()), "")

@@ -18,8 +18,9 @@ knows each file's current text exactly, and knows when it stops knowing:
   CLI's ``replace``, opencode's ``edit``, ``str_replace``/``insert``, Codex's
   ``apply_patch`` hunks), exactly or not at all: an old text not found (or
   found a number of times the tool would have refused) drops the file;
-- a **failed call** (its result says so, or that its client declined it
-  once it may have started) drops what it names, a **refused call** (its
+- a **failed call** (its result says so, its API flags it so:
+  ``ItemModel.result_failed``, or its client says it declined it once it may
+  have started) drops what it names, a **refused call** (its
   client's answer says it never ran: ``proxy.context.keep.refusals``) changes
   nothing, a deletion
   removes the file, and a **shell command** drops what it may have changed by

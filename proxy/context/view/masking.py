@@ -259,9 +259,7 @@ class Masker:
             lines = text.count("\n") + 1 if text else 0
             size = f"{lines:,} lines, {tokens:,} tokens" + (f", {non_text} non-text part(s)" if non_text else "")
             placeholder = PLACEHOLDER.format(name=name, arguments=arguments, size=size, where=where, hint=hint)
-            holder = get_path(item, path[:-1])
-            failures = call_errors(name, text, is_error=isinstance(holder, dict) and holder.get("is_error") is True,
-                                   shell=is_shell(name, raw))
+            failures = call_errors(name, text, is_error=dialect.result_failed(item, path), shell=is_shell(name, raw))
             if failures:
                 placeholder += "\n".join([KEPT_ERRORS, *failures])
             if tokens <= MIN_RATIO * self.counter.text_tokens(placeholder):
