@@ -48,6 +48,19 @@ def test_a_masked_output_that_failed_keeps_its_error_lines_verbatim_after_the_pl
                                  "FAILED tests/test_a.py::test_sum"]
 
 
+def test_a_field_its_client_prints_empty_is_no_error_line() -> None:
+    """Gemini CLI's shell answers a failed command with every field, an empty one as ``(none)``."""
+    failing = ("Command: npm test\nDirectory: (root)\nOutput: " + LOG + "\nnpm ERR! Test failed.\nError: (none)\n"
+               "Exit Code: 1\nSignal: (none)\nBackground PIDs: (none)\nProcess Group PGID: 4242")
+    call = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_9", "type": "function", "function": {"name": "run_shell_command",
+                                                          "arguments": '{"command": "npm test"}'}}]}
+    masked = Masker(COUNTER).item(CHAT, [call, {"role": "tool", "tool_call_id": "call_9", "content": failing}],
+                                  1, [56, 57], ["p0", "p1"])
+    assert masked["content"].split("\n", 1)[1].splitlines() == [
+        "Its error lines, verbatim:", "Exit Code: 1", "npm ERR! Test failed."]
+
+
 def test_with_the_recall_tool_the_placeholder_names_it() -> None:
     masked = Masker(COUNTER, recall=True).item(CHAT, [CHAT_CALL, CHAT_RESULT], 1, [56, 57], ["p0", "p1"])
     assert masked["content"] == placeholder(hint="call ctxproxy_recall with entry 57 to read it again")

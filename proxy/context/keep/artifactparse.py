@@ -44,7 +44,8 @@ ERROR_MARKS = (
     ("command not found", "No such file", "Permission denied", "failed", "Failed", "FAILED", "ERROR "),
     ("Traceback (most recent call last)",),
 )
-_NOTHING_LINE = re.compile(r":\s*\((?:none|empty)\)\s*$")
+#: A field a client prints empty (Gemini CLI's ``Error: (none)``, ``Signal: (none)``): no error, whatever its name.
+NOTHING_LINE = re.compile(r":\s*\((?:none|empty)\)\s*$")
 _TAG = re.compile(r"</?tool_use_error>")
 #: Lines of a result looked at for a status header: its head (or all before Codex's ``Output:``) and its tail.
 HEAD_LINES, TAIL_LINES = 8, 8
@@ -263,7 +264,7 @@ def error_line(text: str) -> str:
             end = text.find("\n", at)
             end = end if end >= 0 else len(text)
             line = text[start:end].strip()
-            if not (_NOTHING_LINE.search(line) or _EXIT.match(line)):
+            if not (NOTHING_LINE.search(line) or _EXIT.match(line)):
                 return clip(_TAG.sub("", line), LINE_CHARS)
             found = {mark: text.find(mark, end) if 0 <= where < end else where for mark, where in found.items()}
     return ""

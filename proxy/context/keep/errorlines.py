@@ -10,7 +10,7 @@ imports, can ask it.
 
 from __future__ import annotations
 
-from proxy.context.keep.artifactparse import ERROR_MARKS, SCAN_CHARS, status_line
+from proxy.context.keep.artifactparse import ERROR_MARKS, NOTHING_LINE, SCAN_CHARS, status_line
 from proxy.context.keep.refusals import declined, reason, refused
 
 #: A line longer than this is no literal (a heredoc, a pasted file): the log holds it.
@@ -34,7 +34,8 @@ def error_lines(text: str, *, failed: bool, shell: bool = True, tool: str = "") 
     thing not found or failed, and a line opening with the ``tool``'s own name (``telegram_send: path escapes
     the workspace root``: a program's diagnostic, as ``ls: cannot access …`` is). A failed call whose result
     marks no line gives its first (a tool's own message: Gemini CLI's ``No space left on device: PATH``, Claude
-    Code's ``File has not been read yet``). Lines longer than ``MAX_LINE_CHARS`` are not literals."""
+    Code's ``File has not been read yet``). Lines longer than ``MAX_LINE_CHARS`` are not literals, nor a field its
+    client prints empty (Gemini CLI's ``Error: (none)``)."""
     marks = [mark for tier in (ERROR_MARKS if failed else ERROR_MARKS[:1]) for mark in tier]
     marks += [*DIAGNOSTIC_MARKS, *(() if shell else TOOL_MARKS)]
     own = f"{tool}: " if tool and not shell else None
@@ -44,7 +45,7 @@ def error_lines(text: str, *, failed: bool, shell: bool = True, tool: str = "") 
         if len(out) >= ERROR_LINES_PER_CALL:
             break
         flagged = any(m in line for m in marks) or (own is not None and line.startswith(own))
-        if line and len(line) <= MAX_LINE_CHARS and line not in out and flagged:
+        if line and len(line) <= MAX_LINE_CHARS and line not in out and flagged and not NOTHING_LINE.search(line):
             out.append(line)
     if failed and not out:
         first = next((line.strip() for line in text[:SCAN_CHARS].splitlines() if line.strip()), "")
