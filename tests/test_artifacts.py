@@ -68,6 +68,17 @@ def test_claude_code_files_and_commands_with_exit_status_and_errors() -> None:
     assert [(a.index, a.seq) for a in found] == [(1, 11), (1, 11), (3, 13), (3, 13), (3, 13), (3, 13)]
 
 
+def test_a_claude_tool_result_without_content_leaves_the_others_their_own() -> None:
+    """A ``tool_result`` block may come without its ``content`` (the Messages API allows it): the results beside it
+    no longer paired one to one with their outputs, and a failed command among them read as ending in nothing."""
+    results = claude_results(("u2", "exit status 2\nmake: *** [all] Error 2", True))
+    messages = [{"role": "user", "content": "build"},
+                claude_call(("u1", "Bash", {"command": "touch stamp"}), ("u2", "Bash", {"command": "make"})),
+                {**results, "content": [{"type": "tool_result", "tool_use_id": "u1"}, *results["content"]]}]
+    assert trail(collect(MESSAGES, messages, 0, len(messages))) == [
+        ("command", "touch stamp", ""), ("command", "make", "exit 2")]
+
+
 def test_the_text_editor_tool_says_in_its_command_whether_it_writes() -> None:
     messages = [claude_call(("e1", "str_replace_based_edit_tool", {"command": "view", "path": "/r/a.py"}),
                             ("e2", "str_replace_based_edit_tool", {"command": "create", "path": "/r/b.py",
@@ -250,6 +261,48 @@ def test_a_gemini_function_response_holding_an_error_is_a_failed_call() -> None:
     messages = gemini_failures()
     assert trail(collect(GEMINI, messages, 0, len(messages))) == [
         ("file", "/w/ok.py", "written"), ("command", "ls", f"error: {clip(OUTSIDE, 160)}")]
+
+
+CANCELLED = "[Operation Cancelled] User cancelled tool execution."
+STOPPED = "Command was cancelled by user before it could complete. Below is the output before it was cancelled:"
+
+
+def gemini_turn_with_an_image_read() -> list[dict[str, Any]]:
+    """One Gemini CLI turn: an image read answered ``{}`` (no text) with the image beside it, a failed write, a
+    build cancelled after it ran (its ``error`` beside its ``output``), and a write that succeeded."""
+    def fc(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"functionCall": {"id": call_id, "name": name, "args": args}}
+
+    def fr(call_id: str, name: str, response: dict[str, str]) -> dict[str, Any]:
+        return {"functionResponse": {"id": call_id, "name": name, "response": response}}
+
+    return [{"role": "user", "parts": [{"text": "Match the mock-up."}]},
+            {"role": "model", "parts": [fc("i1", "read_file", {"file_path": "/w/mock.png"}),
+                                        fc("i2", "write_file", {"file_path": "/w/app.py", "content": BYE}),
+                                        fc("i3", "run_shell_command", {"command": "npm run build"}),
+                                        fc("i4", "write_file", {"file_path": "/w/ok.py", "content": "y\n"})]},
+            {"role": "user", "parts": [fr("i1", "read_file", {}),
+                                       {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+                                       fr("i2", "write_file", {"error": NO_SPACE}),
+                                       fr("i3", "run_shell_command", {"output": f"{STOPPED}\nbuilding 41/90",
+                                                                      "error": CANCELLED}),
+                                       fr("i4", "write_file", {"output": "Successfully overwrote file: /w/ok.py."})]}]
+
+
+def test_a_gemini_result_that_states_no_text_leaves_the_others_their_own() -> None:
+    """An image read answered ``{}`` beside them: the ids and outputs of the turn no longer paired one to one, so
+    every result of it was read as answered with nothing stated, the failed write listed as written and the
+    cancelled build as ending in nothing. The build's error line is its cancellation, read before its output."""
+    messages = gemini_turn_with_an_image_read()
+    assert trail(collect(GEMINI, messages, 0, len(messages))) == [
+        ("command", "npm run build", f"error: {CANCELLED}"), ("file", "/w/ok.py", "written")]
+    found, _ = extract(GEMINI, messages, 0, len(messages))
+    assert [(e.text, e.source) for e in found if e.kind == "error"] == [
+        (NO_SPACE, f'write_file {{"content":{orjson.dumps(BYE).decode()},"file_path":"/w/app.py"}}'),
+        (CANCELLED, "$ npm run build")]
+    alone = [messages[0], {"role": "model", "parts": messages[1]["parts"][2:3]},
+             {"role": "user", "parts": messages[2]["parts"][3:4]}]
+    assert trail(collect(GEMINI, alone, 0, len(alone))) == [("command", "npm run build", f"error: {CANCELLED}")]
 
 
 @pytest.mark.parametrize(("text", "expected"), [

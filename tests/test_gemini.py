@@ -30,7 +30,15 @@ from proxy.store.base import FactLog, SessionKey
 from tests.fakegemini import SHELL, SKIP_SIGNATURE, FakeGemini, kept_reply, parts_of
 from tests.fakescript import STEP, Script, final_text, parse_sse
 from tests.proxyfixtures import MASKING_OFF, read_log, replay
-from tests.test_artifacts import BYE, NO_SPACE, OUTSIDE, gemini_failures, gemini_idless_run
+from tests.test_artifacts import (
+    BYE,
+    CANCELLED,
+    NO_SPACE,
+    OUTSIDE,
+    gemini_failures,
+    gemini_idless_run,
+    gemini_turn_with_an_image_read,
+)
 
 KEY = "gemini-test-key"
 MODEL = "gemini-test"
@@ -255,13 +263,25 @@ async def test_a_compacted_run_of_calls_without_ids_names_every_command_path_and
     assert trailed >= rounds // 2, summary
 
 
+async def compacted_summary(aiohttp_server, aiohttp_client, tmp_path: Path, contents: list[dict[str, Any]]) -> str:
+    """The summary text of the view the door sends for ``contents``, followed by three long rounds and a question
+    in a 6k window (masking off): everything before the rounds is compacted."""
+    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)), context_window=6_000,
+                      min_retain_rounds=1, **MASKING_OFF)
+    contents = [*contents, *gemini_idless_run(3, "\n" + "lorem ipsum " * 400)[1:],
+                {"role": "user", "parts": [{"text": "Say what you built."}]}]
+    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
+                                   json={"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS})
+    assert resp.status == 200, await resp.text()
+    assert resp.headers[HEADER_COMPACTED] == "proactive"
+    return str(parts.fake.turns()[-1].body["contents"][0]["parts"][0]["text"])
+
+
 async def test_a_call_gemini_cli_answered_with_an_error_is_a_failure_in_the_compacted_view(
         aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
     """Gemini CLI answers a failed call with ``{"error": message}``: through the door, a compacted ``write_file``
     that failed so is no longer a file in hand (its text is not known), nor a write in the trail, and its error
     line stays with its call; a command answered so ends in that error, one the user did not allow is refused."""
-    parts = await rig(aiohttp_server, aiohttp_client, tmp_path, FakeGemini(Script(steps=0)), context_window=6_000,
-                      min_retain_rounds=1, **MASKING_OFF)
     app = "print('hello')\n"
     failures = gemini_failures()
     contents = [failures[0],
@@ -273,20 +293,25 @@ async def test_a_call_gemini_cli_answered_with_an_error_is_a_failure_in_the_comp
                 {"role": "model", "parts": [{"functionCall": {"id": "d1", "name": "run_shell_command",
                                                               "args": {"command": "rm -rf build"}}}]},
                 {"role": "user", "parts": [{"functionResponse": {"id": "d1", "name": "run_shell_command", "response": {
-                    "error": "[Operation Cancelled] Reason: User denied execution."}}}]},
-                *gemini_idless_run(3, "\n" + "lorem ipsum " * 400)[1:],
-                {"role": "user", "parts": [{"text": "Say what you built."}]}]
-    resp = await parts.client.post(STREAM + "?alt=sse", headers={"x-goog-api-key": KEY},
-                                   json={"contents": contents, "systemInstruction": SYSTEM, "tools": TOOLS})
-    assert resp.status == 200, await resp.text()
-    assert resp.headers[HEADER_COMPACTED] == "proactive"
-    summary = parts.fake.turns()[-1].body["contents"][0]["parts"][0]["text"]
+                    "error": "[Operation Cancelled] Reason: User denied execution."}}}]}]
+    summary = await compacted_summary(aiohttp_server, aiohttp_client, tmp_path, contents)
     files = summary[summary.index(WORKING_SET_HEADING):]
     assert "### /w/ok.py (" in files and "/w/app.py" not in files and BYE not in files, "a failed write was taken"
     assert "- /w/ok.py — written" in summary and "- /w/app.py — written" not in summary
     assert f"- $ ls — error: {OUTSIDE[:40]}" in summary
     assert f"- {NO_SPACE}\n  (from write_file " in summary
     assert "- $ rm -rf build — refused: [Operation Cancelled] Reason: User denied execution. (" in summary
+
+
+async def test_results_beside_an_image_read_answered_with_no_text_keep_their_own_through_the_door(
+        aiohttp_server, aiohttp_client, tmp_path: Path) -> None:
+    """Gemini CLI answers an image read with ``{}`` and the image beside it: through the door, the failed write,
+    the cancelled build and the successful write of the same turn each keep their own result in the compacted
+    view, where all three read as answered with nothing stated (the failed write listed as written)."""
+    summary = await compacted_summary(aiohttp_server, aiohttp_client, tmp_path, gemini_turn_with_an_image_read())
+    assert "- /w/ok.py — written" in summary and "- /w/app.py — written" not in summary
+    assert f"- $ npm run build — error: {CANCELLED} (" in summary
+    assert f"- {NO_SPACE}\n  (from write_file " in summary and BYE not in summary[summary.index(WORKING_SET_HEADING):]
 
 
 MALFORMED = [

@@ -87,6 +87,20 @@ def test_masking_replaces_the_output_and_keeps_the_response_an_object() -> None:
     assert GEMINI.results(masked) == GEMINI.results(item)
 
 
+def test_masking_names_each_output_by_its_own_call_beside_a_response_with_no_text() -> None:
+    """An image read answered ``{}`` before a long command output: the masker named the output by the turn's first
+    call (the read), as the ids and paths no longer paired one to one."""
+    image = {"functionResponse": {"id": "r1", "name": "read_file", "response": {}}}
+    item = {"role": "user", "parts": [image, response(SHELL, "c1", "line\n" * 400)]}
+    messages = [{"role": "model", "parts": [
+        {"functionCall": {"id": "r1", "name": "read_file", "args": {"file_path": "/w/mock.png"}}},
+        call(SHELL, "c1")]}, item]
+    masked = Masker(TokenCounter(), maxsize=10).item(GEMINI, messages, 1, [7, 8], ["k7", "k8"])
+    assert masked["parts"][0] == image
+    assert masked["parts"][1]["functionResponse"]["response"]["output"].startswith(
+        f'[output of {SHELL} {{"command":"ls"}} elided: 401 lines')
+
+
 def test_a_function_response_holding_an_error_is_a_failed_call_and_one_holding_output_is_not() -> None:
     """Gemini CLI answers a call that failed with ``{"error": message}`` (its schedulers' ``createErrorResponse``),
     one cancelled after it ran with the ``error`` beside its ``output``, a success with ``{"output": text}``."""
@@ -96,10 +110,37 @@ def test_a_function_response_holding_an_error_is_a_failed_call_and_one_holding_o
         "output": "partial", "error": "[Operation Cancelled] User cancelled tool execution."}}}
     item = {"role": "user", "parts": [response(SHELL, "c1"), failed, cancelled]}
     paths = GEMINI.result_paths(item)
-    assert [path[-1] for path in paths] == ["output", "error", "output"]
-    assert [GEMINI.result_failed(item, path) for path in paths] == [False, True, True]
+    assert [path[-1] for path in paths] == ["output", "error", "error", "output"]
+    assert [GEMINI.result_failed(item, path) for path in paths] == [False, True, True, True]
     empty = {"role": "user", "parts": [{"functionResponse": {"name": SHELL, "response": {"output": "", "error": ""}}}]}
     assert [GEMINI.result_failed(empty, path) for path in GEMINI.result_paths(empty)] == [False]
+
+
+def test_each_function_response_is_one_result_with_its_own_text_or_none() -> None:
+    """Gemini CLI answers a tool whose content held no text (``convertToFunctionResponse``) with ``{}``, an image it
+    read with ``Binary content provided`` and the image nested (``parts``) or beside it (an ``inlineData`` part), a
+    passthrough with its own object; and a call cancelled after it ran with its ``error`` beside its ``output``.
+    Each ``functionResponse`` part is one result with its own paths, the error before the output: the results
+    after one that states no text keep theirs, where the ids and paths no longer paired one to one."""
+    def fr(call_id: str, name: str, body: dict[str, Any], **more: Any) -> dict[str, Any]:
+        return {"functionResponse": {"id": call_id, "name": name, "response": body, **more}}
+
+    png = {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}
+    item = {"role": "user", "parts": [
+        fr("r1", "read_file", {}), png,
+        fr("r2", "read_file", {"output": "Binary content provided (1 item(s))."}, parts=[png]),
+        fr("r3", "mcp_tool", {"content": [{"type": "text", "text": "hi"}]}),
+        fr("r4", SHELL, {"output": "partial", "error": "[Operation Cancelled] User cancelled tool execution."}),
+        fr("r5", "write_file", {"error": "No space left on device: /w/a.py (ENOSPC)"}),
+        fr("r6", "write_file", {"output": "Successfully overwrote file: /w/b.py."})]}
+    answers = GEMINI.answers(item)
+    assert [answer.call_id for answer in answers] == list(GEMINI.results(item))
+    assert [(answer.call_id, [(path[1], path[-1]) for path in answer.paths]) for answer in answers] == [
+        ("read_file=r1", []), ("read_file=r2", [(2, "output")]), ("mcp_tool=r3", []),
+        (f"{SHELL}=r4", [(4, "error"), (4, "output")]),
+        ("write_file=r5", [(5, "error")]), ("write_file=r6", [(6, "output")])]
+    assert GEMINI.result_paths(item) == [path for answer in answers for path in answer.paths]
+    assert GEMINI.answers({"role": "model", "parts": [call(SHELL, "c1")]}) == ()
 
 
 def test_a_summary_call_made_from_a_gemini_request() -> None:

@@ -24,7 +24,7 @@ from proxy.context.keep.userwords import carry as carry_words
 from proxy.context.view.budget import ContextBudgetPolicy
 from proxy.context.view.masking import Masker
 from proxy.context.view.tokens import TokenCounter
-from proxy.dialects import CHAT, MESSAGES, RESPONSES
+from proxy.dialects import CHAT, GEMINI, MESSAGES, RESPONSES
 from proxy.keys import store_key
 from proxy.sessions import tenant_of
 from proxy.settings import Settings
@@ -95,6 +95,28 @@ def test_a_read_tool_reading_an_instruction_file_is_pinned_and_never_masked() ->
     other = [{"role": "user", "content": "go"}, *read_call("Read", {"file_path": "/w/README.md"}, text)]
     assert found(MESSAGES, other, 2) == []
     assert masker.item(MESSAGES, other, 2, [], []) is not other[2], "any other file's output is masked as before"
+
+
+def test_a_gemini_read_of_an_instruction_file_is_pinned_beside_a_response_with_no_text_but_not_a_cancelled_one(
+        ) -> None:
+    """Gemini CLI answers an image read with ``{}``: beside it the ids and outputs of the turn no longer paired
+    one to one, and the instruction file read with it went unpinned. A read cancelled after it ran (its ``error``
+    beside its ``output``) is no file's text."""
+    def turn(response: dict[str, str]) -> list[dict[str, Any]]:
+        def fc(call_id: str, path: str) -> dict[str, Any]:
+            return {"functionCall": {"id": call_id, "name": "read_file", "args": {"file_path": path}}}
+
+        def fr(call_id: str, body: dict[str, str]) -> dict[str, Any]:
+            return {"functionResponse": {"id": call_id, "name": "read_file", "response": body}}
+
+        return [{"role": "user", "parts": [{"text": "go"}]},
+                {"role": "model", "parts": [fc("m1", "/w/mock.png"), fc("m2", "/w/GEMINI.md")]},
+                {"role": "user", "parts": [fr("m1", {}), fr("m2", response)]}]
+
+    text = "# Project\nRun npm test before each commit.\n"
+    assert found(GEMINI, turn({"output": text}), 2) == [("/w/GEMINI.md", text)]
+    assert found(GEMINI, turn({"output": text, "error": "[Operation Cancelled] User cancelled tool execution."}),
+                 2) == []
 
 
 def test_only_whole_reads_of_instruction_files_count() -> None:

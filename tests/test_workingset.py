@@ -274,6 +274,30 @@ def test_a_gemini_write_answered_with_an_error_drops_the_file_and_a_refused_one_
     assert attempt({"error": "[Operation Cancelled] Reason: User denied execution."}) == {"/w/app.py": APP}
 
 
+def test_a_gemini_write_beside_a_read_answered_with_no_text_is_its_own_result() -> None:
+    """A read of an image Gemini CLI answered ``{}`` (its content held no text) in the same turn as a write: the
+    ids and outputs of the turn no longer paired one to one and the write's failure was lost with them, its text
+    then taken for the file's; a write cancelled after it ran (``error`` beside ``output``) wrote nothing known."""
+    def attempt(response: dict[str, str]) -> dict[str, str]:
+        contents = [
+            {"role": "user", "parts": [{"text": "Match the mock-up."}]},
+            {"role": "model", "parts": [{"functionCall": {"name": "read_file", "args": {"file_path": "/w/app.py"}}}]},
+            {"role": "user", "parts": [{"functionResponse": {"name": "read_file", "response": {"output": APP}}}]},
+            {"role": "model", "parts": [
+                {"functionCall": {"name": "read_file", "args": {"file_path": "/w/mock.png"}}},
+                {"functionCall": {"name": "write_file", "args": {"file_path": "/w/app.py", "content": "x = 2\n"}}}]},
+            {"role": "user", "parts": [
+                {"functionResponse": {"name": "read_file", "response": {}}},
+                {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}},
+                {"functionResponse": {"name": "write_file", "response": response}}]}]
+        return {state.path: state.text for state in track(GEMINI, contents, len(contents))}
+
+    assert attempt({"output": "Successfully overwrote file: /w/app.py."}) == {"/w/app.py": "x = 2\n"}
+    assert attempt({"error": "No space left on device: /w/app.py (ENOSPC)"}) == {}, "a failed write was taken"
+    assert attempt({"output": "Successfully overwrote file: /w/app.py.",
+                    "error": "[Operation Cancelled] User cancelled tool execution."}) == {}
+
+
 def test_opencode_write_and_edit_apply_but_its_numbered_read_is_not_taken() -> None:
     run = (Run().call("write", {"filePath": "/p/a.go", "content": "package a\n"}, "Wrote file successfully.")
            .call("edit", {"filePath": "/p/a.go", "oldString": "package a", "newString": "package b"}, "Edit applied")

@@ -16,6 +16,8 @@ one; it asks the conversation's ``ItemModel``:
 - ``with_summary``: how the summary enters the view (folded into a user item);
 - ``result_paths`` / ``with_output`` / ``call_of``: where an item holds tool output, how a placeholder takes its
   place (ids and pairing kept), and the name and arguments of the call it answers (masking, clipping);
+- ``answers``: each result an item holds, in order: the call it answers and where its text is (none, one or
+  several paths, read in order), so that ids and outputs pair exactly even where a result states no text;
 - ``result_failed``: whether the API marks an output as a failed call (Anthropic's ``is_error``, Gemini's
   ``error`` field), the one flag the trail, the files in hand and the literals read beside the output's words;
 - ``user_text``: the user's own words in an item, carried verbatim past a summary.
@@ -30,6 +32,7 @@ from __future__ import annotations
 import abc
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import orjson
@@ -40,6 +43,15 @@ Item = Message
 Role = Literal["system", "user", "assistant", "tool", "other"]
 #: Where an item holds tool output (``ItemModel.result_paths``): keys and list positions from the item down.
 Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """One result an item holds (``ItemModel.answers``): the key of the call it answers (as ``results`` gives it)
+    and where its text is, in the order the engine reads it (empty: the result states no text)."""
+
+    call_id: str
+    paths: tuple[Path, ...]
 
 
 def get_path(item: Any, path: Path) -> Any:
@@ -78,6 +90,17 @@ class ItemModel(abc.ABC):
         """Ids of the tool calls this item answers."""
         return ()
 
+    def answers(self, item: Item) -> tuple[Answer, ...]:
+        """Each result the item holds, in the order of ``results``: the call it answers and where its text is.
+        Readers pair ids and outputs through this, never by zipping ``results`` with ``result_paths``: a result
+        with no text (a Gemini ``functionResponse`` whose ``response`` is ``{}``) would shift every pair after it.
+        This default serves APIs whose item answers one call (Chat, Responses): all its output is that call's. An
+        API that answers several calls in one item says which output is whose (Messages, Gemini); here they get
+        none, as none can be told apart."""
+        ids = self.results(item)
+        paths = tuple(self.result_paths(item)) if len(ids) == 1 else ()
+        return tuple(Answer(call_id, paths) for call_id in ids)
+
     def travels_with_next(self, item: Item) -> bool:
         """Whether the item is invalid without the item that follows it."""
         return False
@@ -109,7 +132,8 @@ class ItemModel(abc.ABC):
 
     def result_paths(self, item: Item) -> list[Path]:
         """Where the item holds tool output (a string or a list of parts), for masking and clipping: only paths
-        the item has (a tool message may come without its content)."""
+        the item has (a tool message may come without its content). Which output answers which call is
+        ``answers``'s word."""
         return []
 
     def with_output(self, item: Item, path: Path, text: str) -> Item | None:

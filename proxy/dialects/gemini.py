@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from proxy.context.items import Item, Path, Role, get_path
+from proxy.context.items import Answer, Item, Path, Role, get_path
 from proxy.dialects.base import Dialect, ParsedRequest, Problem, ReplyReader, Verdict, positive_int, require_items
 from proxy.errors import BadRequest
 from proxy.settings import Settings
@@ -62,21 +62,53 @@ def _parts(item: Item) -> list[dict[str, Any]]:
     return [p for p in parts if isinstance(p, dict)] if isinstance(parts, list) else []
 
 
-def _keys(parts: Sequence[Mapping[str, Any]], field: str) -> list[tuple[str, Mapping[str, Any]]]:
-    """The pairing key of each ``field`` (``functionCall`` / ``functionResponse``) part, with the part's value."""
+def _keyed(parts: Sequence[Any], field: str) -> list[tuple[str, int, Mapping[str, Any]]]:
+    """The pairing key of each ``field`` (``functionCall`` / ``functionResponse``) part, with its position in
+    ``parts`` and the part's value."""
     seen: dict[str, int] = {}
     out = []
-    for part in parts:
-        value = part.get(field)
+    for index, part in enumerate(parts):
+        value = part.get(field) if isinstance(part, Mapping) else None
         if not isinstance(value, Mapping):
             continue
         name, call_id = str(value.get("name") or "?"), value.get("id")
         if isinstance(call_id, str) and call_id:
-            out.append((f"{name}={call_id}", value))
+            out.append((f"{name}={call_id}", index, value))
             continue
         seen[name] = seen.get(name, 0) + 1
-        out.append((f"{name}#{seen[name]}", value))
+        out.append((f"{name}#{seen[name]}", index, value))
     return out
+
+
+def _keys(parts: Sequence[Mapping[str, Any]], field: str) -> list[tuple[str, Mapping[str, Any]]]:
+    """The pairing key of each ``field`` part, with the part's value."""
+    return [(key, value) for key, _, value in _keyed(parts, field)]
+
+
+def _response_fields(value: Mapping[str, Any]) -> tuple[str, ...]:
+    """The fields of a function response's ``response`` the engine reads, in order: a non-empty ``error`` string,
+    then an ``output`` string.
+
+    Gemini CLI answers a success with ``{"output": text}`` (``convertToFunctionResponse``: a tool's text, or
+    ``Binary content provided (N item(s)).`` beside an image or a PDF it read), a call that failed, was refused or
+    was cancelled before it ran with ``{"error": message}`` (its schedulers' ``createErrorResponse``), and one
+    cancelled after it ran with both (``createCancelledResult`` adds ``[Operation Cancelled] …`` to what the tool
+    returned). Both are read, the error first: it is what ended the call, and the readers look at a result's
+    opening for that. The clients' cancellation and refusal wordings (``proxy.context.keep.refusals``) are
+    matched there, so a call cancelled after it ran reads as declined, and a failed result whose words mark no
+    error line gives its first line as its error (the trail's ``error: <line>``, the literals, a masked output's
+    kept lines): the cancellation, where the output first read it gave the output's first line (``Command was
+    cancelled by user before it could complete. Below is the output …``) and a write's cancellation read
+    ``Successfully overwrote file``. A line the output does mark (an ``Error:`` a build printed before it was
+    stopped) is still read, and kept as its error. A response with neither field (``{}``: a tool whose content
+    held no text; a passthrough object) states no text, and is still one result of its own.
+    """
+    body = value.get("response")
+    if not isinstance(body, Mapping):
+        return ()
+    error, output = body.get("error"), body.get("output")
+    return (*(("error",) if isinstance(error, str) and error else ()),
+            *(("output",) if isinstance(output, str) else ()))
 
 
 def _identity_parts(parts: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -196,7 +228,18 @@ class GeminiDialect(Dialect):
         return tuple(key for key, _ in _keys(_parts(item), "functionCall")) if item.get("role") == "model" else ()
 
     def results(self, item: Item) -> tuple[str, ...]:
-        return tuple(key for key, _ in _keys(_parts(item), "functionResponse")) if item.get("role") != "model" else ()
+        if item.get("role") == "model":
+            return ()
+        return tuple(key for key, _, _ in _keyed(item.get("parts") or (), "functionResponse"))
+
+    def answers(self, item: Item) -> tuple[Answer, ...]:
+        """Each ``functionResponse`` part is one result: its key, and the paths of its ``error`` and ``output``
+        (``_response_fields``: none for a response that states no text, so the results after it keep their own)."""
+        if item.get("role") == "model":
+            return ()
+        return tuple(Answer(key, tuple(("parts", index, "functionResponse", "response", field)
+                                       for field in _response_fields(value)))
+                     for key, index, value in _keyed(item.get("parts") or (), "functionResponse"))
 
     def identity(self, item: Item) -> Any:
         return {"role": item.get("role") or "user", "parts": _identity_parts(_parts(item))}
@@ -223,18 +266,8 @@ class GeminiDialect(Dialect):
         return {**item, "parts": [{"text": text}, *(item.get("parts") or [])]}
 
     def result_paths(self, item: Item) -> list[Path]:
-        """Where a function response holds its text: ``response.output`` (Gemini CLI's), else ``response.error``."""
-        if item.get("role") == "model":
-            return []
-        paths: list[Path] = []
-        for index, part in enumerate(item.get("parts") or ()):
-            response = part.get("functionResponse") if isinstance(part, dict) else None
-            body = response.get("response") if isinstance(response, Mapping) else None
-            if isinstance(body, Mapping):
-                field = next((f for f in ("output", "error") if isinstance(body.get(f), str)), None)
-                if field is not None:
-                    paths.append(("parts", index, "functionResponse", "response", field))
-        return paths
+        """Every answer's paths (``answers``): a cancelled call's ``error`` and ``output`` both."""
+        return [path for answer in self.answers(item) for path in answer.paths]
 
     def result_failed(self, item: Item, path: Path) -> bool:
         """A function response holding an ``error``: Gemini CLI answers a call that failed, was cancelled or was

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from proxy.context.items import Item, Path, Role, get_path
+from proxy.context.items import Answer, Item, Path, Role, get_path
 from proxy.context.view.projection import FrozenEnds
 from proxy.dialects.base import (
     Dialect,
@@ -204,6 +204,15 @@ class MessagesDialect(Dialect):
             return []
         return [("content", i, "content") for i, block in enumerate(content)
                 if isinstance(block, dict) and block.get("type") == "tool_result" and "content" in block]
+
+    def answers(self, item: Item) -> tuple[Answer, ...]:
+        """Each ``tool_result`` block with its ``tool_use_id``: its ``content``, where it has one."""
+        content = item.get("content")
+        if item.get("role") != "user" or not isinstance(content, list):
+            return ()
+        return tuple(Answer(block["tool_use_id"], (("content", i, "content"),) if "content" in block else ())
+                     for i, block in enumerate(content) if isinstance(block, dict)
+                     and block.get("type") == "tool_result" and isinstance(block.get("tool_use_id"), str))
 
     def result_failed(self, item: Item, path: Path) -> bool:
         """A ``tool_result`` block flagged ``is_error`` (Claude Code sets it on a call that failed or was refused)."""

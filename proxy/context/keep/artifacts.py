@@ -36,7 +36,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from proxy.context.items import ItemModel, get_path
+from proxy.context.items import ItemModel
 from proxy.context.keep.artifactparse import (
     command_name,
     outcome,
@@ -45,7 +45,7 @@ from proxy.context.keep.artifactparse import (
     patch_in_command,
 )
 from proxy.context.keep.toolkinds import EDITOR_COMMANDS, WRITE_VERBS, command_of, editor_command, path_of
-from proxy.context.view.masking import output_text
+from proxy.context.view.masking import answer_text
 from proxy.types import Message
 
 ARTIFACTS_HEADING = "## Artifact trail (from ctxproxy's log: exact, not model-written)"
@@ -138,10 +138,11 @@ def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
     call is answered: a result answers the latest call under its key made before it and not answered yet, so
     calls that share a key pair with their results by position.
 
-    Whether the API marks the output as a failed call's is the item model's word
-    (``ItemModel.result_failed``: Anthropic's ``is_error``, Gemini's ``error``
-    field); where an item's ids and outputs do not pair one to one, its results
-    count as answered with nothing stated.
+    Each result is the item model's pairing of an id with its text (``ItemModel.answers``), so one that states
+    no text (a Gemini ``functionResponse`` answering an image read with ``{}``) is answered with nothing stated
+    and the results beside it keep their own; whether the API marks the output as a failed call's is the item
+    model's word too (``ItemModel.result_failed``: Anthropic's ``is_error``, Gemini's ``error`` field, read
+    before the output beside it).
     """
     waiting: dict[str, list[int]] = {}
     for index, call_id in calls:
@@ -149,22 +150,14 @@ def results_of(dialect: ItemModel, messages: Sequence[Message], start: int,
     found: dict[Call, Result] = {}
     for index in range(max(start, 0), len(messages) if calls else 0):
         item = messages[index]
-        ids = dialect.results(item)
-        wanted: list[tuple[int, Call]] = []
-        for n, call_id in enumerate(ids):
-            made = waiting.get(call_id)
+        if not any(waiting.get(call_id) for call_id in dialect.results(item)):
+            continue  # the common case, a result of no call asked about: its text is not read
+        for answer in dialect.answers(item):
+            made = waiting.get(answer.call_id)
             before = bisect.bisect_left(made, index) if made else 0
             if made and before:
-                wanted.append((n, (made.pop(before - 1), call_id)))
-        if not wanted:
-            continue
-        paths = dialect.result_paths(item)
-        for n, call in wanted:
-            if len(paths) != len(ids):
-                found[call] = Result("", False, index)
-                continue
-            text = output_text(get_path(item, paths[n]))[0]
-            found[call] = Result(text, dialect.result_failed(item, paths[n]), index)
+                text, is_error = answer_text(dialect, item, answer)
+                found[(made.pop(before - 1), answer.call_id)] = Result(text, is_error, index)
         if len(found) == len(calls):
             break
     return found

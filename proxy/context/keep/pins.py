@@ -41,11 +41,11 @@ import re
 from collections.abc import Iterator, Sequence
 
 from proxy.context.checkpoint import Pin
-from proxy.context.items import ItemModel, get_path
+from proxy.context.items import ItemModel
 from proxy.context.keep.instructionfiles import is_instruction_file, read_path
 from proxy.context.keep.toolkinds import whole_read
 from proxy.context.view.clipping import Measure, cut_text
-from proxy.context.view.masking import Masker, output_text
+from proxy.context.view.masking import Masker, answer_text
 from proxy.types import Message
 
 #: Share of the window the pins may take.
@@ -81,18 +81,17 @@ def found(dialect: ItemModel, messages: Sequence[Message], index: int) -> list[t
     item = messages[index]
     text = dialect.user_text(item)
     out = [(source, text[begin:end]) for source, begin, end in _spans(text)] if text else []
-    ids = dialect.results(item)
-    paths = dialect.result_paths(item)
-    if ids and len(ids) == len(paths):
-        for call_id, path in zip(ids, paths, strict=True):
-            name, arguments = Masker.call(dialect, messages, index, call_id)
-            read = read_path(name, arguments)
-            whole = whole_read(name, arguments) if read is None else None
-            output = output_text(get_path(item, path))[0] if read is not None or whole is not None else ""
-            if read is not None and output:
-                out.append((read, output))
-            elif whole is not None and output and quoted(output, [dialect.user_text(m) for m in messages[:index]]):
-                out.append((whole, output))
+    for answer in dialect.answers(item):
+        name, arguments = Masker.call(dialect, messages, index, answer.call_id)
+        read = read_path(name, arguments)
+        whole = whole_read(name, arguments) if read is None else None
+        output, failed = answer_text(dialect, item, answer) if read is not None or whole is not None else ("", False)
+        if failed:
+            continue  # a read that failed or was cancelled holds no file's text
+        if read is not None and output:
+            out.append((read, output))
+        elif whole is not None and output and quoted(output, [dialect.user_text(m) for m in messages[:index]]):
+            out.append((whole, output))
     return out
 
 

@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from proxy.context.items import Item, ItemModel, get_path, leading_system_count
+from proxy.context.items import Answer, Item, ItemModel, get_path, leading_system_count
 from proxy.context.keep.errorlines import call_errors
 from proxy.context.keep.instructionfiles import read_path
 from proxy.context.keep.toolkinds import is_shell
@@ -101,6 +101,13 @@ def output_text(value: Any) -> tuple[str, int]:
         else:
             non_text += 1
     return "\n".join(texts), non_text
+
+
+def answer_text(dialect: ItemModel, item: Item, answer: Answer) -> tuple[str, bool]:
+    """The text of one result (``ItemModel.answers``: its paths' texts, one line apart, in the order the dialect
+    reads them) and whether its API flags it failed (``""`` and False: it states no text)."""
+    text = "\n".join(output_text(get_path(item, path))[0] for path in answer.paths)
+    return text, any(dialect.result_failed(item, path) for path in answer.paths)
 
 
 def entry_name(index: int, seqs: Sequence[int]) -> tuple[str, int | None]:
@@ -244,13 +251,12 @@ class Masker:
         paths = dialect.result_paths(item)
         if not paths:
             return None
-        ids = dialect.results(item)
+        owner = {path: answer.call_id for answer in dialect.answers(item) for path in answer.paths}
         where, seq = entry_name(index, seqs)
         hint = RECALL_HINT.format(seq=seq) if self.recall and seq is not None else RERUN_HINT
         out: Item = item
-        for n, path in enumerate(paths):
-            call_id = ids[n] if len(ids) == len(paths) else (ids[0] if ids else None)
-            name, raw = self.call(dialect, messages, index, call_id)
+        for path in paths:
+            name, raw = self.call(dialect, messages, index, owner.get(path))
             if read_path(name, raw) is not None:
                 continue  # an instruction file the agent read stays verbatim (proxy.context.keep.pins)
             arguments = arguments_digest(raw)
