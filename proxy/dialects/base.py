@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -194,7 +194,8 @@ class Dialect(ItemModel):
 
     def parse(self, raw: bytes, route: Mapping[str, str] | None = None) -> ParsedRequest:
         """Validate a request body (``route``: what the URL says of it, the Gemini API's model and method);
-        ``BadRequest`` (a 4xx) for anything the proxy cannot work with."""
+        ``BadRequest`` (a 4xx) for anything the proxy cannot work with. Its items are objects; what else an item
+        must be is checked where it is new to its conversation (``checked_hash``)."""
         payload = parse_json(raw)
         if not isinstance(payload, dict):
             raise BadRequest("Request body must be a JSON object.", code="invalid_json")
@@ -202,14 +203,35 @@ class Dialect(ItemModel):
         check_writable({key: value for key, value in payload.items() if key != self.items_field})
         return ParsedRequest(raw, payload, items, self.fixed_fields)
 
-    def checked_hash(self, item: Item) -> str:
-        """``hash``, for an item new to the session: refused first if it could not be written back, or if a
-        ``type`` in it is not a string (``require_string_types``).
+    def item_problem(self, item: Item) -> Problem | None:
+        """What is wrong with an item (an object) that this API's requests may not hold; None: nothing."""
+        return None
 
-        The request path hashes only the items that were not in the session's
-        previous request, so each item is checked once, not on every step.
+    def check(self, item: Item, items: Sequence[Item]) -> None:
+        """Refuse ``item``, one of the request's ``items``, with a 400 naming it (``messages[3].tool_calls``): what
+        this API's requests may not hold (``item_problem``), and a ``type`` in it, or in a part of it, that is
+        there but not a string (the dialects look types up in sets, where an object or an array is a
+        ``TypeError``)."""
+        problem = self.item_problem(item) or (("", _UNTYPED) if _untyped(item) else None)
+        if problem is not None:
+            index = next(i for i, other in enumerate(items) if other is item)  # for the error only
+            where = f"{self.items_field}[{index}]{problem[0]}"
+            raise BadRequest(f"{where} {problem[1]}", param=where)
+
+    def checked_hash(self, item: Item, items: Sequence[Item]) -> str:
+        """``hash``, for an item of the request's ``items`` new to its conversation: refused first if the API's
+        requests may not hold it (``check``) or it could not be written back.
+
+        The request path hashes only the items that are not in the
+        conversation's previous request (``HistoryManager.hashes_for``), so each
+        item is checked once, not on every step, and a request's checks grow
+        with what is new. That is exact: an item equal to one of that request
+        (a deep equality of the parsed JSON) passed these same checks, and none
+        of them tells apart what the equality does not (key order, spacing;
+        ``1``, ``1.0`` and ``true``). A first request, a short one, a new
+        session or a restarted process has none kept: every item is checked.
         """
-        require_string_types(f"An item of '{self.items_field}'", item)
+        self.check(item, items)
         for value in item.values():  # a flat item (most of a chat history) cannot nest: nothing to write
             if not isinstance(value, _FLAT):
                 check_writable({self.items_field: [item]})
@@ -351,26 +373,26 @@ def check_writable(value: Any) -> None:
 Problem = tuple[str, str]
 
 
-def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False,
-                  check: Callable[[Item], Problem | None] | None = None) -> list[Item]:
-    """``payload[field]`` as a non-empty list of objects, each passed to ``check`` when given; ``BadRequest``
-    otherwise, naming the item (``messages[3]``). The name is made only for the error: a request of a long
-    session carries hundreds of items, and every one is checked on every request."""
+def require_items(payload: Mapping[str, Any], field: str, *, allow_string: bool = False) -> list[Item]:
+    """``payload[field]`` as a non-empty list of objects; ``BadRequest`` otherwise, naming the item (``messages[3]``).
+    A request of a long session carries hundreds of items: they are told apart from anything else in C, and the
+    name is made only for the error."""
     value = payload.get(field)
     if allow_string and isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise BadRequest(f"'{field}' must be a non-empty array of objects.", param=field)
-    for index, item in enumerate(value):
-        problem = ("", "must be an object.") if type(item) is not dict else None if check is None else check(item)
-        if problem is not None:
-            where = f"{field}[{index}]{problem[0]}"
-            raise BadRequest(f"{where} {problem[1]}", param=where)
+    if set(map(type, value)) != {dict}:
+        where = f"{field}[{next(i for i, item in enumerate(value) if type(item) is not dict)}]"
+        raise BadRequest(f"{where} must be an object.", param=where)
     return value
 
 
 #: Fields whose arrays hold typed parts: content blocks and parts, tool calls, reasoning summaries, tool outputs.
 _PART_FIELDS = frozenset({"content", "tool_calls", "summary", "output"})
+
+
+_UNTYPED = "has a type that is not a string: a type must be a string."
 
 
 def _untyped(value: Item) -> bool:
@@ -385,14 +407,6 @@ def _untyped(value: Item) -> bool:
                 if type(part) is dict and _untyped(part):
                     return True
     return False
-
-
-def require_string_types(name: str, item: Item) -> None:
-    """Refuse an item whose ``type``, or the ``type`` of a part in it, is there but not a string: the dialects look
-    types up in sets, where an object or an array is a ``TypeError``. ``Dialect.checked_hash`` runs it on each
-    item new to the session (about 0.35 µs an item), so a request pays for what is new."""
-    if _untyped(item):
-        raise BadRequest(f"{name} has a type that is not a string: a type must be a string.", param=name)
 
 
 def role_problem(message: Item) -> Problem | None:

@@ -112,14 +112,6 @@ def normalise(message: Item) -> dict[str, Any]:
     return out
 
 
-def _check_message(message: Item) -> Problem | None:
-    # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
-    calls = message.get("tool_calls")
-    if calls is not None and type(calls) is not list:
-        return role_problem(message) or (".tool_calls", "must be an array.")
-    return role_problem(message)
-
-
 class ChatDialect(Dialect):
     name = "chat"
     items_field = "messages"
@@ -133,7 +125,14 @@ class ChatDialect(Dialect):
     fixed_fields = ("functions", "response_format")
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "messages", check=_check_message)
+        return require_items(payload, "messages")
+
+    def item_problem(self, item: Item) -> Problem | None:
+        # The engine iterates tool calls (to count, summarise and pair them): an array, as OpenAI requires.
+        calls = item.get("tool_calls")
+        if calls is not None and type(calls) is not list:
+            return role_problem(item) or (".tool_calls", "must be an array.")
+        return role_problem(item)
 
     def role(self, item: Item) -> Role:
         return _ROLES.get(item.get("role"), "other")  # type: ignore[arg-type]

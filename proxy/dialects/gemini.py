@@ -131,15 +131,6 @@ def _identity_parts(parts: Sequence[Mapping[str, Any]]) -> list[Any]:
     return [p.strip() if isinstance(p, str) else p for p in out if p != ""]
 
 
-def _check_content(content: Item) -> Problem | None:
-    if not isinstance(content.get("parts"), list):
-        return ".parts", "must be an array (a content is an object with a 'parts' array)."
-    role = content.get("role")
-    if role is not None and not isinstance(role, str):
-        return ".role", "must be a string."
-    return None
-
-
 #: Google's canonical status names, by HTTP status (google.rpc.Code): what an error's ``status`` says.
 STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
                 405: "UNIMPLEMENTED", 408: "DEADLINE_EXCEEDED", 409: "ABORTED", 413: "INVALID_ARGUMENT",
@@ -175,7 +166,15 @@ class GeminiDialect(Dialect):
                              model_name=model, method=route.get("method", "generateContent"))
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "contents", check=_check_content)
+        return require_items(payload, "contents")
+
+    def item_problem(self, item: Item) -> Problem | None:
+        if not isinstance(item.get("parts"), list):
+            return ".parts", "must be an array (a content is an object with a 'parts' array)."
+        role = item.get("role")
+        if role is not None and not isinstance(role, str):
+            return ".role", "must be a string."
+        return None
 
     def at_door(self, path: str) -> bool:
         return any(path == f"/{version}" or path.startswith(f"/{version}/") for version in VERSIONS)

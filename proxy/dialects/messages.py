@@ -87,13 +87,6 @@ def _rewrites(edit: Any) -> bool:
     return isinstance(edit, Mapping) and isinstance(edit.get("type"), str) and edit["type"].startswith(UPSTREAM_EDITS)
 
 
-def _check_message(message: Item) -> Problem | None:
-    content = message.get("content")
-    if content is not None and not isinstance(content, str | list):
-        return role_problem(message) or (".content", "must be a string or an array.")
-    return role_problem(message)
-
-
 #: Anthropic's error ``type`` for a status (https://docs.claude.com/en/api/errors); other 4xx are
 #: ``invalid_request_error``, other 5xx ``api_error``.
 _ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -114,7 +107,13 @@ class MessagesDialect(Dialect):
     fixed_fields = ("system", "output_config", "output_format")
 
     def items_of(self, payload: dict[str, Any]) -> list[Item]:
-        return require_items(payload, "messages", check=_check_message)
+        return require_items(payload, "messages")
+
+    def item_problem(self, item: Item) -> Problem | None:
+        content = item.get("content")
+        if content is not None and not isinstance(content, str | list):
+            return role_problem(item) or (".content", "must be a string or an array.")
+        return role_problem(item)
 
     def error_body(self, status: int, message: str, *, type: str, code: str | None,
                    param: str | None) -> dict[str, Any]:

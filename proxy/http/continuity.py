@@ -115,8 +115,9 @@ async def resolve(request: web.Request, dialect: Dialect, parsed: ParsedRequest,
         if expanded is not parsed.items:  # Codex carried back a compaction item: its summary goes upstream instead
             payload = {**parsed.payload, dialect.items_field: expanded}
             parsed = dataclasses.replace(parsed, raw=orjson.dumps(payload), payload=payload, items=expanded)
-    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw), dialect.checked_hash,
-                                               conversation)
+    # The items new to the conversation are checked as they are hashed: the others were, in an earlier request.
+    hashes = await app[history_key].hashes_for(own, parsed.items, len(parsed.raw),
+                                               partial(dialect.checked_hash, items=parsed.items), conversation)
     # The newest reference to another tenant's session of this id proves that session as far as it goes.
     carried = next(((index + 1, r.tenant) for index, r in reversed(references)
                     if r.session == own.session and r.tenant != own.tenant), None)

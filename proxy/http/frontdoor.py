@@ -21,12 +21,11 @@ from aiohttp.typedefs import Handler
 from proxy import offload
 from proxy.clientcompact import CODEX_ENDPOINT, find_boundary, recognise
 from proxy.constants import HEADER_TURN_METADATA
-from proxy.context.items import leading_system_count
 from proxy.context.log.lineage import ROOT, ConversationState
 from proxy.context.view.applying import Requester
 from proxy.context.view.prepared import PreparedView
 from proxy.dialects import RESPONSES
-from proxy.dialects.base import Dialect, ParsedRequest, require_string_types
+from proxy.dialects.base import Dialect, ParsedRequest
 from proxy.errors import ProxyError, StoreError
 from proxy.http import clientcompaction, continuity, recall, subagents
 from proxy.http.body import read_body
@@ -122,8 +121,10 @@ def fingerprint_of(dialect: Dialect, parsed: ParsedRequest) -> str:
     # Gemini's systemInstruction stays out: Gemini CLI's own compression calls send its history under another
     # one, and they belong to the session of that history.
     system = parsed.payload.get("system", parsed.payload.get("instructions"))
-    for index in range(min(len(parsed.items), leading_system_count(dialect, parsed.items) + 1)):
-        require_string_types(f"{dialect.items_field}[{index}]", parsed.items[index])  # what is fingerprinted
+    for item in parsed.items:  # what is fingerprinted, checked before it is read: the leading system items and one
+        dialect.check(item, parsed.items)
+        if dialect.role(item) != "system":
+            break
     return fingerprint_session(dialect, parsed.items, system)
 
 
