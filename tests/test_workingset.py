@@ -344,6 +344,10 @@ def test_a_shell_command_drops_what_it_may_have_changed(command: str, left: set[
     ("tee -a a.log b.log < in.txt", ["a.log", "b.log"]),  # the literals' reader took the first only
     ("python3 - <<'EOF'\nif a > b: print(a)\nEOF", []),  # a heredoc's body is text; the working set's took b:
     ("@'\nx = 1 > 0\n'@ | Set-Content -Path app\\api\\router.py", ["app\\api\\router.py"]),
+    # A here-string where an expression goes: its body is text too (it gave x, y and b as written).
+    ('$page = @"\n<p>x</p>\n<div>y</div>\n"@\nSet-Content index.html $page', ["index.html"]),
+    ('Set-Content -Path a.txt -Value @"\nline > b\n"@', ["a.txt"]),
+    ("echo 'user@'\necho hi > out.txt", ["out.txt"]),  # a bash line ending in @' that nothing closes
     ("make 2>/dev/null >&2 > $OUT", []),
 ])
 def test_one_reader_says_which_files_a_shell_command_writes(command: str, files: list[str]) -> None:

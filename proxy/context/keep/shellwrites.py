@@ -320,11 +320,26 @@ def bodies(command: str) -> list[Body]:
         if line.lstrip().startswith(_HERE_STRING):
             closing, start = line.lstrip()[1] + "@", at + 1
             continue
+        if _closed_here_string(line, lines[at + 1:]):  # ``$page = @"``, ``-Value @'``: its closer ends it
+            closing, start = line.rstrip()[-1] + "@", at + 1
+            continue
         if (heredoc := _OPENS.search(line)) is not None:
             closing, start = heredoc.group(2), at + 1
     if closing is not None:
         out.append(Body(start, len(lines), False))
     return out
+
+
+def _closed_here_string(line: str, after: list[str]) -> bool:
+    """Whether ``line`` opens a PowerShell here-string where an expression goes (``$page = @"``, ``Set-Content a
+    -Value @'``: the opener last on its line, as PowerShell requires) that a later line closes (``"@`` or ``'@``
+    opening it). Only a closed one counts: a bash line may end in ``@'`` too (``echo 'user@'``), and one that no
+    ``'@`` line follows is read as before."""
+    end = line.rstrip()
+    if not end.endswith(_HERE_STRING):
+        return False
+    closer = end[-1] + "@"
+    return any(later.startswith(closer) for later in after)
 
 
 def _targets(line: str, at: int, *, many: bool) -> list[str]:
