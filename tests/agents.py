@@ -1,5 +1,5 @@
 """The real coding agents as child processes: Codex CLI, Claude Code, Gemini CLI, Qwen Code, pi, opencode and
-cline, pinned in tests/clients/package.json.
+cline, pinned in tests/clients/package.json, and mini-swe-agent, pinned in tests/clients/requirements-mini.txt.
 
 ``scripts/install-clients`` installs them (npm, native binaries included) into
 tests/clients/node_modules. Each run gets its own HOME (and CODEX_HOME) under
@@ -40,6 +40,14 @@ GEMINI_VERSION = PINNED["@google/gemini-cli"]
 QWEN_VERSION = PINNED["@qwen-code/qwen-code"]
 OPENCODE_VERSION = PINNED["opencode-ai"]
 CLINE_VERSION = PINNED["cline"]
+#: mini-swe-agent's virtualenv (scripts/install-clients) and its pin.
+MINI_VENV = CLIENTS / "venv-mini"
+MINI_VERSION = (CLIENTS / "requirements-mini.txt").read_text().strip().removeprefix("mini-swe-agent==")
+#: LiteLLM's OpenAI provider (Chat Completions at ``api_base``) and a model it knows; the fakes answer any name.
+MINI_MODEL = "openai/gpt-5.5"
+#: The first line of a command's output that ends a mini-swe-agent run (its LocalEnvironment._check_finished): the
+#: lines after it are the submission.
+MINI_SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 #: A model Gemini CLI knows (it sends it as ``gemini-3.1-pro-preview``); the fakes answer any name.
 GEMINI_MODEL = "gemini-3-pro-preview"
 #: A model name Qwen Code knows nothing of (it then assumes a 200k window); the fake answers any name.
@@ -272,6 +280,47 @@ async def run_cline(base_url: str, root: Path, prompt: str, *, timeout: float = 
             run.final_text = event.get("text")
         elif event.get("type") == "error":
             run.errors.append(str(event.get("message")))
+    return run
+
+
+def mini_config(base_url: str) -> dict[str, Any]:
+    """The config a mini-swe-agent run merges over its own ``mini.yaml``: LiteLLM's OpenAI provider at ``base_url``
+    (``…/v1``) with a dummy key and the OpenAI SDK's retries off (an error shows at once), commands run unconfirmed
+    (yolo) and the run ended at the submission without asking, no step or cost limit, and an answer LiteLLM cannot
+    price (or prices at 0) counted as costing nothing rather than as an error that ends the run. mini-swe-agent has
+    no compaction of its own: it sends its whole history every step (an output over 10,000 characters is cut to its
+    head and tail, far above the tests')."""
+    return {"agent": {"mode": "yolo", "confirm_exit": False, "step_limit": 0, "cost_limit": 0},
+            "model": {"model_name": MINI_MODEL, "cost_tracking": "ignore_errors",
+                      "model_kwargs": {"api_base": base_url, "api_key": "sk-mini-ctxproxy-test", "drop_params": True,
+                                       "max_retries": 0}}}
+
+
+async def run_mini(base_url: str, root: Path, prompt: str, *, timeout: float = TIMEOUT) -> AgentRun:
+    """``mini -y --exit-immediately`` in ``root/work`` configured by ``root/mini.yaml`` (``mini_config``), its
+    trajectory in ``root/mini.traj.json``: the final text is its submission, an exit other than ``Submitted`` an
+    error. Its first-run wizard is skipped (``MSWEA_CONFIGURED``), its global config kept under the run's HOME,
+    LiteLLM's price map read from the package rather than fetched, and a failed model call not retried."""
+    home, work = _dirs(root)
+    config, trajectory = root / "mini.yaml", root / "mini.traj.json"
+    config.write_text(json.dumps(mini_config(base_url)))  # JSON is YAML
+    mini = MINI_VENV / "bin" / "mini"
+    if not mini.exists():
+        raise RuntimeError(f"{mini} is missing: run scripts/install-clients")
+    env = {**base_env(home), "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
+           "MSWEA_GLOBAL_CONFIG_DIR": str(home / "mini-swe-agent"), "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "1",
+           "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    argv = [str(mini), "-c", "mini.yaml", "-c", str(config), "-y", "--exit-immediately", "-o", str(trajectory),
+            "-t", prompt]
+    run = await _run(argv, env, work, timeout)
+    if trajectory.exists():
+        saved = json.loads(trajectory.read_text())
+        run.events = saved["messages"]
+        info = saved["info"]
+        if info.get("exit_status") == "Submitted":
+            run.final_text = info.get("submission")
+        else:
+            run.errors.append(f"{info.get('exit_status')}: {run.events[-1].get('content') if run.events else ''}")
     return run
 
 

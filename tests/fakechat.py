@@ -1,9 +1,10 @@
-"""A fake Chat Completions upstream for the real Qwen Code and cline: a real aiohttp server.
+"""A fake Chat Completions upstream for the real Qwen Code, cline and mini-swe-agent: a real aiohttp server.
 
 ``POST /v1/chat/completions`` answers each turn of ``script`` with a call of the agent's shell tool
-(``run_shell_command``, cline's ``run_commands``) that runs the step, or the final text, streamed as OpenAI
-streams it (a role chunk, content and tool-call argument deltas, a chunk with ``finish_reason``, a usage chunk
-when ``stream_options.include_usage`` asks, then ``[DONE]``) or as one ``chat.completion``. It checks what OpenAI
+(``run_shell_command``, cline's ``run_commands``, mini-swe-agent's ``bash``) that runs the step, or the final
+text, streamed as OpenAI streams it (a role chunk, content and tool-call argument deltas, a chunk with
+``finish_reason``, a usage chunk when ``stream_options.include_usage`` asks, then ``[DONE]``) or as one
+``chat.completion``. It checks what OpenAI
 checks about history (every tool call of an assistant message is answered by a ``tool`` message after it, and
 every ``tool`` message answers one) and refuses a prompt over ``window`` with OpenAI's 400
 ``context_length_exceeded``. A request whose system message, or last user message, starts with the proxy's
@@ -25,9 +26,11 @@ from tests.fakeupstream import overflow_body
 
 #: Qwen Code's shell tool, the one called when none the fake knows is offered.
 SHELL = "run_shell_command"
-#: The shell tool of each agent the fake drives, by name: Qwen Code's, and cline's (a list of commands).
+#: The shell tool of each agent the fake drives, by name: Qwen Code's, cline's (a list of commands) and
+#: mini-swe-agent's.
 SHELLS = {SHELL: lambda command: {"command": command},
-          "run_commands": lambda command: {"commands": [command]}}
+          "run_commands": lambda command: {"commands": [command]},
+          "bash": lambda command: {"command": command}}
 #: How Qwen Code's compression request ends.
 QWEN_COMPRESSION = "produce the <state_snapshot> XML"
 

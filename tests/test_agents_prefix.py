@@ -29,7 +29,7 @@ from tests.fakechat import FakeChat
 from tests.fakegemini import FakeGemini
 from tests.fakemessages import FakeMessages
 from tests.fakeresponses import FakeResponses
-from tests.fakescript import Recorder, Script, final_text
+from tests.fakescript import Recorded, Recorder, Script, final_text
 from tests.prefixchanges import (
     CHAT,
     GEMINI,
@@ -44,7 +44,7 @@ from tests.prefixchanges import (
     unplanned,
 )
 from tests.proxyfixtures import read_log
-from tests.test_agents_proxy import PROMPT, long_step, rig
+from tests.test_agents_proxy import PROMPT, Rig, long_step, rig
 
 STEPS = 30
 WINDOW = 16_000
@@ -121,9 +121,18 @@ async def test_real_agents_run_thirty_steps_in_16k_and_the_proxy_changes_the_pre
     summaries, fallbacks = summaries_and_fallbacks(logs)
     assert fallbacks == 0 and (summaries >= 1 or name not in SUMMARISED), "the model's prose was accepted as a summary"
 
+    await check_prefix_changes(parts, turns, agent.door, logs, summaries)
+
+
+async def check_prefix_changes(parts: Rig, turns: list[Recorded], door: Door, logs: list[list[StoredFact]],
+                               summaries: int) -> list[Any]:
+    """The prefix changes the proxy made in a run of ``STEPS`` steps (counted from what the fake received, the
+    same as it reports) stand each on a checkpoint it just made, and they and the summaries are at most
+    ``MOST_CHANGES``. Returns the bodies of the agent's requests."""
+    sent = parts.tap.exchanges
     upstream, client = agent_turns(turns, sent)
     assert len(client) == STEPS + 1
-    changed = proxy_made(upstream, client, agent.door)
+    changed = proxy_made(upstream, client, door)
     counted = reported(await metrics(parts.proxy))
     assert len(changed) == sum(counted.get(cause, 0) for cause in PROXY_CAUSES), (changed, counted)
     assert sum(len(replies(log)) for log in logs) == len(sent), "one reply logged per request"
@@ -131,3 +140,4 @@ async def test_real_agents_run_thirty_steps_in_16k_and_the_proxy_changes_the_pre
     assert len(changed) <= MOST_CHANGES, f"{len(changed)} prefix changes in {STEPS} steps: {counted}"
     # Compactions that last (issue 19): Codex, with 8.5k of tools and instructions, made 29 summaries in 30 steps.
     assert summaries <= MOST_CHANGES, f"{summaries} summaries in {STEPS} steps"
+    return client
