@@ -1,5 +1,7 @@
 """The real coding agents as child processes: Codex CLI, Claude Code, Gemini CLI, Qwen Code, pi, opencode and
-cline, pinned in tests/clients/package.json, and mini-swe-agent, pinned in tests/clients/requirements-mini.txt.
+cline, pinned in tests/clients/package.json, and mini-swe-agent and aider, pinned in
+tests/clients/requirements-mini.txt and requirements-aider.txt (each installed into a virtualenv of its own,
+tests/clients/venv-mini and venv-aider).
 
 ``scripts/install-clients`` installs them (npm, native binaries included) into
 tests/clients/node_modules. Each run gets its own HOME (and CODEX_HOME) under
@@ -16,6 +18,9 @@ loopback base URL they are given and nothing else:
 - Claude Code: ``ANTHROPIC_BASE_URL`` and a dummy key, its auto-compaction off
   (``DISABLE_AUTO_COMPACT``), non-essential traffic (telemetry, update checks)
   off, only the Bash tool offered and allowed.
+- aider: ``--openai-api-base`` and a dummy key, its history summary out of reach,
+  typed its messages on stdin (``run_aider``); no model list fetched (a local
+  model metadata file, litellm's bundled price list).
 
 Runs are bounded by ``timeout``; on expiry the agent's whole process group is
 killed and the run reported with return code ``None``.
@@ -30,6 +35,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from proxy.launch.agents import OUT_OF_REACH
 
 CLIENTS = Path(__file__).resolve().parent / "clients"
 BIN = CLIENTS / "node_modules" / ".bin"
@@ -60,6 +67,10 @@ PI_MODEL = "gpt-5.5"
 OPENCODE_MODEL = "anthropic/claude-sonnet-4-5"
 #: Codex's window and auto-compaction limit: far above any test's window.
 CODEX_WINDOW = 1_000_000
+#: aider, in its own virtualenv (``scripts/install-clients``: aider-chat as requirements-aider.txt pins it).
+AIDER = CLIENTS / "venv-aider" / "bin" / "aider"
+#: A model aider knows (its edit format for it is ``diff``, SEARCH/REPLACE blocks); the fakes answer any name.
+AIDER_MODEL = "openai/gpt-5"
 TIMEOUT = 60.0
 
 
@@ -324,6 +335,35 @@ async def run_mini(base_url: str, root: Path, prompt: str, *, timeout: float = T
     return run
 
 
+def aider_metadata() -> dict[str, Any]:
+    """What aider is told of its model (``--model-metadata-file``), so that it looks up no model list online (it
+    fetches litellm's price list from GitHub for a model it has no local metadata of). The window is the one
+    litellm's bundled map gives GPT-5."""
+    return {AIDER_MODEL: {"max_input_tokens": 272_000, "max_output_tokens": 128_000, "litellm_provider": "openai",
+                          "mode": "chat", "input_cost_per_token": 1.25e-06, "output_cost_per_token": 1e-05}}
+
+
+async def run_aider(base_url: str, root: Path, messages: list[str], files: list[str], *,
+                    timeout: float = TIMEOUT) -> AgentRun:
+    """aider in ``root/work`` with ``files`` (there already) in its chat, at ``base_url`` (``…/v1``), typing
+    ``messages`` one per line on its stdin (``TERM=dumb``: plain ``input()``, no prompt_toolkit) and ending at their
+    end; git, analytics, the update check, linting and its repo map off, its history summary out of reach
+    (``--max-chat-history-tokens``, as ``ctxproxy run aider`` sets it). It streams, its default."""
+    if not AIDER.exists():
+        raise RuntimeError(f"{AIDER} is missing: run scripts/install-clients")
+    home, work = _dirs(root)
+    metadata = root / "aider-models.json"
+    metadata.write_text(json.dumps(aider_metadata()))
+    # litellm fetches its own price list from GitHub at import unless told to use the one it ships.
+    env = {**base_env(home), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    argv = [str(AIDER), "--model", AIDER_MODEL, "--weak-model", AIDER_MODEL, "--openai-api-base", base_url,
+            "--openai-api-key", "sk-aider-ctxproxy-test", "--model-metadata-file", str(metadata),
+            "--yes-always", "--no-git", "--no-auto-commits", "--no-pretty", "--no-fancy-input", "--map-tokens", "0",
+            "--no-auto-lint", "--no-check-update", "--no-analytics", "--analytics-disable",
+            "--no-show-release-notes", "--max-chat-history-tokens", str(OUT_OF_REACH), *files]
+    return await _run(argv, env, work, timeout, "".join(f"{m}\n" for m in messages).encode())
+
+
 def codex_outputs(run: AgentRun) -> list[str]:
     """What each shell command of a Codex run printed, in order."""
     return [e["item"]["aggregated_output"] for e in run.events
@@ -353,13 +393,16 @@ def _dirs(root: Path) -> tuple[Path, Path]:
     return home, work
 
 
-async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float) -> AgentRun:
-    """Run to the end or to ``timeout``; in its own session, so its shells die with it."""
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+async def _run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float,
+               stdin: bytes | None = None) -> AgentRun:
+    """Run to the end or to ``timeout``, reading ``stdin`` (none: stdin closed); in its own session, so its shells
+    die with it."""
+    source = asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, cwd=cwd, stdin=source,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                                                 start_new_session=True)
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
     except TimeoutError:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = await proc.communicate()

@@ -67,7 +67,7 @@ class FakeChat(Recorder):
         if QWEN_COMPRESSION in content_text(last.get("content")):
             self._record(request, body, "client_compaction")
             return await self._answer(request, body, "<state_snapshot></state_snapshot>", None, 0, 0)
-        if not body.get("tools"):
+        if self.helper(body):
             self._record(request, body, "helper")
             return await self._answer(request, body, "Scripted steps", None, 0, 0)
         prompt = [body.get("tools"), *messages]
@@ -86,12 +86,21 @@ class FakeChat(Recorder):
         self._record(request, body, "turn", tokens=tokens)
         cached = cached_prefix(self._last_prompt, prompt, counts)
         self._last_prompt = prompt
+        text, call = self.reply(body, messages)
+        return await self._answer(request, body, text, call, tokens, cached)
+
+    def helper(self, body: dict[str, Any]) -> bool:
+        """An agent's helper call (a title, a summary of its own), not a turn of its loop: it offers no tools."""
+        return not body.get("tools")
+
+    def reply(self, body: dict[str, Any], messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any] | None]:
+        """The text of a turn's answer and its tool call: the next scripted step's shell call, or the final text."""
         command, output = last_call(messages)
         step = self.script.next_step(command, output)
         if isinstance(step, str):
-            return await self._answer(request, body, step, None, tokens, cached)
+            return step, None
         call = shell_call(body["tools"], self.script.command(step), f"call_{next(self._ids):06d}")
-        return await self._answer(request, body, f"Running step {step}.", call, tokens, cached)
+        return f"Running step {step}.", call
 
     async def _answer(self, request: web.Request, body: dict[str, Any], text: str, call: dict[str, Any] | None,
                       tokens: int, cached: int) -> web.StreamResponse:
