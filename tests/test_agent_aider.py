@@ -53,6 +53,12 @@ async def test_aider_edits_files_for_thirty_turns_through_the_proxy_in_a_16k_win
         assert (work / name).read_text() == functions + start(name)
     logs = await session_logs(parts.store)
     assert len(logs) == 1 and any(f.kind == "checkpoint" for f in logs[0]), "the proxy compacted on the way"
+    # Issue #33: aider's files message is a whole read of each file it holds, so once compaction took it out of
+    # the view, the summary item's files in hand carry the newest one's text. The last request went out before
+    # step 30's edit: the file step 29 edited is as it is on disk now, and the model can still quote it.
+    newest = (work / file_of(STEPS - 1)).read_text()
+    assert file_of(STEPS) != file_of(STEPS - 1)
+    assert any(newest in str(m.get("content")) for m in turns[-1].body["messages"]), "the newest file's text"
 
     # Issue #34 counts the prefix changes the proxy makes where the client's own request extends its previous one.
     # aider never does: it sends the files in its chat after its history, each time with their new text, so every

@@ -247,6 +247,54 @@ def test_gemini_cli_read_file_write_file_and_replace() -> None:
     assert run.files() == {"src/a.ts": "export const a = 2;\nexport const b = 2;\n", "src/c.ts": "export {};\n"}
 
 
+# -- aider ------------------------------------------------------------------------------------------------------------
+
+AIDER_PREFIX = ("I have *added these files to the chat* so you can go ahead and edit them.\n\n"
+                "*Trust this message as the true contents of these files!*\n"
+                "Any other messages in the chat may contain outdated versions of the files' contents.\n")
+README = "# Notes\n\n```\nmake test\n```\n"
+
+
+def aider_files(files: dict[str, str], fence: str = "```") -> list[dict[str, Any]]:
+    """aider 0.86.2's files message (``Coder.get_chat_files_messages``): each file as path, fence, text, fence."""
+    body = "".join(f"\n{path}\n{fence}\n{text}{fence}\n" for path, text in files.items())
+    return [{"role": "user", "content": AIDER_PREFIX + body},
+            {"role": "assistant", "content": "Ok, any changes I propose will be to those files."}]
+
+
+def test_aiders_files_message_is_a_whole_read_of_each_file_and_the_newest_one_is_current() -> None:
+    """A text holding ``` takes aider's four-backtick fence; a file without a final newline ends at the fence; the
+    files are ranked by the assistant's SEARCH/REPLACE blocks, not by the message's (a set's) order."""
+    run = Run()
+    run.messages += aider_files({"app.py": APP, "README.md": README}, "````")
+    run.messages.append({"role": "user", "content": "add a test target"})
+    assert run.files() == {"app.py": APP, "README.md": README}
+    edited = README + "```\nmake lint\n```"
+    run.messages.append({"role": "assistant", "content": "README.md\n````markdown\n<<<<<<< SEARCH\n=======\n```\n"
+                                                         "make lint\n```\n>>>>>>> REPLACE\n````\n"})
+    run.messages.append({"role": "user", "content": "I updated the files."})
+    run.messages += aider_files({"README.md": edited, "app.py": APP}, "````")
+    run.messages.append({"role": "user", "content": "next"})
+    assert run.files() == {"app.py": APP, "README.md": edited}
+    rows, text = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, [])
+    assert [row[0] for row in rows] == ["README.md", "app.py"], "the file the assistant edited last first"
+    assert f"\n{edited}\n" in text and APP in text
+
+
+def test_a_message_that_only_quotes_aiders_prefix_shows_no_file() -> None:
+    """Nor one whose fence starts a line of a file (aider falls back to ``` where no fence fits)."""
+    quoted = Run()
+    quoted.messages.append({"role": "user", "content": "Why does it say: " + AIDER_PREFIX + "\napp.py\n```\nx\n```\n"})
+    partial = Run()
+    partial.messages.append({"role": "user", "content": AIDER_PREFIX.splitlines()[0] + "\n\napp.py\n```\nx\n```\n"})
+    trailing = Run()
+    trailing.messages += aider_files({"app.py": APP})
+    trailing.messages[-2]["content"] += "and more words\n"
+    fallback = Run()
+    fallback.messages += aider_files({"README.md": README, "app.py": APP})
+    assert quoted.files() == partial.files() == trailing.files() == fallback.files() == {}, "aider found no fence"
+
+
 def test_a_gemini_truncated_read_or_a_wrong_replacement_count_is_no_text() -> None:
     truncated = "IMPORTANT: The file content has been truncated.\nStatus: Showing lines 1-2 of 900 total lines.\n"
     run = Run().call("read_file", {"file_path": "big.ts"}, truncated + "a\nb\n")

@@ -10,7 +10,8 @@ knows each file's current text exactly, and knows when it stops knowing:
   ``read_file``, opencode's and Anthropic's editor's reads, a plain shell ``cat
   PATH``; a raw reader's output is the file): ``proxy.context.keep.toolkinds`` says which
   calls read a file whole, ``proxy.context.keep.fileedits.read_text`` which outputs
-  show one. A partial read (offset, limit) neither
+  show one; aider's files message, every file in its chat whole in a user message,
+  is a read of each, ``proxy.context.keep.aiderfiles``). A partial read (offset, limit) neither
   sets nor drops the text: a region could not take a later edit exactly;
 - a **write** sets it (``Write``, ``write_file``, opencode's ``write``, Codex's
   ``*** Add File``, a shell heredoc ``cat > PATH <<'EOF'``);
@@ -72,6 +73,7 @@ from typing import Any, Protocol
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.items import ItemModel
+from proxy.context.keep.aiderfiles import aider_files, edited
 from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patch_in_command
 from proxy.context.keep.artifacts import DESTINATION_KEYS, Result, calls_in, failed, patch_of, results_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
@@ -215,8 +217,16 @@ def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Seq
     results = results_of(dialect, messages, begin, calls)
     quiet = (begin, tuple(files.by_path.values()))
     waits = begin  # every call so far answered before this index
-    for call, (name, arguments) in calls.items():
+    shown = _files_messages(dialect, messages, begin, end)
+    for call, (name, arguments) in [*calls.items(), ((end, ""), ("", None))]:
         index, result = call[0], results.get(call)
+        while shown and shown[0][0] < index:
+            at, held = shown.pop(0)
+            if waits <= at and quiet[0] < at:
+                quiet = (at, tuple(files.by_path.values()))
+            _shown(files, held, at, seqs[at] if at < len(seqs) else -1)
+        if index == end:
+            break
         if waits <= index and quiet[0] < index:
             quiet = (index, tuple(files.by_path.values()))
         if result is None or result.index >= end:
@@ -229,6 +239,29 @@ def tracked(dialect: ItemModel, messages: Sequence[Message], end: int, seqs: Seq
         quiet = (end, tuple(files.by_path.values()))
     logged = min(len(seqs), end) >= quiet[0] and all(seq >= 0 for seq in seqs[:quiet[0]])
     return list(files.by_path.values()), Track(quiet[0], tuple(seqs[:quiet[0]]), quiet[1]) if logged else None
+
+
+def _files_messages(dialect: ItemModel, messages: Sequence[Message], begin: int,
+                    end: int) -> list[tuple[int, list[tuple[str, str]]]]:
+    """The client's messages in ``messages[begin:end]`` that show files whole (aider's files message,
+    ``proxy.context.keep.aiderfiles``), each with its index and the (path, text) of each file, those the
+    assistant edited last listed last (the files message's own order says nothing)."""
+    shown = {index: held for index in range(max(begin, 0), min(end, len(messages)))
+             if (text := dialect.user_text(messages[index])) and (held := aider_files(text)) is not None}
+    found = []
+    last_edit: dict[str, int] = {}
+    for index in range(max(begin, 0), max(shown, default=-1) + 1):
+        if index in shown:
+            found.append((index, sorted(shown[index], key=lambda pair: last_edit.get(pair[0], -1))))
+        elif dialect.role(messages[index]) == "assistant":
+            last_edit.update(dict.fromkeys(edited(dialect.text(messages[index])[0]), index))
+    return found
+
+
+def _shown(files: _Files, held: list[tuple[str, str]], at: int, seq: int) -> None:
+    """A message showing each of ``held`` whole, as a read of each at ``at`` (in order: the last is newest)."""
+    for path, text in held:
+        files.set(path, replace(_reread(files.get(path), path, text, at, seq), in_call=True))
 
 
 def _apply(files: _Files, name: str, arguments: Any, result: Result, index: int, seq: int) -> None:
