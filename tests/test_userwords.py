@@ -40,6 +40,17 @@ def test_newly_summarised_user_messages_are_carried_but_not_the_reinserted_opene
                               "[log entry 15]\npython 3.11 only")
 
 
+def test_aiders_files_message_is_not_the_users_words() -> None:
+    """aider writes it (its files' text, which the files in hand carry); the user's own message beside it stays."""
+    files = ("I have *added these files to the chat* so you can go ahead and edit them.\n\n*Trust this message as the "
+             "true contents of these files!*\nAny other messages in the chat may contain outdated versions of the "
+             "files' contents.\n\napp.py\n```\nx = 1\n```\n")
+    messages = conversation([files, "add a test"])
+    carried = carry(CHAT, messages, (), start=1, end=5, opener=None, previous_opener=None, seqs=range(10, 20),
+                    measure=MEASURE, budget=1000)
+    assert [e[3] for e in carried] == ["add a test"]
+
+
 def test_tool_results_are_not_user_words() -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "fix it"}]},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},

@@ -9,7 +9,8 @@ leaves the verbatim tail (``ItemModel.user_text``: never tool output, even
 where an API puts it in a user message) into the summary item, under its own
 heading after the model's sections. Text the pins carry (``proxy.context.keep.pins``:
 an instruction file an agent sends in a user message, a ``<pin>`` block) is
-named there in place, not carried twice.
+named there in place, not carried twice; aider's files message, its files' text
+that the files in hand carry, is no words of the user's.
 
 The words have a budget (``--keep-user-words``, default 10 % of the window, in
 tokens). Over it, the oldest long messages are clipped head and tail around a
@@ -29,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from proxy.context.items import ItemModel
+from proxy.context.keep.aiderfiles import aider_files
 from proxy.context.keep.pins import unpinned
 from proxy.context.view.clipping import CLIP_MARKER, Measure, cut_text
 from proxy.context.view.tokens import MESSAGE_OVERHEAD_TOKENS
@@ -59,8 +61,12 @@ def render(entries: Sequence[Entry]) -> str:
 
 
 def _words(dialect: ItemModel, message: Message) -> str | None:
-    """The user's words in ``message``, each pinned text in them named, not repeated (``proxy.context.keep.pins``)."""
+    """The user's words in ``message``, each pinned text in them named, not repeated (``proxy.context.keep.pins``);
+    none in aider's files message, which aider writes, not the user: the files in hand carry its files' text
+    (``proxy.context.keep.aiderfiles``), where it took 14k characters of a 16k window's item as words."""
     text = dialect.user_text(message)
+    if text and aider_files(text) is not None:
+        return None
     return unpinned(text) if text else text
 
 
