@@ -43,7 +43,10 @@ def edited(text: str) -> set[str]:
     head that is not a fence."""
     paths = set()
     for head in SEARCH.finditer(text):
-        above = text[:head.start()].split("\n")[-4:-1]
+        cut = head.start()
+        for _ in range(4):  # the three lines above the head, found from it: a long answer is not split per block
+            cut = text.rfind("\n", 0, cut) if cut > 0 else -1
+        above = text[cut + 1:head.start()].split("\n")[-4:-1]
         path = next((line.strip() for line in reversed(above) if line.strip() and not line.startswith("`")), None)
         if path is not None:
             paths.add(path)

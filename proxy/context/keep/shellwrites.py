@@ -311,6 +311,8 @@ def bodies(command: str) -> list[Body]:
     closing: str | None = None
     start = 0
     lines = command.splitlines()
+    # The last line each here-string closer opens: one pass, so a command of many openers stays linear.
+    last_closer = {closer: at for at, line in enumerate(lines) for closer in ("'@", '"@') if line.startswith(closer)}
     for at, line in enumerate(lines):
         if closing is not None:
             if line.strip() != closing and not (closing in ("'@", '"@') and line.startswith(closing)):
@@ -320,7 +322,7 @@ def bodies(command: str) -> list[Body]:
         if line.lstrip().startswith(_HERE_STRING):
             closing, start = line.lstrip()[1] + "@", at + 1
             continue
-        if _closed_here_string(line, lines[at + 1:]):  # ``$page = @"``, ``-Value @'``: its closer ends it
+        if _closed_here_string(line, at, last_closer):  # ``$page = @"``, ``-Value @'``: its closer ends it
             closing, start = line.rstrip()[-1] + "@", at + 1
             continue
         if (heredoc := _OPENS.search(line)) is not None:
@@ -330,16 +332,13 @@ def bodies(command: str) -> list[Body]:
     return out
 
 
-def _closed_here_string(line: str, after: list[str]) -> bool:
-    """Whether ``line`` opens a PowerShell here-string where an expression goes (``$page = @"``, ``Set-Content a
-    -Value @'``: the opener last on its line, as PowerShell requires) that a later line closes (``"@`` or ``'@``
-    opening it). Only a closed one counts: a bash line may end in ``@'`` too (``echo 'user@'``), and one that no
-    ``'@`` line follows is read as before."""
+def _closed_here_string(line: str, at: int, last_closer: dict[str, int]) -> bool:
+    """Whether ``line`` (line ``at``) opens a PowerShell here-string where an expression goes (``$page = @"``,
+    ``Set-Content a -Value @'``: the opener last on its line, as PowerShell requires) that a later line closes
+    (``"@`` or ``'@`` opening it; ``last_closer``: the last line each closer opens). Only a closed one counts: a bash
+    line may end in ``@'`` too (``echo 'user@'``), and one that no ``'@`` line follows is read as before."""
     end = line.rstrip()
-    if not end.endswith(_HERE_STRING):
-        return False
-    closer = end[-1] + "@"
-    return any(later.startswith(closer) for later in after)
+    return end.endswith(_HERE_STRING) and last_closer.get(end[-1] + "@", -1) > at
 
 
 def _targets(line: str, at: int, *, many: bool) -> list[str]:

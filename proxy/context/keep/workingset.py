@@ -78,7 +78,7 @@ from proxy.context.keep.artifactparse import parsed_arguments, patch_files, patc
 from proxy.context.keep.artifacts import DESTINATION_KEYS, Result, calls_in, failed, patch_of, results_of
 from proxy.context.keep.codexcode import cell_calls, cell_source
 from proxy.context.keep.fileedits import codex_patch, output_is_whole, read_text, replaced, shell_output
-from proxy.context.keep.refusals import declined, refused
+from proxy.context.keep.refusals import refused
 from proxy.context.keep.shellwrites import effect
 from proxy.context.keep.toolkinds import (
     RAW_READERS,
@@ -312,8 +312,8 @@ def _only_polls(args: Any) -> bool:
 
 
 def _is_error(result: Result) -> bool:
-    return (result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
-            or declined(result.text))
+    # A call its client declined is a failure already (``artifactparse.outcome``, which ``failed`` reads).
+    return result.is_error or failed(result) or _ERROR_START.match(result.text) is not None
 
 
 def _file_call(files: _Files, lowered: str, args: dict[str, Any], path: str, result: Result, index: int, at: int,
