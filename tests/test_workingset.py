@@ -11,6 +11,7 @@ import pytest
 
 from proxy.context.checkpoint import Checkpoint
 from proxy.context.keep.shellwrites import effect, written
+from proxy.context.keep.toolkinds import whole_read
 from proxy.context.keep.workingset import (
     MAX_FILES,
     WORKING_SET_HEADING,
@@ -234,6 +235,31 @@ def test_a_shell_cat_whose_errors_go_to_dev_null_reads_the_file_and_one_that_mer
            .call("Bash", {"command": "cat -- b.conf 2> /dev/null"}, "host = x\n")
            .call("Bash", {"command": "cat c.conf 2>&1"}, "cat: c.conf: Permission denied\n"))
     assert run.files() == {"a.conf": "port = 1\n", "b.conf": "host = x\n"}
+
+
+def test_a_bounded_read_that_stops_before_its_bound_is_the_whole_file_and_one_that_reaches_it_is_not() -> None:
+    """Codex reads files with ``sed -n '1,200p' PATH``: an output of fewer lines than the bound ended at the file's
+    end, so it is the file; one of as many lines may be its first part only, and a range from a later line is a
+    part."""
+    header = "Chunk ID: 1\nWall time: 0.0 seconds\nProcess exited with code 0\nOriginal token count: 3\nOutput:\n"
+    three = "package a\n\nfunc A() {}\n"
+    run = (Run().call("exec_command", {"cmd": "sed -n '1,200p' a.go"}, header + three)
+           .call("exec_command", {"cmd": "sed -n '1,3p' b.go"}, header + three)
+           .call("exec_command", {"cmd": "sed -n '2,200p' c.go"}, header + three)
+           .call("exec_command", {"cmd": "head -n 4 d.go"}, header + "package d")
+           .call("Bash", {"command": "head -40 e.go"}, three)
+           .call("exec_command", {"cmd": "sed -n '1,200p' f.go g.go"}, header + three + three))
+    assert run.files() == {"a.go": three, "d.go": "package d", "e.go": three}
+    for command in ("sed -n '1,200p' a.go | cat", "sed -n '1,0p' a.go", "head -n 5 -q a.go b.go", "sed -n 1,9p -",
+                    "sed -n '1,9{p}' a.go"):
+        done = effect(command)
+        assert (done.read, done.read_lines) == (None, None), command
+
+
+def test_a_bounded_read_is_no_whole_read_of_an_instruction_file_to_pin() -> None:
+    """``whole_read`` (the pins' reader) cannot see the output, so a bounded read is not one: it may be a part."""
+    assert whole_read("exec_command", {"cmd": "sed -n '1,200p' AGENTS.md"}) is None
+    assert whole_read("exec_command", {"cmd": "cat AGENTS.md"}) == "AGENTS.md"
 
 
 # -- Gemini CLI and opencode ------------------------------------------------------------------------------------------

@@ -27,7 +27,10 @@ commands (at ``&&``, ``||``, ``;``, ``|``, newlines) and read as follows:
   ``cat [--] PATH`` alone is a whole read of PATH, its output the file's bytes
   (PowerShell's ``Get-Content [-Raw] PATH`` alone is one too, its output the
   file's lines, not its bytes; ``-ErrorAction``/``-EA`` silences its errors,
-  not its output). Only its errors may be redirected (``2>/dev/null``,
+  not its output). A read that stops at a line bound (``sed -n '1,Np' PATH``,
+  as Codex reads files, ``head -n N PATH``) alone is a whole read of PATH where
+  its output holds fewer than N lines (it stopped at the file's end, not at the
+  bound: ``ShellEffect.read_lines``). Only its errors may be redirected (``2>/dev/null``,
   ``2> /dev/null``, ``2>$null``): its output is still the file; ``2>&1``
   merges the errors into it, and any other redirection takes it elsewhere, so
   neither is a read;
@@ -108,6 +111,9 @@ _OPTION = re.compile(r"\s+-[\w-]*")
 #: A heredoc's opening (its body, up to the delimiter line, is text), and a PowerShell here-string's.
 _OPENS = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 _HERE_STRING = ("@'", '@"')
+#: ``sed -n``'s script that prints lines 1 to N, and ``head``'s options that give N.
+_SED_FIRST = re.compile(r"1,(\d+)p")
+_HEAD_LINES = re.compile(r"(?:-n ?|--lines=)(\d+)|-(\d+)")
 _GLOB = re.compile(r"[*?\[$`]")
 #: A descriptor's number glued to a redirection (``2>``), outside quoted strings (matched first, and kept).
 _DESCRIPTOR = re.compile(r"""("(?:[^"\\\n]|\\.)*"|'[^'\n]*')|(?<![\w$-])\d(?=>)""")
@@ -125,12 +131,14 @@ _PACKAGE_RUNNERS = frozenset({"npx", "pnpx", "bunx"})
 @dataclass
 class ShellEffect:
     """What one command did to files: exact writes (path, text or None), a whole read (and whether its output is
-    the file's bytes), paths it may have changed, the words of runners (a file they name is dropped), and whether
-    it may have changed any file at all."""
+    the file's bytes, and the line bound it stops at: whole only where its output holds fewer lines), paths it may
+    have changed, the words of runners (a file they name is dropped), and whether it may have changed any file at
+    all."""
 
     writes: list[tuple[str, str | None]] = field(default_factory=list)
     read: str | None = None
     verbatim: bool = False
+    read_lines: int | None = None
     changed: list[str] = field(default_factory=list)
     mentioned: list[str] = field(default_factory=list)
     anything: bool = False
@@ -173,13 +181,32 @@ def effect(command: str) -> ShellEffect:
             out.anything = True
             return out
     if len(segments) == 1 and not out.changed and not out.writes and output_kept:
-        words = _without_redirects(segments[0])
-        if words[:1] == ["cat"] and len(paths := words[2:] if words[1:2] == ["--"] else words[1:]) == 1:
-            if words[1] == "--" or not paths[0].startswith("-"):
-                out.read, out.verbatim = paths[0], True
-        elif words[:1] == ["Get-Content"]:
-            out.read = _content_path(words[1:])
+        _whole_read(_without_redirects(segments[0]), out)
     return out
+
+
+def _whole_read(words: list[str], out: ShellEffect) -> None:
+    """Record in ``out`` the file that the one simple command ``words`` prints whole, if it does."""
+    if words[:1] == ["cat"] and len(paths := words[2:] if words[1:2] == ["--"] else words[1:]) == 1:
+        if words[1] == "--" or not paths[0].startswith("-"):
+            out.read, out.verbatim = paths[0], True
+    elif words[:1] == ["Get-Content"]:
+        out.read = _content_path(words[1:])
+    elif (bounded := _bounded_read(words)) is not None:
+        out.read, out.read_lines = bounded
+        out.verbatim = True
+
+
+def _bounded_read(words: list[str]) -> tuple[str, int] | None:
+    """(PATH, N) of ``sed -n '1,Np' PATH`` or ``head -n N PATH`` (``-nN``, ``-N``, ``--lines=N``): the first N lines of
+    one file, its bytes; None for anything else (another range, an expression, two files)."""
+    if len(words) == 4 and words[:2] == ["sed", "-n"] and (found := _SED_FIRST.fullmatch(words[2])):
+        bound, path = int(found.group(1)), words[3]
+    elif words[:1] == ["head"] and (found := _HEAD_LINES.fullmatch(" ".join(words[1:-1]))) and len(words) > 2:
+        bound, path = int(found.group(1) or found.group(2)), words[-1]
+    else:
+        return None
+    return (path, bound) if bound > 0 and not path.startswith("-") else None
 
 
 def _content_path(args: list[str]) -> str | None:

@@ -121,7 +121,8 @@ def whole_read(name: str, arguments: Any) -> str | None:
     lowered = name.lower()
     command = shell_command(lowered, args)
     if command is not None:
-        return effect(command).read
+        done = effect(command)
+        return done.read if done.read_lines is None else None  # a bounded read is whole only by its output
     if command_of(lowered, args) is not None or not reads(lowered, args) or partial(args):
         return None
     return path_of(args)

@@ -8,7 +8,8 @@ knows each file's current text exactly, and knows when it stops knowing:
 
 - a **whole read** sets the text (Claude Code's ``Read``, Gemini CLI's
   ``read_file``, opencode's and Anthropic's editor's reads, a plain shell ``cat
-  PATH``; a raw reader's output is the file): ``proxy.context.keep.toolkinds`` says which
+  PATH``, or Codex's ``sed -n '1,Np' PATH`` whose output stopped short of N
+  lines; a raw reader's output is the file): ``proxy.context.keep.toolkinds`` says which
   calls read a file whole, ``proxy.context.keep.fileedits.read_text`` which outputs
   show one; aider's files message, every file in its chat whole in a user message,
   is a read of each, ``proxy.context.keep.aiderfiles``). A partial read (offset, limit) neither
@@ -433,7 +434,8 @@ def _patch_paths(patch: str) -> list[str]:
 
 
 def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> None:
-    """A shell command's effect: exact heredoc writes, a whole ``cat``, and drops by ``shellwrites``' rule."""
+    """A shell command's effect: exact heredoc writes, a whole ``cat`` (or a bounded read that stopped short of its
+    bound), and drops by ``shellwrites``' rule."""
     done = effect(command)
     if done.anything:
         files.by_path.clear()
@@ -452,10 +454,16 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
     for word in done.mentioned:
         files.drop(word)
     if (done.read is not None and done.verbatim and not failed_run and output is not None
-            and output_is_whole(result.text, output)):
+            and output_is_whole(result.text, output)
+            and (done.read_lines is None or _output_lines(output) < done.read_lines)):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             files.set(done.read, _reread(files.get(done.read), done.read, text, at, seq))
+
+
+def _output_lines(output: str) -> int:
+    """How many lines ``output`` holds (the last one counted whether or not a newline ends it)."""
+    return output.count("\n") + (not output.endswith("\n") and output != "")
 
 
 def _reread(known: FileText | None, path: str, text: str, at: int, seq: int) -> FileText:
