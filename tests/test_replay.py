@@ -245,6 +245,24 @@ def test_the_text_report_names_what_the_last_view_lost(tmp_path: Path) -> None:
     assert lost[:2] == ["working set (last 3 files, exact): 1", f"- {unkept}"]
 
 
+@pytest.mark.parametrize("given", [False, True], ids=["derived", "source"])
+def test_a_file_the_last_reply_writes_is_not_counted_in_the_last_views_files(tmp_path: Path, given: bool) -> None:
+    """The last request has not seen what its reply writes, so no view of it can hold that text: the last three
+    files are those written before it, as for every other probe."""
+    last = "src/last.py"
+    write = {"name": "Write", "arguments": orjson.dumps({"file_path": last, "content": "x = 1\n"}).decode()}
+    messages = [*chat_messages()[:-1],
+                {"role": "assistant", "content": "Last.",
+                 "tool_calls": [{"id": "call_last", "type": "function", "function": write}]},
+                {"role": "tool", "tool_call_id": "call_last", "content": "File created successfully"}]
+    finals = {f"src/mod_{n}.py": source_of(n) for n in (11, 13, 15)} | {last: "x = 1\n"}
+    path = tmp_path / "session.json"
+    path.write_bytes(orjson.dumps({"messages": messages, "probes": {"final_files": finals}} if given else messages))
+    report = replayed(path)
+    assert report["retention"]["view"]["working_set"]["of"] == 3
+    assert last not in report["missed"]["working_set"]
+
+
 def test_two_runs_give_the_same_report_byte_for_byte(tmp_path: Path) -> None:
     """Two processes with different hash seeds (so no set or dict order can differ unnoticed), text and JSON."""
     path, timed = tmp_path / "session.jsonl", tmp_path / "timed.jsonl"

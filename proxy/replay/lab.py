@@ -189,8 +189,10 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
     window = engine.window_for(model)
     prices = prices_for(model)
     report = Report(dialect.name, model, window, summariser, len(items))
-    probes = (probing.from_source(recording.probes, dialect, items) if recording.probes is not None
-              else probing.derive(dialect, items))
+    walk = steps(dialect, items)
+    final = walk[-1][0] if walk else len(items)  # the last request: items[:final]
+    probes = (probing.from_source(recording.probes, dialect, items, final) if recording.probes is not None
+              else probing.derive(dialect, items, final))
     report.probes_from = "source" if recording.probes is not None else "derived"
     times = recording.times or []
     origin = next((t for t in times if t is not None), None)  # times from the first known: small, exact floats
@@ -203,7 +205,7 @@ async def _run(engine: ContextEngine, recording: Recording, model: str, hashes: 
     waiting: list[Compaction] = []
     view: Sequence[Message] = ()
     request: list[Message] = []
-    for number, (start, end) in enumerate(steps(dialect, items), 1):
+    for number, (start, end) in enumerate(walk, 1):
         request, reply = items[:start], items[start:end]
         if origin is not None:  # the request goes when its last item was recorded (a step without a time: at once)
             recorded = times[start - 1]

@@ -11,8 +11,10 @@ Retention is a plain search: each probe's exact text among the strings of a
 view (every string of its items, and of the JSON objects a string holds, such
 as a Chat call's ``arguments``). A probe counts only where the client's own last
 request holds it (a fact stated only in the last reply cannot be in any view of
-that request), and the working set counts every one of the last three written
-files whose text is known, since the exact text may never have been sent whole.
+that request), and the working set counts every one of the last three files
+written before the last reply whose text is known, since the exact text may
+never have been sent whole (a file the last reply writes is left out: its new
+text is that reply's, and the request has not seen it).
 """
 
 from __future__ import annotations
@@ -71,23 +73,26 @@ def written_order(dialect: ItemModel, items: Sequence[Message]) -> list[str]:
     return [a.name for a in collect(dialect, items, 0, len(items)) if a.kind == "file"]
 
 
-def from_source(raw: Mapping[str, Any], dialect: ItemModel, items: Sequence[Message]) -> Probes:
+def from_source(raw: Mapping[str, Any], dialect: ItemModel, items: Sequence[Message], request: int | None = None,
+                ) -> Probes:
     """The corpus's probes (``files_written``, ``commands``, ``errors[].line``, ``user_constraints``,
-    ``final_files``); the last three written files ordered by the session's own last touch where it names them."""
+    ``final_files``); the last three written files ordered by the session's own last touch where it names them,
+    less those the last reply (``items[request:]``) writes: their final text is not yet current in its request."""
     given = raw.get("final_files")
     finals: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
-    order = [p for p in written_order(dialect, items) if p in finals]
-    order += [p for p in finals if p not in order]
+    later = set(written_order(dialect, items[request:])) if request is not None else set()
+    order = [p for p in written_order(dialect, items) if p in finals and p not in later]
+    order += [p for p in finals if p not in order and p not in later]
     errors = [e.get("line", "") for e in raw.get("errors") or () if isinstance(e, Mapping)]
     return Probes(_unique(map(str, raw.get("files_written") or ())), _unique(map(str, raw.get("commands") or ())),
                   _unique(map(str, errors)), _unique(map(str, raw.get("user_constraints") or ())),
                   tuple((p, str(finals[p])) for p in order[-WORKING_SET_FILES:]))
 
 
-def derive(dialect: ItemModel, items: Sequence[Message]) -> Probes:
+def derive(dialect: ItemModel, items: Sequence[Message], request: int | None = None) -> Probes:
     """Probes read from the items: the artifact trail's paths, commands and error lines, the user's sentences
     that state a requirement, and the text of each file a call wrote whole (edits applied where the old text is
-    found once; any other change makes the text unknown)."""
+    found once; any other change makes the text unknown) as of ``items[:request]``, the last request."""
     trail = collect(dialect, items, 0, len(items))
     folded = [m.group(1) for a in trail if a.kind == "command" and (m := _ERROR_ACTION.match(a.action))]
     # The trail folds whitespace: each line is looked up as the output wrote it.
@@ -95,8 +100,8 @@ def derive(dialect: ItemModel, items: Sequence[Message]) -> Probes:
     errors = [raw.get(line, line) for line in folded]
     constraints = [sentence.strip() for item in items if (text := dialect.user_text(item))
                    for sentence in _SENTENCE.split(text) if _CONSTRAINT.search(sentence)]
-    files = _file_texts(dialect, items)
-    order = [a.name for a in trail if a.kind == "file" and a.name in files]
+    files = _file_texts(dialect, items[:request])
+    order = [a.name for a in collect(dialect, items, 0, len(items[:request])) if a.kind == "file" and a.name in files]
     return Probes(_unique(a.name for a in trail if a.kind == "file"),
                   _unique(a.name for a in trail if a.kind == "command"), _unique(errors), _unique(constraints),
                   tuple((p, files[p]) for p in order[-WORKING_SET_FILES:]))
