@@ -6,7 +6,8 @@ call in the request, which survives every compaction) makes the agent create a f
 in different places, read a second file the test wrote beforehand and edit that, then run shell steps whose
 output is a few KB each, so the conversation outgrows the window and the proxy compacts it (the agent's own
 auto-compaction off, tests/agents.py): Claude Code with ``Write``, ``Read`` and two ``Edit`` calls; Codex with
-``apply_patch`` (an added file, then two updates, the second of two hunks) and ``cat`` for its reads. The agent's
+``apply_patch`` (an added file, then two updates, the second of two hunks) and ``cat`` or ``sed -n '1,200p'``
+for its reads. The agent's
 tools do the work on a real directory, so what is on disk at the end is what the tools wrote, in the agent's own
 formats (Claude Code's numbered ``Read`` output; Codex's patch results and its shell output header). All edits
 come before the shell steps, so every compaction sees each file's final text: in the last request the fake
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from proxy.context.keep.literals import strings
 from proxy.sessions import credential, tenant_of
@@ -194,16 +196,20 @@ class PlannedResponses(FakeResponses):
                  "name": "exec_command", "arguments": orjson.dumps({"cmd": text}).decode()}]
 
 
-async def test_codexs_patched_files_in_the_working_set_are_the_files_on_disk(aiohttp_server, tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", ["cat", "sed -n '1,200p'"])
+async def test_codexs_patched_files_in_the_working_set_are_the_files_on_disk(aiohttp_server, tmp_path: Path,
+                                                                             read: str) -> None:
+    """Codex reads with ``cat`` or, as it mostly does, ``sed -n '1,200p'`` (the whole file where it has fewer lines):
+    the second file's text is known only from that read, which its patch then edits."""
     work = tmp_path / "work"
     work.mkdir()
     first, second = work / "geometry.py", work / "service.conf"
     second.write_text(SECOND_BARE)
     plan: list[tuple[str, str]] = [
         ("patch", add_patch("geometry.py", FIRST)),
-        ("shell", "cat geometry.py"),
+        ("shell", f"{read} geometry.py"),
         *[("patch", patch) for patch in CODEX_PATCHES[:2]],
-        ("shell", "cat service.conf"),
+        ("shell", f"{read} service.conf"),
         ("patch", CODEX_PATCHES[2]),
         *[("shell", bulky(n)) for n in range(1, BULKY_STEPS + 1)]]
     fake = PlannedResponses(plan, WINDOW)
