@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from proxy.context.checkpoint import Checkpoint
+from proxy.context.keep.aiderfiles import FILES_PREFIXES
 from proxy.context.keep.shellwrites import effect, written
 from proxy.context.keep.toolkinds import whole_read
 from proxy.context.keep.workingset import (
@@ -305,6 +306,32 @@ def test_aiders_files_message_is_a_whole_read_of_each_file_and_the_newest_one_is
     rows, text = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, [])
     assert [row[0] for row in rows] == ["README.md", "app.py"], "the file the assistant edited last first"
     assert f"\n{edited}\n" in text and APP in text
+
+
+@pytest.mark.parametrize("prefix", FILES_PREFIXES, ids=["edit formats", "ask and architect", "context"])
+def test_aiders_files_message_is_read_in_every_chat_mode(prefix: str) -> None:
+    """ask, architect and context mode word the files message otherwise (their own ``files_content_prefix``)."""
+    run = Run()
+    run.messages += aider_files({"app.py": APP, "README.md": README}, "````")
+    run.messages[-2]["content"] = prefix + run.messages[-2]["content"].removeprefix(AIDER_PREFIX)
+    assert run.files() == {"app.py": APP, "README.md": README}
+
+
+@pytest.mark.parametrize("answer", [
+    "Here is the new file:\n\n**README.md**\n````\n# Notes\n````\n",  # whole: the name before the listing
+    "```diff\n--- README.md\n+++ README.md\n@@ ... @@\n-# Notes\n+# Notes, more\n```\n",  # udiff
+    "*** Begin Patch\n*** Update File: README.md\n@@\n-# Notes\n+# Notes, more\n*** End Patch\n",  # patch
+], ids=["whole", "udiff", "patch"])
+def test_the_file_aider_edited_last_in_any_edit_format_is_ranked_first(answer: str) -> None:
+    run = Run()
+    run.messages += aider_files({"README.md": README, "app.py": APP}, "````")
+    run.messages.append({"role": "user", "content": "shorten the notes"})
+    run.messages.append({"role": "assistant", "content": answer})
+    run.messages.append({"role": "user", "content": "I updated the files."})
+    run.messages += aider_files({"README.md": README, "app.py": APP}, "````")  # a set's order: README.md first
+    run.messages.append({"role": "user", "content": "next"})
+    rows, _ = working_set_maker(CHAT, 1000, words)(run.messages, len(run.messages) - 1, 0, [])
+    assert [row[0] for row in rows] == ["README.md", "app.py"], "the file the answer edited first"
 
 
 def test_a_message_that_only_quotes_aiders_prefix_shows_no_file() -> None:
