@@ -51,6 +51,26 @@ def test_aiders_files_message_is_not_the_users_words() -> None:
     assert [e[3] for e in carried] == ["add a test"]
 
 
+def test_only_the_newest_environment_snapshot_of_each_kind_is_carried() -> None:
+    """A client's environment state, resent when it changes (gjc's workspace tree, Codex's environment context), is
+    superseded by the next of its kind, carried or still in view; a message that mixes it with words is words."""
+    def tree(n: int) -> str:
+        return (f"<system-reminder>\n<workspace-tree>\n- src/ ({n} files)\n</workspace-tree>\nToday is 2026-07-14, "
+                "and the current working directory is '~/tmp'.\n</system-reminder>")
+
+    def env(cwd: str) -> str:
+        return f"<environment_context>\n  <cwd>{cwd}</cwd>\n  <shell>bash</shell>\n</environment_context>"
+
+    mixed = env("/b") + "\nand keep it short"
+    messages = conversation([env("/a"), tree(1), "use tabs", tree(2), mixed, tree(3), env("/c"), "next"])
+    first = carry(CHAT, messages, (), start=1, end=9, opener=None, previous_opener=None, seqs=range(10, 30),
+                  measure=MEASURE, budget=1000)
+    assert [e[3] for e in first] == ["use tabs"], "each superseded by a newer one of its kind still in view"
+    second = carry(CHAT, messages, first, start=9, end=15, opener=None, previous_opener=None, seqs=range(10, 30),
+                   measure=MEASURE, budget=1000)
+    assert [e[3] for e in second] == ["use tabs", mixed, tree(3), env("/c")]
+
+
 def test_tool_results_are_not_user_words() -> None:
     messages = [{"role": "user", "content": [{"type": "text", "text": "fix it"}]},
                 {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "ls", "input": {}}]},

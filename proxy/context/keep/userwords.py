@@ -12,6 +12,17 @@ an instruction file an agent sends in a user message, a ``<pin>`` block) is
 named there in place, not carried twice; aider's files message, its files' text
 that the files in hand carry, is no words of the user's.
 
+Some clients resend the state of the environment as a user message of its own
+whenever it changes: Codex's ``<environment_context>`` (the working directory,
+the shell), Cline's and Roo Code's ``<environment_details>``, a
+``<system-reminder>`` that opens with a tagged block (gjc's ``<workspace-tree>``,
+about 650 tokens with the date and directory after it, sent again every few turns). Such a message (``snapshot``:
+one of those blocks and nothing else) is carried like the user's words, but
+only the newest of its kind: a later one, carried or still in the verbatim
+tail, supersedes it (in the replayed gjc session four trees took 2.6k of the
+2.8k tokens of words). A message that mixes the user's text with such a block
+is carried whole, as before.
+
 The words have a budget (``--keep-user-words``, default 10 % of the window, in
 tokens). Over it, the oldest long messages are clipped head and tail around a
 marker naming the log entry that keeps them whole; short ones stay whole as
@@ -27,6 +38,7 @@ carried yet: it is still in view, whole.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from proxy.context.items import ItemModel
@@ -46,6 +58,15 @@ ENTRY_OVERHEAD = 8
 #: A message is "long" when over this many tokens: the first to be clipped, never below it in the first pass.
 LONG_TOKENS = 100
 FOLDED = "[… {count:,} earlier user messages, from {first} on, elided by ctxproxy; full text in the fact log …]"
+#: A message that is wholly one block of client-written state: its kind is the tag (or the tag a reminder opens with).
+_SNAPSHOT = re.compile(r"\s*(?:<(environment_context|environment_details)>.*</\1>"
+                       r"|<system-reminder>\s*<([\w-]+)>.*</\2>.*</system-reminder>)\s*", re.DOTALL)
+
+
+def snapshot(text: str) -> str | None:
+    """The kind of environment state ``text`` is wholly a block of (the module's docstring), or None."""
+    found = _SNAPSHOT.fullmatch(text)
+    return (found.group(1) or f"system-reminder/{found.group(2)}") if found else None
 
 
 def where(entry: Entry) -> str:
@@ -93,7 +114,28 @@ def carry(dialect: ItemModel, messages: Sequence[Message], previous: Sequence[En
             tokens = max(1, counts[index] - MESSAGE_OVERHEAD_TOKENS) if whole else measure.text_tokens(text)
             entries.append((index, seq, tokens, text, 1))
     entries.sort(key=lambda e: e[0])
-    return tuple(fit(dialect, messages, entries, measure, budget))
+    return tuple(fit(dialect, messages, _newest_snapshots(dialect, messages, entries, end), measure, budget))
+
+
+def _newest_snapshots(dialect: ItemModel, messages: Sequence[Message], entries: list[Entry],
+                      end: int) -> list[Entry]:
+    """``entries`` less each snapshot that a later one of its kind supersedes, among them or in ``messages[end:]``
+    (the verbatim tail). A snapshot's kind is read from its message, so one clipped since is still known."""
+    later = {kind for index in range(end, len(messages)) if (kind := _kind(dialect, messages, index))}
+    kept: list[Entry] = []
+    for entry in reversed(entries):
+        kind = _kind(dialect, messages, entry[0]) if entry[4] == 1 else None  # a fold stands for many: kept
+        if kind is not None:
+            if kind in later:
+                continue
+            later.add(kind)
+        kept.append(entry)
+    return kept[::-1]
+
+
+def _kind(dialect: ItemModel, messages: Sequence[Message], index: int) -> str | None:
+    text = dialect.user_text(messages[index]) if index < len(messages) else None
+    return snapshot(text) if text else None
 
 
 def fit(dialect: ItemModel, messages: Sequence[Message], entries: list[Entry], measure: Measure,
