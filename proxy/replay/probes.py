@@ -100,8 +100,9 @@ def derive(dialect: ItemModel, items: Sequence[Message], request: int | None = N
     errors = [raw.get(line, line) for line in folded]
     constraints = [sentence.strip() for item in items if (text := dialect.user_text(item))
                    for sentence in _SENTENCE.split(text) if _CONSTRAINT.search(sentence)]
-    files = _file_texts(dialect, items[:request])
-    order = [a.name for a in collect(dialect, items, 0, len(items[:request])) if a.kind == "file" and a.name in files]
+    upto = len(items) if request is None else min(request, len(items))
+    files = _file_texts(dialect, items[:upto])
+    order = [a.name for a in collect(dialect, items, 0, upto) if a.kind == "file" and a.name in files]
     return Probes(_unique(a.name for a in trail if a.kind == "file"),
                   _unique(a.name for a in trail if a.kind == "command"), _unique(errors), _unique(constraints),
                   tuple((p, files[p]) for p in order[-WORKING_SET_FILES:]))

@@ -15,13 +15,13 @@ that the files in hand carry, is no words of the user's.
 Some clients resend the state of the environment as a user message of its own
 whenever it changes: Codex's ``<environment_context>`` (the working directory,
 the shell), Cline's and Roo Code's ``<environment_details>``, a
-``<system-reminder>`` that opens with a tagged block (gjc's ``<workspace-tree>``,
-about 650 tokens with the date and directory after it, sent again every few turns). Such a message (``snapshot``:
-one of those blocks and nothing else) is carried like the user's words, but
-only the newest of its kind: a later one, carried or still in the verbatim
-tail, supersedes it (in the replayed gjc session four trees took 2.6k of the
-2.8k tokens of words). A message that mixes the user's text with such a block
-is carried whole, as before.
+``<system-reminder>`` that opens with a tagged block (gjc's
+``<workspace-tree>``, about 650 tokens with the date and directory after it,
+sent again every few turns). Such a message (``snapshot``: one of those blocks
+and nothing else) is carried like the user's words, but only the newest of its
+kind: a later one, carried or still in the verbatim tail, supersedes it (in the
+replayed gjc session four trees took 2.6k of the 2.8k tokens of words). A
+message that mixes the user's text with such a block is carried whole.
 
 The words have a budget (``--keep-user-words``, default 10 % of the window, in
 tokens). Over it, the oldest long messages are clipped head and tail around a
@@ -59,13 +59,16 @@ ENTRY_OVERHEAD = 8
 LONG_TOKENS = 100
 FOLDED = "[… {count:,} earlier user messages, from {first} on, elided by ctxproxy; full text in the fact log …]"
 #: A message that is wholly one block of client-written state: its kind is the tag (or the tag a reminder opens with).
-_SNAPSHOT = re.compile(r"\s*(?:<(environment_context|environment_details)>.*</\1>"
-                       r"|<system-reminder>\s*<([\w-]+)>.*</\2>.*</system-reminder>)\s*", re.DOTALL)
+_SNAPSHOT = re.compile(r"(?:<(environment_context|environment_details)>.*</\1>"
+                       r"|<system-reminder>\s*<([\w-]+)>.*</\2>.*</system-reminder>)", re.DOTALL)
+_SNAPSHOT_ENDS = ("</environment_context>", "</environment_details>", "</system-reminder>")
 
 
 def snapshot(text: str) -> str | None:
-    """The kind of environment state ``text`` is wholly a block of (the module's docstring), or None."""
-    found = _SNAPSHOT.fullmatch(text)
+    """The kind of environment state ``text`` is wholly a block of (the module's docstring), or None. Its end is
+    looked at first: a long message that ends otherwise is not searched."""
+    stripped = text.strip()
+    found = _SNAPSHOT.fullmatch(stripped) if stripped.endswith(_SNAPSHOT_ENDS) else None
     return (found.group(1) or f"system-reminder/{found.group(2)}") if found else None
 
 
