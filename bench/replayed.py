@@ -14,16 +14,21 @@ docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
+import posixpath
 import subprocess
 import sys
+from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from bench.latency import write_doc
+from proxy.context.keep.artifacts import collect
 from proxy.context.keep.literals import strings
-from proxy.context.keep.shellwrites import writes_text
+from proxy.context.keep.shellwrites import writes_text, written
+from proxy.context.keep.toolkinds import shell_command
 from proxy.context.view.tokens import TokenCounter
 from proxy.replay.probes import KINDS
 from proxy.replay.sources import read_file
@@ -63,19 +68,55 @@ def own_lines(path: Path) -> set[str]:
             if (line := error.get("line", "")) and any(line in text for text in written)}
 
 
+def _file_key(path: str) -> str:
+    """A written path as the rewrites are matched: separators and case folded (meridianops writes Windows paths)."""
+    return posixpath.normpath(path.replace("\\", "/").strip("'\"")).lower().removeprefix("./")
+
+
+def superseded(path: Path, commands: Iterable[str]) -> int:
+    """How many of ``commands`` (lost whole-file writes) wrote only files that a later call wrote or patched again:
+    old versions, which the literals let go (a literal a later entry superseded is not added back). A file is the
+    same where one path is the other's tail at a ``/``."""
+    recording = read_file(path)
+    dialect, items = recording.dialect, recording.items
+    made: dict[str, int] = {}  # a command's text: the index of the item that last ran it
+    writes: defaultdict[str, list[int]] = defaultdict(list)  # a file: the items that wrote or patched it
+    for index, item in enumerate(items):
+        for call_id in dialect.calls(item):
+            found = dialect.call_of(item, call_id)
+            if found is not None and (command := shell_command(*found)) is not None:
+                made[command] = index
+                for target in written(command):
+                    writes[_file_key(target)].append(index)
+        for artifact in collect(dialect, items, index, index + 1):
+            if artifact.kind == "file":
+                writes[_file_key(artifact.name)].append(index)
+
+    def later(target: str, after: int) -> bool:
+        key = _file_key(target)
+        return any(at > after for other, ats in writes.items()
+                   if other == key or other.endswith("/" + key) or key.endswith("/" + other) for at in ats)
+
+    return sum(1 for command in commands if command in made and (targets := written(command))
+               and all(later(target, made[command]) for target in targets))
+
+
 def losses(reports: list[tuple[Path, int, dict[str, Any]]]) -> str:
     """What the last views lost, by what it is: a command that writes a whole file from a heredoc or here-string
-    (its text the file's, which the files in hand carry while the file is among the newest) or any other; an
-    error line that the agent itself wrote in a call or one only outputs hold; a file of the last three."""
-    rows = ["| session | commands lost: whole-file writes | other commands | error lines lost: the agent's own "
-            "writing | met in an output | last files lost |", "|---|---:|---:|---:|---:|---|"]
+    (its text the file's, which the files in hand carry while the file is among the newest), and of those the ones
+    whose files a later call wrote again, or any other command; an error line that the agent itself wrote in a call
+    or one only outputs hold; a file of the last three."""
+    rows = ["| session | commands lost: whole-file writes | of them, files written again later | other commands | "
+            "error lines lost: the agent's own writing | met in an output | last files lost |",
+            "|---|---:|---:|---:|---:|---:|---|"]
     for path, _, r in reports:
         missed = r["missed"]
-        writes = sum(map(writes_text, missed["commands"]))
+        whole = [command for command in missed["commands"] if writes_text(command)]
         own = own_lines(path)
         echoed = sum(line in own for line in missed["errors"])
-        rows.append(f"| {path.stem} | {writes} | {len(missed['commands']) - writes} | {echoed} | "
-                    f"{len(missed['errors']) - echoed} | {', '.join(f'`{p}`' for p in missed['working_set'])} |")
+        rows.append(f"| {path.stem} | {len(whole)} | {superseded(path, whole) if whole else 0} | "
+                    f"{len(missed['commands']) - len(whole)} | {echoed} | {len(missed['errors']) - echoed} | "
+                    f"{', '.join(f'`{p}`' for p in missed['working_set'])} |")
     return "\n".join(rows)
 
 
@@ -146,7 +187,8 @@ DESCRIPTION = (
     "view's strings (in brackets: plain truncation, the newest messages that fit the window); the last three "
     "files written before the last reply count all three, their exact final text. The last table sorts what the "
     "last views lost: a command "
-    "that writes a whole file from a heredoc or here-string, or another; an error line that the agent itself "
+    "that writes a whole file from a heredoc or here-string (and of those, the ones whose every file a later call "
+    "wrote or patched again), or another; an error line that the agent itself "
     "wrote in a call (a line of a file it wrote, shown again by the output that ran the write or by a read), or one "
     "only outputs hold.")
 
