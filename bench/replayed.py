@@ -186,11 +186,10 @@ DESCRIPTION = (
     "without a window. Retention counts the probes the last request itself holds, found verbatim among the last "
     "view's strings (in brackets: plain truncation, the newest messages that fit the window); the last three "
     "files written before the last reply count all three, their exact final text. The last table sorts what the "
-    "last views lost: a command "
-    "that writes a whole file from a heredoc or here-string (and of those, the ones whose every file a later call "
-    "wrote or patched again), or another; an error line that the agent itself "
-    "wrote in a call (a line of a file it wrote, shown again by the output that ran the write or by a read), or one "
-    "only outputs hold.")
+    "last views lost: a command that writes a whole file from a heredoc or here-string (and of those, the ones "
+    "whose every file a later call wrote or patched again), or another; an error line that the agent itself wrote "
+    "in a call (a line of a file it wrote, shown again by the output that ran the write or by a read), or one only "
+    "outputs hold.")
 
 
 if __name__ == "__main__":

@@ -3,16 +3,15 @@ window, and after the proxy's compactions the files' sections in the last upstre
 
 A scripted model (a fake upstream that answers each turn with the next call of its plan, read from the newest tool
 call in the request, which survives every compaction) makes the agent create a file, read it, edit it in two calls
-in different places, read a second file the test wrote beforehand and edit that, then run shell steps whose
-output is a few KB each, so the conversation outgrows the window and the proxy compacts it (the agent's own
-auto-compaction off, tests/agents.py): Claude Code with ``Write``, ``Read`` and two ``Edit`` calls; Codex with
-``apply_patch`` (an added file, then two updates, the second of two hunks) and ``cat`` or ``sed -n '1,200p'``
-for its reads. The agent's
+in different places, read a second file the test wrote beforehand and edit that, then run shell steps whose output
+is a few KB each, so the conversation outgrows the window and the proxy compacts it (the agent's own auto-compaction
+off, tests/agents.py): Claude Code with ``Write``, ``Read`` and two ``Edit`` calls; Codex with ``apply_patch`` (an
+added file, then two updates, the second of two hunks) and ``cat`` or ``sed -n '1,200p'`` for its reads. The agent's
 tools do the work on a real directory, so what is on disk at the end is what the tools wrote, in the agent's own
-formats (Claude Code's numbered ``Read`` output; Codex's patch results and its shell output header). All edits
-come before the shell steps, so every compaction sees each file's final text: in the last request the fake
-received, each ``### PATH (current as of log entry N)`` section must hold exactly the bytes of that file on disk,
-N must be the log entry of the file's last change, and both files must be there.
+formats (Claude Code's numbered ``Read`` output; Codex's patch results and its shell output header). All edits come
+before the shell steps, so every compaction sees each file's final text: in the last request the fake received, each
+``### PATH (current as of log entry N)`` section must hold exactly the bytes of that file on disk, N must be the log
+entry of the file's last change, and both files must be there.
 
 The second file has no newline at its end, as many files do: its section says so in its heading (the newline
 before the closing fence is not the file's) and is read back so; Codex's ``cat`` shows it without one (its output
