@@ -29,6 +29,7 @@ from proxy.context.keep.artifacts import collect
 from proxy.context.keep.literals import strings
 from proxy.context.keep.shellwrites import writes_text, written
 from proxy.context.keep.toolkinds import shell_command
+from proxy.context.keep.workingset import same_file
 from proxy.context.view.tokens import TokenCounter
 from proxy.replay.probes import KINDS
 from proxy.replay.sources import read_file
@@ -69,14 +70,14 @@ def own_lines(path: Path) -> set[str]:
 
 
 def _file_key(path: str) -> str:
-    """A written path as the rewrites are matched: separators and case folded (meridianops writes Windows paths)."""
-    return posixpath.normpath(path.replace("\\", "/").strip("'\"")).lower().removeprefix("./")
+    """A written path as the rewrites are matched (``same_file``, the working set's rule), separators and case
+    folded besides: meridianops writes Windows paths."""
+    return posixpath.normpath(path.replace("\\", "/").strip("'\"")).lower()
 
 
 def superseded(path: Path, commands: Iterable[str]) -> int:
     """How many of ``commands`` (lost whole-file writes) wrote only files that a later call wrote or patched again:
-    old versions, which the literals let go (a literal a later entry superseded is not added back). A file is the
-    same where one path is the other's tail at a ``/``."""
+    old versions, which the literals let go (a literal a later entry superseded is not added back)."""
     recording = read_file(path)
     dialect, items = recording.dialect, recording.items
     made: dict[str, int] = {}  # a command's text: the index of the item that last ran it
@@ -94,8 +95,7 @@ def superseded(path: Path, commands: Iterable[str]) -> int:
 
     def later(target: str, after: int) -> bool:
         key = _file_key(target)
-        return any(at > after for other, ats in writes.items()
-                   if other == key or other.endswith("/" + key) or key.endswith("/" + other) for at in ats)
+        return any(at > after for other, ats in writes.items() if same_file(other, key) for at in ats)
 
     return sum(1 for command in commands if command in made and (targets := written(command))
                and all(later(target, made[command]) for target in targets))

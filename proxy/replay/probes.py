@@ -73,14 +73,13 @@ def written_order(dialect: ItemModel, items: Sequence[Message]) -> list[str]:
     return [a.name for a in collect(dialect, items, 0, len(items)) if a.kind == "file"]
 
 
-def from_source(raw: Mapping[str, Any], dialect: ItemModel, items: Sequence[Message], request: int | None = None,
-                ) -> Probes:
+def from_source(raw: Mapping[str, Any], dialect: ItemModel, items: Sequence[Message], request: int) -> Probes:
     """The corpus's probes (``files_written``, ``commands``, ``errors[].line``, ``user_constraints``,
     ``final_files``); the last three written files ordered by the session's own last touch where it names them,
     less those the last reply (``items[request:]``) writes: their final text is not yet current in its request."""
     given = raw.get("final_files")
     finals: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
-    later = set(written_order(dialect, items[request:])) if request is not None else set()
+    later = set(written_order(dialect, items[request:]))
     order = [p for p in written_order(dialect, items) if p in finals and p not in later]
     order += [p for p in finals if p not in order and p not in later]
     errors = [e.get("line", "") for e in raw.get("errors") or () if isinstance(e, Mapping)]
@@ -89,7 +88,7 @@ def from_source(raw: Mapping[str, Any], dialect: ItemModel, items: Sequence[Mess
                   tuple((p, str(finals[p])) for p in order[-WORKING_SET_FILES:]))
 
 
-def derive(dialect: ItemModel, items: Sequence[Message], request: int | None = None) -> Probes:
+def derive(dialect: ItemModel, items: Sequence[Message], request: int) -> Probes:
     """Probes read from the items: the artifact trail's paths, commands and error lines, the user's sentences
     that state a requirement, and the text of each file a call wrote whole (edits applied where the old text is
     found once; any other change makes the text unknown) as of ``items[:request]``, the last request."""
@@ -100,7 +99,7 @@ def derive(dialect: ItemModel, items: Sequence[Message], request: int | None = N
     errors = [raw.get(line, line) for line in folded]
     constraints = [sentence.strip() for item in items if (text := dialect.user_text(item))
                    for sentence in _SENTENCE.split(text) if _CONSTRAINT.search(sentence)]
-    upto = len(items) if request is None else min(request, len(items))
+    upto = min(request, len(items))
     files = _file_texts(dialect, items[:upto])
     order = [a.name for a in collect(dialect, items, 0, upto) if a.kind == "file" and a.name in files]
     return Probes(_unique(a.name for a in trail if a.kind == "file"),

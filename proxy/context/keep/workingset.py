@@ -154,8 +154,7 @@ class _Files:
         key = _normal(path)
         if key in self.by_path:
             return [key]
-        return [known for known in self.by_path
-                if known.endswith("/" + key.lstrip("./")) or key.endswith("/" + known.lstrip("./"))]
+        return [known for known in self.by_path if same_file(known, key)]
 
     def get(self, path: str) -> FileText | None:
         found = self.matches(path)
@@ -176,6 +175,12 @@ class _Files:
     def set(self, path: str, state: FileText) -> None:
         self.drop(path)
         self.by_path[_normal(path)] = replace(state, path=path)
+
+
+def same_file(known: str, key: str) -> bool:
+    """Whether two normalised paths may name one file: one is the other's tail at a ``/`` (``src/a.py``,
+    ``/repo/src/a.py``), or they are the same."""
+    return known == key or known.endswith("/" + key.lstrip("./")) or key.endswith("/" + known.lstrip("./"))
 
 
 def _normal(path: str) -> str:
@@ -455,15 +460,15 @@ def _shell(files: _Files, command: str, result: Result, at: int, seq: int) -> No
         files.drop(word)
     if (done.read is not None and done.verbatim and not failed_run and output is not None
             and output_is_whole(result.text, output)
-            and (done.read_lines is None or _output_lines(output) < done.read_lines)):
+            and (done.read_lines is None or _text_lines(output) < done.read_lines)):
         text = read_text(output)
         if text == output:  # ``cat`` prints the file itself: a numbered output is some other program's
             files.set(done.read, _reread(files.get(done.read), done.read, text, at, seq))
 
 
-def _output_lines(output: str) -> int:
-    """How many lines ``output`` holds (the last one counted whether or not a newline ends it)."""
-    return output.count("\n") + (not output.endswith("\n") and output != "")
+def _text_lines(text: str) -> int:
+    """How many lines ``text`` holds (the last one counted whether or not a newline ends it; none in ``""``)."""
+    return text.count("\n") + (not text.endswith("\n") and text != "")
 
 
 def _reread(known: FileText | None, path: str, text: str, at: int, seq: int) -> FileText:
@@ -528,7 +533,7 @@ def _part(state: FileText, first: int, last: int) -> str:
 
 
 def _lines(state: FileText) -> int:
-    return max(1, state.text.count("\n") + (0 if state.text.endswith("\n") else 1))
+    return max(1, _text_lines(state.text))
 
 
 def _region(state: FileText, share: int, count: Callable[[str], int]) -> tuple[str, tuple[int, int]] | None:
